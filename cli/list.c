@@ -1,0 +1,45 @@
+/* list.c: `kvbench list`: every registered method, its selection
+ * granularity, and its parameter table (the same table validation reads). */
+#include <stdio.h>
+#include <string.h>
+
+#include "../retrievers/kv_retriever.h"
+#include "cli.h"
+
+int cmd_list(int argc, char **argv) {
+    int verbose = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            puts("usage: kvbench list [--verbose]\nLists every method: summary, granularity, parameters "
+                 "(name, type, default, range, stage, help).");
+            return 0;
+        } else return kv_usage_error("list", "unexpected argument '%s'", argv[i]);
+    }
+    int n;
+    const kv_method *const *all = kv_methods(&n);
+    for (int i = 0; i < n; i++) {
+        const kv_method *m = all[i];
+        printf("%-12s %s\n", m->name, m->summary);
+        printf("%-12s selects per %s%s%s; %s; from: %s\n", "", m->per_kv_head ? "kv head (group-consistent)" : "query head",
+               m->variable_budget ? ", variable budget" : "", m->uses_logw ? ", log-weights" : "",
+               m->has_gpu ? "CPU and GPU" : "CPU only", m->paper);
+        for (const kv_param_spec *s = m->params; s && s->name; s++) {
+            char range[128];
+            if (s->type == KV_PARAM_ENUM) snprintf(range, sizeof range, "%s", s->choices);
+            else if (s->type == KV_PARAM_INT) snprintf(range, sizeof range, "int [%.0f, %.0f]", s->min, s->max);
+            else snprintf(range, sizeof range, "float [%g, %g]", s->min, s->max);
+            char def[64];
+            kv_param_set ps;
+            kv_params_init(&ps, s);
+            kv_params_format(&ps, def, sizeof def);
+            /* ps covers the table from s on; its first entry is this one */
+            char *comma = strchr(def, ',');
+            if (comma) *comma = 0;
+            printf("%-12s   --param %-24s %-24s %-6s %s\n", "", def, range,
+                   s->stage == KV_PARAM_BUILD ? "build" : "search", s->help);
+        }
+        if (verbose && m->describe) m->describe(stdout);
+    }
+    return 0;
+}

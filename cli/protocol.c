@@ -1,0 +1,206 @@
+/* protocol.c: per-step metrics of the evaluation protocol (README,
+ * "Evaluation protocol"; the definitions are the contract every retriever
+ * and every plot relies on). For query head h of kv head g = h / G at
+ * step t, the attended set is sink [0, S) U local [t+1-W, t] U selected
+ * (list h, or g for group-consistent methods) U extra (of g), without
+ * duplicates. Scores of the attended set come from the oracle (the same
+ * numbers its threshold was taken from), so a tie is judged consistently
+ * on CPU and GPU. o_att applies the softmax over the attended logits
+ * (plus the method's log-weights on selected tokens) to V, in double. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol.h"
+
+enum { F_REGION = 1, F_SEL = 2, F_EXTRA = 4 };
+
+struct kv_protocol {
+    const kv_layer *L;
+    int sink, local, k, G;
+    int cap;           /* per-head capacity of the attended lists */
+    int32_t *att;      /* [Hq][cap] attended indices */
+    uint8_t *flag;     /* [Hq][cap] */
+    float *logw;       /* [Hq][cap] */
+    float *score;      /* [Hq][cap] */
+    int *count;        /* [Hq] */
+    int *stamp;        /* [T]: position -> slot+1 in the current head's list, or 0 */
+    int ccap;          /* candidate gather capacity */
+    float *cscore;     /* [Hq][ccap] */
+    int32_t *cidx;     /* [Hq][ccap] */
+    int *ccount;
+};
+
+static kv_status grow(kv_protocol *p, int cap) {
+    if (cap <= p->cap) return KV_OK;
+    int Hq = p->L->Hq;
+    free(p->att); free(p->flag); free(p->logw); free(p->score);
+    p->att = kv_malloc((size_t)Hq * cap * sizeof(int32_t), "attended indices");
+    p->flag = kv_malloc((size_t)Hq * cap, "attended flags");
+    p->logw = kv_malloc((size_t)Hq * cap * sizeof(float), "attended log-weights");
+    p->score = kv_malloc((size_t)Hq * cap * sizeof(float), "attended scores");
+    p->cap = cap;
+    if (!p->att || !p->flag || !p->logw || !p->score) { p->cap = 0; return KV_ERR_NOMEM; }
+    return KV_OK;
+}
+
+kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, kv_protocol **out) {
+    kv_protocol *p = kv_calloc(1, sizeof *p, "protocol");
+    if (!p) return KV_ERR_NOMEM;
+    p->L = L; p->sink = sink; p->local = local; p->k = k; p->G = L->Hq / L->Hkv;
+    p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
+    p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
+    p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
+    if (!p->count || !p->ccount || !p->stamp || grow(p, sink + local + k + 64) != KV_OK) {
+        kv_protocol_destroy(p);
+        return KV_ERR_NOMEM;
+    }
+    *out = p;
+    return KV_OK;
+}
+
+void kv_protocol_destroy(kv_protocol *p) {
+    if (!p) return;
+    free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
+    free(p->cscore); free(p->cidx); free(p->ccount);
+    free(p);
+}
+
+/* Adds position i to head h's attended list (or ORs the flag in). */
+static inline void add(kv_protocol *p, int h, int i, uint8_t f, float lw) {
+    int *slot = &p->stamp[i];
+    size_t base = (size_t)h * p->cap;
+    if (*slot) { p->flag[base + *slot - 1] |= f; return; }
+    int c = p->count[h]++;
+    p->att[base + c] = i; p->flag[base + c] = f; p->logw[base + c] = lw;
+    *slot = c + 1;
+}
+
+static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv_selection *sel, int k) {
+    const kv_layer *L = p->L;
+    int lo = p->sink, hi = t + 1 - p->local, max_extra = 0, max_sel = 0;
+    for (int g = 0; g < L->Hkv; g++) max_extra = sel->n_extra[g] > max_extra ? sel->n_extra[g] : max_extra;
+    for (int l = 0; l < sel->n_lists; l++) max_sel = sel->count[l] > max_sel ? sel->count[l] : max_sel;
+    if (!m->variable_budget && max_sel > k)
+        return kv_fail(KV_ERR_INTERNAL, "method %s returned %d indices at step %d, above the budget k=%d", m->name,
+                       max_sel, t, k);
+    KV_TRY(grow(p, p->sink + p->local + max_sel + max_extra + 1));
+    for (int h = 0; h < L->Hq; h++) {
+        int list = m->per_kv_head ? h / p->G : h, g = h / p->G;
+        p->count[h] = 0;
+        for (int i = 0; i < p->sink && i <= t; i++) add(p, h, i, i >= lo && i < hi ? F_REGION : 0, 0.f);
+        for (int i = hi > 0 ? hi : 0; i <= t; i++) add(p, h, i, 0, 0.f);
+        const int32_t *si = sel->idx + (size_t)list * sel->cap;
+        const float *sw = sel->logw + (size_t)list * sel->cap;
+        for (int j = 0; j < sel->count[list]; j++) {
+            int i = si[j];
+            if (i < lo || i >= hi) {
+                kv_status st = kv_fail(KV_ERR_INTERNAL,
+                    "method %s selected index %d at step %d, outside the retrievable region [%d, %d)", m->name, i, t,
+                    lo, hi);
+                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+                return st;
+            }
+            if (p->stamp[i] && (p->flag[(size_t)h * p->cap + p->stamp[i] - 1] & F_SEL)) {
+                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+                return kv_fail(KV_ERR_INTERNAL, "method %s selected index %d twice at step %d (list %d)", m->name, i,
+                               t, list);
+            }
+            add(p, h, i, F_REGION | F_SEL, m->uses_logw ? sw[j] : 0.f);
+        }
+        const int32_t *ei = sel->extra + (size_t)g * sel->extra_cap;
+        for (int j = 0; j < sel->n_extra[g]; j++) {
+            int i = ei[j];
+            if (i < 0 || i > t) {
+                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+                return kv_fail(KV_ERR_INTERNAL, "method %s reported extra index %d at step %d, outside [0, %d]",
+                               m->name, i, t, t);
+            }
+            add(p, h, i, (i >= lo && i < hi ? F_REGION : 0) | F_EXTRA, 0.f);
+        }
+        for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+    }
+    return KV_OK;
+}
+
+static kv_status candidate_recall(kv_protocol *p, kv_oracle *o, const kv_oracle_out *ores, const kv_method *m,
+                                  const kv_selection *sel, int kk, kv_step_metric *rows) {
+    const kv_layer *L = p->L;
+    int need = 0, any = 0;
+    for (int l = 0; l < sel->n_lists; l++) {
+        if (sel->n_cand[l] >= 0) any = 1;
+        need = sel->n_cand[l] > need ? sel->n_cand[l] : need;
+    }
+    for (int h = 0; h < L->Hq; h++) rows[h].cand_recall = NAN;
+    if (!any || kk <= 0) return KV_OK;
+    if (need > p->ccap) {
+        free(p->cscore); free(p->cidx);
+        p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
+        p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
+        p->ccap = need;
+        if (!p->cscore || !p->cidx) { p->ccap = 0; return KV_ERR_NOMEM; }
+    }
+    for (int h = 0; h < L->Hq; h++) {
+        int list = m->per_kv_head ? h / p->G : h;
+        p->ccount[h] = sel->n_cand[list] > 0 ? sel->n_cand[list] : 0;
+        memcpy(p->cidx + (size_t)h * p->ccap, sel->cand + (size_t)list * sel->cand_cap,
+               (size_t)p->ccount[h] * sizeof(int32_t));
+    }
+    KV_TRY(kv_oracle_gather(o, p->cidx, p->ccount, p->ccap, p->cscore));
+    for (int h = 0; h < L->Hq; h++) {
+        int hits = 0;
+        for (int j = 0; j < p->ccount[h]; j++) hits += p->cscore[(size_t)h * p->ccap + j] >= ores->thr[h];
+        rows[h].cand_recall = (float)(hits < kk ? hits : kk) / (float)kk;
+    }
+    return KV_OK;
+}
+
+kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *ores, int t, const kv_method *m,
+                            const kv_selection *sel, int k, kv_step_metric *rows) {
+    const kv_layer *L = p->L;
+    int D = L->D, T = L->T, nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR;
+    KV_TRY(build_lists(p, t, m, sel, k));
+    KV_TRY(kv_oracle_gather(o, p->att, p->count, p->cap, p->score));
+    for (int h = 0; h < L->Hq; h++) {
+        size_t base = (size_t)h * p->cap;
+        int hits = 0, hits_sel = 0, n_sel = 0, n_extra = 0;
+        double mass = 0, lmax = -INFINITY;
+        for (int c = 0; c < p->count[h]; c++) {
+            uint8_t f = p->flag[base + c];
+            float s = p->score[base + c];
+            int good = (f & F_REGION) && s >= ores->thr[h];
+            hits += good && (f & (F_SEL | F_EXTRA));
+            hits_sel += good && (f & F_SEL);
+            n_sel += (f & F_SEL) != 0;
+            n_extra += (f & F_EXTRA) && !(f & F_SEL) && (f & F_REGION);
+            mass += exp((double)s - ores->m[h]);
+            double l = (double)s + p->logw[base + c];
+            lmax = l > lmax ? l : lmax;
+        }
+        kv_step_metric *r = &rows[h];
+        r->step = t; r->head = h; r->n_sel = n_sel; r->n_extra = n_extra;
+        r->recall = (float)(hits < kk ? hits : kk) / (float)kk;
+        r->recall_sel = (float)(hits_sel < kk ? hits_sel : kk) / (float)kk;
+        r->mass = (float)(mass / ores->Z[h]);
+        r->outerr = NAN;
+        if (L->v && ores->o_full) {
+            double acc[1024], wsum = 0, num = 0, den = 0;
+            const float *V = L->v + (size_t)(h / p->G) * T * D;
+            for (int d = 0; d < D; d++) acc[d] = 0;
+            for (int c = 0; c < p->count[h]; c++) {
+                double w = exp((double)p->score[base + c] + p->logw[base + c] - lmax);
+                const float *v = V + (size_t)p->att[base + c] * D;
+                wsum += w;
+                for (int d = 0; d < D; d++) acc[d] += w * v[d];
+            }
+            const float *of = ores->o_full + (size_t)h * D;
+            for (int d = 0; d < D; d++) {
+                double diff = acc[d] / wsum - of[d];
+                num += diff * diff;
+                den += (double)of[d] * of[d];
+            }
+            r->outerr = (float)(den > 0 ? sqrt(num / den) : sqrt(num));
+        }
+    }
+    return candidate_recall(p, o, ores, m, sel, kk, rows);
+}

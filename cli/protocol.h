@@ -1,0 +1,34 @@
+/* protocol.h: the evaluation protocol (README "Evaluation protocol"): from
+ * one step's selection and the oracle's exact attention, the per query
+ * head metrics. Raw per-(step, head) rows are kept; windows and overall
+ * means are computed from them afterwards (cli/results.c), so a new
+ * aggregate needs no rerun. */
+#ifndef KV_PROTOCOL_H
+#define KV_PROTOCOL_H
+
+#include "../retrievers/kv_retriever.h"
+#include "oracle.h"
+
+typedef struct {
+    int step, head;
+    float recall;      /* hits of selected U extra in the region / min(k, |region|) */
+    float recall_sel;  /* the same over the selected indices alone */
+    float cand_recall; /* over the method's coarse candidates; NAN if it has none */
+    float mass;        /* full-softmax probability of the attended set */
+    float outerr;      /* |o_att - o_full| / |o_full|; NAN without values */
+    int n_sel;         /* distinct selected indices */
+    int n_extra;       /* extra indices not already attended as sink/local/selected */
+} kv_step_metric;
+
+typedef struct kv_protocol kv_protocol;
+
+kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, kv_protocol **out);
+/* Scores step t of `method` (whose search filled `sel`) against the
+ * oracle's step result; writes Hq rows to `rows`. Errors (KV_ERR_INTERNAL)
+ * when the method broke the contract: an index outside the region, a
+ * duplicate, more than k without a variable budget. */
+kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *ores, int t, const kv_method *m,
+                            const kv_selection *sel, int k, kv_step_metric *rows);
+void kv_protocol_destroy(kv_protocol *p);
+
+#endif

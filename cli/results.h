@@ -1,0 +1,53 @@
+/* results.h: one run's records (per method: parameters, timings, raw
+ * per-(step, head) metrics) and their aggregation and atomic writing as
+ * summary.json, drift.csv and steps.csv. */
+#ifndef KV_RESULTS_H
+#define KV_RESULTS_H
+
+#include "../datasets/kv_trace.h"
+#include "../kernels/kv_gpu.h"
+#include "cli.h"
+#include "protocol.h"
+
+typedef struct {
+    const kv_method *m;
+    kv_param_set ps;
+    char params[1024];
+    void *state;
+    kv_selection sel;
+    int on_gpu;
+    kv_step_metric *rows;
+    size_t n_rows, cap_rows;
+    double build_s, append_s;
+    double *search_s;   /* per evaluated step */
+    int n_steps;
+    size_t index_bytes;
+} kv_method_run;
+
+typedef struct {
+    const kv_trace_info *info;
+    const char *layer;
+    int k, sink, local, stride, max_steps, window;
+    uint64_t seed;
+    int use_gpu;
+    kv_gpu_info gpu;
+    char cmdline[4096];
+    char started[64];
+    int steps_evaluated, steps_skipped;
+    double wall_s;
+} kv_run_meta;
+
+typedef struct {
+    double recall, recall_sel, cand_recall, mass, outerr, n_sel, n_extra;
+    double recall_p10, mass_p10, outerr_p90;
+    double search_med_us, search_p90_us;
+    size_t n;
+} kv_overall;
+
+kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n);
+void kv_overall_compute(const kv_method_run *r, kv_overall *o);
+/* Writes the run directory atomically: DIR.tmp.<pid>, then rename to DIR. */
+kv_status kv_results_write(const char *dir, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
+void kv_results_print(FILE *f, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
+
+#endif

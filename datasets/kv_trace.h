@@ -1,0 +1,91 @@
+/* kv_trace.h: reading, validating and writing kvtrace v1 files
+ * (datasets/TRACE_FORMAT.md), and the synthetic trace generator.
+ *
+ * A trace is opened once (attributes, layer list, dataset dtypes, all
+ * validated), then loaded one layer at a time into float32 arrays laid out
+ * [H][T][D] as in the file. Every error names the file, the attribute or
+ * dataset, what was expected and what was found, and returns KV_ERR_INPUT. */
+#ifndef KV_TRACE_H
+#define KV_TRACE_H
+
+#include "../kernels/kv_common.h"
+
+#define KV_NAME_MAX 64
+#define KV_TEXT_MAX 1024
+#define KV_MAX_LAYERS 512
+
+typedef struct {
+    char path[1024];
+    int version;
+    char model[KV_TEXT_MAX];
+    char description[KV_TEXT_MAX];
+    char rope[KV_NAME_MAX];
+    int head_dim, num_q_heads, num_kv_heads, num_tokens, prefill_len;
+    float softmax_scale;
+    int has_tokens;
+    long long file_bytes;
+    int num_layers;
+    char layer_names[KV_MAX_LAYERS][KV_NAME_MAX]; /* "L14", in index order */
+    int layer_index[KV_MAX_LAYERS];
+    int layer_has_v[KV_MAX_LAYERS];
+    int layer_half[KV_MAX_LAYERS]; /* 1: k stored as float16, 0: float32 */
+} kv_trace_info;
+
+typedef struct {
+    int Hq, Hkv, T, D;
+    float *q; /* [Hq][T][D] */
+    float *k; /* [Hkv][T][D] */
+    float *v; /* [Hkv][T][D], NULL when the trace has no values */
+    int half; /* the file stored k as float16 (so k is exactly representable in half) */
+} kv_layer;
+
+/* Open and validate the root attributes and the layer groups' dataset
+ * shapes and types (values are checked when a layer is loaded). */
+kv_status kv_trace_open(const char *path, kv_trace_info *info);
+/* Find a layer by name ("L14") or by plain index ("14"); -1 if absent. */
+int kv_trace_find_layer(const kv_trace_info *info, const char *name);
+/* Load one layer as float32 (converting float16), checking every value is finite. */
+kv_status kv_trace_load_layer(const kv_trace_info *info, int layer, kv_layer *out);
+void kv_layer_free(kv_layer *l);
+/* Token ids, [T]; NULL + KV_OK when the trace has none. */
+kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
+
+/* ---- writing (synth, slice) ---- */
+typedef struct kv_trace_writer kv_trace_writer;
+typedef struct {
+    const char *model, *description, *rope;
+    int head_dim, num_q_heads, num_kv_heads, num_tokens, prefill_len;
+    float softmax_scale;
+    int half;   /* store q/k/v as float16 */
+    int gzip;   /* gzip level 0..9 (0: none) */
+    int chunk_tokens; /* chunk length along T */
+} kv_trace_spec;
+
+/* Creates `path` (written to a temp file, renamed into place on close). */
+kv_status kv_trace_writer_open(const char *path, const kv_trace_spec *spec, kv_trace_writer **w);
+kv_status kv_trace_writer_tokens(kv_trace_writer *w, const int *tokens);
+/* Starts layer `index` (group "L<index>"); has_v: whether v is written. */
+kv_status kv_trace_writer_layer(kv_trace_writer *w, int index, int has_v);
+/* Writes tokens [t0, t0+n) of the current layer; each array is [H][n][D]
+ * (NULL v allowed when the layer has no v). */
+kv_status kv_trace_writer_rows(kv_trace_writer *w, int t0, int n, const float *q, const float *k,
+                               const float *v);
+/* Finishes the file and renames it into place (commit=1) or removes it. */
+kv_status kv_trace_writer_close(kv_trace_writer *w, int commit);
+
+/* ---- synthetic traces (datasets/synth.c) ---- */
+typedef struct {
+    int tokens, prefill, q_heads, kv_heads, dim, layers;
+    uint64_t seed;
+    int half;
+    int with_v;
+} kv_synth_spec;
+kv_status kv_synth_write(const char *path, const kv_synth_spec *spec);
+/* In-memory generation of one layer's rows [t0, t0+n) into [H][n][D]
+ * buffers (the same generator the writer streams), for benchmarks. */
+typedef struct kv_synth kv_synth;
+kv_status kv_synth_create(const kv_synth_spec *spec, int layer, kv_synth **out);
+void kv_synth_rows(kv_synth *s, int t0, int n, float *q, float *k, float *v);
+void kv_synth_destroy(kv_synth *s);
+
+#endif

@@ -1,0 +1,130 @@
+/* kv_common.c: status messages, allocation, clock, PRNG, half floats and
+ * percentiles shared by every layer (see kv_common.h). The last-error
+ * buffer is thread-local, so it is not global state in the sense of the
+ * style guide: each thread sees only its own message. */
+#define _POSIX_C_SOURCE 200809L
+#include "kv_common.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char kv_err_buf[2048];
+
+kv_status kv_fail(kv_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kv_err_buf, sizeof kv_err_buf, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *kv_last_error(void) { return kv_err_buf[0] ? kv_err_buf : "unknown error"; }
+void kv_clear_error(void) { kv_err_buf[0] = 0; }
+
+int kv_exit_code(kv_status st) {
+    if (st == KV_OK) return 0;
+    return st == KV_ERR_INPUT ? 2 : 1;
+}
+
+void *kv_malloc(size_t bytes, const char *what) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) kv_fail(KV_ERR_NOMEM, "out of host memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+void *kv_calloc(size_t n, size_t size, const char *what) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) kv_fail(KV_ERR_NOMEM, "out of host memory allocating %zu x %zu bytes for %s", n, size, what);
+    return p;
+}
+
+double kv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void kv_rng_seed(kv_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t kv_rng_u64(kv_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t; s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double kv_rng_uniform(kv_rng *r) { return (double)(kv_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+double kv_rng_normal(kv_rng *r) {
+    double u1 = kv_rng_uniform(r), u2 = kv_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+float kv_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t kv_float_to_half(float f) { /* round to nearest even */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    int exp = (int)e - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - exp;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry into exp: correct */
+    return (uint16_t)(sign | h);
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+double kv_percentile_inplace(float *v, size_t n, double q) {
+    if (n == 0) return NAN;
+    qsort(v, n, sizeof *v, cmp_float);
+    double pos = q * (double)(n - 1);
+    size_t lo = (size_t)pos;
+    if (lo + 1 >= n) return v[n - 1];
+    double frac = pos - (double)lo;
+    return v[lo] + frac * (v[lo + 1] - v[lo]);
+}

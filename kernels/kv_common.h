@@ -1,0 +1,73 @@
+/* kv_common.h: the one header every layer of kvbench may include.
+ *
+ * Status codes, the thread-local last-error message (the Faiss C API's
+ * pattern: library code returns a status and leaves a message; only cli/
+ * prints and exits), checked allocation, a monotonic clock and a few
+ * numeric helpers. It sits in kernels/ because kernels/ is the bottom layer
+ * of the house (../shared/ARCHITECTURE.md): nothing here includes anything
+ * from cli/, datasets/ or retrievers/. */
+#ifndef KV_COMMON_H
+#define KV_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBENCH_VERSION "0.1.0"
+
+typedef enum {
+    KV_OK = 0,
+    KV_ERR_INTERNAL = 1, /* a bug or an unexpected library failure: exit 1 */
+    KV_ERR_INPUT = 2,    /* bad file, bad option, bad parameter: exit 2 */
+    KV_ERR_NOMEM = 3,    /* host or GPU allocation failed: exit 1 */
+    KV_ERR_GPU = 4,      /* CUDA runtime / cuBLAS failure: exit 1 */
+    KV_ERR_IO = 5        /* read/write/rename failed: exit 1 */
+} kv_status;
+
+/* Set the calling thread's last error (printf-style) and return `st`, so
+ * library code can write `return kv_fail(KV_ERR_INPUT, "...", ...)`. */
+kv_status kv_fail(kv_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char *kv_last_error(void);
+void kv_clear_error(void);
+/* Process exit code for a status: 0 ok, 2 bad input, 1 anything else. */
+int kv_exit_code(kv_status st);
+
+/* Allocation that records a message on failure (returns NULL). */
+void *kv_malloc(size_t bytes, const char *what);
+void *kv_calloc(size_t n, size_t size, const char *what);
+
+#define KV_TRY(call)                          \
+    do {                                      \
+        kv_status kv_try_st_ = (call);        \
+        if (kv_try_st_ != KV_OK) return kv_try_st_; \
+    } while (0)
+
+/* Monotonic wall clock in seconds. */
+double kv_now(void);
+
+/* Deterministic PRNG (splitmix64 seeding + xoshiro256**), one state per
+ * user: no global state. */
+typedef struct { uint64_t s[4]; } kv_rng;
+void kv_rng_seed(kv_rng *r, uint64_t seed);
+uint64_t kv_rng_u64(kv_rng *r);
+double kv_rng_uniform(kv_rng *r);  /* [0, 1) */
+double kv_rng_normal(kv_rng *r);   /* N(0, 1), Box-Muller */
+
+/* IEEE half <-> float, for traces stored as float16. */
+float kv_half_to_float(uint16_t h);
+uint16_t kv_float_to_half(float f);
+
+/* Percentile (q in [0,1], linear interpolation) of n values; sorts `v`. */
+double kv_percentile_inplace(float *v, size_t n, double q);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,22 @@
+/* score.h: exact attention scores, C reference. The oracle (cli/) and the
+ * exact retriever call the same function, so their scores are bitwise
+ * equal and the oracle's recall of itself is exactly 1. */
+#ifndef KV_SCORE_H
+#define KV_SCORE_H
+
+#include "kv_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Dot product with 8 float partial sums in a fixed order (deterministic,
+ * vectorisable without -ffast-math). */
+float kv_dot_ref(const float *a, const float *b, int d);
+/* out[i] = scale * <q, K[i]> for i in [0, n); K is [n][d]. */
+void kv_scores_ref(const float *q, const float *K, int n, int d, float scale, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,25 @@
+/* topk.h: top-k selection, the primitive every retriever and the oracle
+ * share. The C reference (topk_ref.c) defines the order every
+ * implementation must reproduce: larger score first, and among equal
+ * scores the smaller index first, so a selection is a deterministic
+ * function of the scores. GPU launchers are declared in kv_gpu.h. */
+#ifndef KV_TOPK_H
+#define KV_TOPK_H
+
+#include "kv_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Top min(k, n) of scores[0..n) in the documented order; idx[j] are
+ * positions in [0, n) plus `base`. val may be NULL. Returns the count. */
+int kv_topk_ref(const float *scores, int n, int k, int base, int32_t *idx, float *val);
+
+/* The k-th largest of scores[0..n) (1 <= k <= n), via a copy in `scratch` (n floats). */
+float kv_kth_largest_ref(const float *scores, int n, int k, float *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

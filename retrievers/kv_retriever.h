@@ -1,0 +1,120 @@
+/* kv_retriever.h: the retriever interface (vtable), its parameter tables,
+ * the selection a search returns, and the static registry.
+ *
+ * Lifecycle, driven by the run loop (cli/run.c) for one layer:
+ *   create(shape, params) -> build(prefill keys/values/queries, positions
+ *   0..P-1) -> for each position t >= P in order: append(t, key, value,
+ *   query of t) and, at evaluated steps, search(t, queries of t, k).
+ * A retriever only ever sees positions <= t. It returns at most k indices
+ * per list from the retrievable region [sink, t+1-local), optionally extra
+ * indices it attends densely (an update buffer), optional per-index
+ * log-weights, and optionally its coarse candidate set (for methods with a
+ * coarse stage, so the protocol can report the coarse stage's recall).
+ * Methods declare whether they select per query head or per kv head
+ * (group-consistent: one list shared by the G query heads of a group). */
+#ifndef KV_RETRIEVER_H
+#define KV_RETRIEVER_H
+
+#include <stdio.h>
+
+#include "../kernels/kv_common.h"
+
+#define KV_RETRIEVER_ABI 1
+#define KV_MAX_PARAMS 24
+
+typedef struct {
+    int num_q_heads, num_kv_heads, head_dim, group; /* group = Hq / Hkv */
+    int max_tokens;      /* T: positions 0..T-1 will be seen at most */
+    int prefill_len;     /* P */
+    float softmax_scale;
+    int sink, local;     /* the protocol's S and W */
+    uint64_t seed;
+    int use_gpu;         /* run the CUDA path (the method has one and a GPU is present) */
+} kv_shape;
+
+/* ---- parameters: data, read by list, --help and validation alike ---- */
+typedef enum { KV_PARAM_INT, KV_PARAM_FLOAT, KV_PARAM_ENUM } kv_param_type;
+typedef enum { KV_PARAM_BUILD, KV_PARAM_SEARCH } kv_param_stage;
+
+typedef struct {
+    const char *name;
+    kv_param_type type;
+    kv_param_stage stage;
+    double def, min, max;   /* for ENUM: def is the index into choices */
+    const char *choices;    /* ENUM only: "analytic|kmeans" */
+    const char *help;
+} kv_param_spec;            /* tables end with a {NULL} entry */
+
+typedef struct {
+    const kv_param_spec *spec;
+    int n;
+    double val[KV_MAX_PARAMS];
+    int set[KV_MAX_PARAMS];  /* given explicitly on the command line */
+} kv_param_set;
+
+/* Defaults for every parameter of a table. */
+void kv_params_init(kv_param_set *ps, const kv_param_spec *spec);
+/* Apply "name=value"; KV_ERR_INPUT (message lists the accepted parameters)
+ * for an unknown name, a malformed or out-of-range value. */
+kv_status kv_params_set(kv_param_set *ps, const char *method, const char *assignment);
+double kv_param(const kv_param_set *ps, const char *name);   /* aborts on a name not in the table */
+int kv_param_int(const kv_param_set *ps, const char *name);
+int kv_param_is_set(const kv_param_set *ps, const char *name);
+/* "k1=v1,k2=v2" with every parameter (enums by name), for results. */
+void kv_params_format(const kv_param_set *ps, char *buf, size_t cap);
+
+/* ---- what a search returns ---- */
+typedef struct {
+    int n_lists;     /* Hq (per query head) or Hkv (per kv head) */
+    int n_kv;        /* Hkv */
+    int cap;         /* capacity of each list */
+    int *count;      /* [n_lists] */
+    int32_t *idx;    /* [n_lists][cap] */
+    float *logw;     /* [n_lists][cap]; used only when the method sets uses_logw */
+    int extra_cap;   /* capacity of each extra list */
+    int *n_extra;    /* [Hkv]: tokens attended densely beyond the selection */
+    int32_t *extra;  /* [Hkv][extra_cap] */
+    int cand_cap;    /* capacity of each candidate list */
+    int *n_cand;     /* [n_lists]: coarse candidates (-1, the reset value: none reported) */
+    int32_t *cand;   /* [n_lists][cand_cap] */
+} kv_selection;
+
+kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap);
+void kv_selection_reset(kv_selection *s);
+void kv_selection_free(kv_selection *s);
+
+/* ---- the prefill handed to build(): tight [H][n][D] float32 arrays ---- */
+typedef struct {
+    int n;              /* positions 0..n-1 */
+    const float *k;     /* [Hkv][n][D] */
+    const float *v;     /* [Hkv][n][D] or NULL */
+    const float *q;     /* [Hq][n][D] */
+} kv_prefill;
+
+typedef struct kv_method {
+    int abi;                 /* KV_RETRIEVER_ABI */
+    const char *name;
+    const char *summary;     /* one line for `kvbench list` */
+    const char *paper;       /* where it comes from */
+    int per_kv_head;         /* 1: one list per kv head shared by its group */
+    int variable_budget;     /* may return more than k (reports effective budget) */
+    int uses_logw;           /* fills selection.logw */
+    int has_gpu;             /* has a CUDA path */
+    const kv_param_spec *params;
+    kv_status (*create)(const kv_shape *shape, const kv_param_set *params, void **state);
+    kv_status (*build)(void *state, const kv_prefill *pre);
+    /* Position t's key and value ([Hkv][D]) and query ([Hq][D]). */
+    kv_status (*append)(void *state, int t, const float *k, const float *v, const float *q);
+    /* Queries of step t ([Hq][D]); budget k; fills sel (already reset). */
+    kv_status (*search)(void *state, int t, const float *q, int k, kv_selection *sel);
+    size_t (*memory_bytes)(const void *state);
+    void (*destroy)(void *state);
+    /* Optional: extra lines for `kvbench list --verbose` (derived constants). */
+    void (*describe)(FILE *f);
+} kv_method;
+
+/* ---- registry (retrievers/registry.c) ---- */
+const kv_method *kv_method_find(const char *name);
+const kv_method *const *kv_methods(int *count);
+
+#endif

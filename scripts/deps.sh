@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the system packages kvbench needs, only those missing
+# (idempotent: a second run installs nothing). Debian/Ubuntu (apt-get).
+set -euo pipefail
+need=()
+have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in build-essential libhdf5-dev libaec-dev zlib1g-dev valgrind python3 python3-venv; do
+  have "$p" || need+=("$p")
+done
+if [ ${#need[@]} -eq 0 ]; then
+  echo "deps: system packages present"
+  exit 0
+fi
+echo "deps: installing ${need[*]}"
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+echo "deps: done"
