@@ -34,7 +34,7 @@ else
   CU_SRCS :=
 endif
 
-BUILD := build
+BUILD ?= build
 C_OBJS := $(C_SRCS:%.c=$(BUILD)/%.o)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
 LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)

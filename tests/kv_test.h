@@ -1,0 +1,60 @@
+/* kv_test.h: the test runner's contract. A test is a function returning
+ * KV_TEST_PASS, KV_TEST_FAIL or KV_TEST_SKIP; CHECK records a failure
+ * with file:line and a message and fails the test; skips print a reason.
+ * Tests live in tests/test_*.c and are listed in tests/run_tests.c. */
+#ifndef KV_TEST_H
+#define KV_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+
+#include "../kernels/kv_common.h"
+
+enum { KV_TEST_PASS = 0, KV_TEST_FAIL = 1, KV_TEST_SKIP = 2 };
+enum { KV_NEEDS_GPU = 1, KV_NEEDS_SUBPROCESS = 2, KV_NEEDS_PYTHON = 4 };
+
+typedef struct {
+    const char *name;
+    int (*fn)(void);
+    unsigned needs;
+} kv_test;
+
+/* Set by a test before returning KV_TEST_SKIP. */
+void kv_test_skip_reason(const char *fmt, ...);
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "    %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, "\n");                                            \
+            return KV_TEST_FAIL;                                              \
+        }                                                                     \
+    } while (0)
+
+/* |got - want| <= atol + rtol * |want| */
+#define CHECK_CLOSE(got, want, atol, rtol)                                    \
+    CHECK(fabs((double)(got) - (double)(want)) <= (atol) + (rtol) * fabs((double)(want)), \
+          "got %.9g, want %.9g (atol %g, rtol %g)", (double)(got), (double)(want), (double)(atol), (double)(rtol))
+
+#define CHECK_OK(call)                                                        \
+    do {                                                                      \
+        kv_status st_ = (call);                                               \
+        CHECK(st_ == KV_OK, "status %d: %s", (int)st_, kv_last_error());      \
+    } while (0)
+
+/* Helpers (tests/util.c): a scratch directory per run, the kvbench binary
+ * path (KVBENCH_BIN), running a command and capturing its exit code and
+ * stderr. */
+const char *kv_test_tmpdir(void);
+const char *kv_test_bin(void);
+/* Runs `cmd` via /bin/sh; returns the exit code; stderr (and stdout) go to
+ * the buffers when given (truncated to cap). */
+int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err_cap);
+/* 1 when a usable GPU is present (KVBENCH_REQUIRE_GPU=1 turns "no" into a failure). */
+int kv_test_have_gpu(void);
+
+/* A small valid-looking trace (layer L3) with a NaN in v (test_loader.c). */
+void kv_test_write_nan_trace(const char *path);
+
+#endif

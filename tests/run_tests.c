@@ -1,0 +1,82 @@
+/* run_tests.c: the one test runner. Tests are a static table of (name,
+ * function, needs); `run_tests NAME...` runs only the named ones,
+ * `--gpu` only those that need a GPU, `--cpu-only` skips them,
+ * `--no-subprocess` skips tests that run other programs (for valgrind).
+ * A GPU test without a GPU is skipped with the probe's reason, or fails
+ * when KVBENCH_REQUIRE_GPU=1. The last line is "N passed, N failed, N skipped". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kv_gpu.h"
+#include "kv_test.h"
+
+extern char kv_test_reason[512];
+
+/* Each test_*.c defines its tests; declare and list them here. */
+#define KV_TESTS(X)                                        \
+    X(common_half_roundtrip, 0)                            \
+    X(common_percentile, 0)                                \
+    X(topk_ref_matches_sort, 0)                            \
+    X(topk_kth_largest, 0)                                 \
+    X(params_validation, 0)                                \
+    X(loader_good_file, 0)                                 \
+    X(loader_rejects_malformed, 0)                         \
+    X(loader_float32_and_gzip, 0)                          \
+    X(synth_deterministic, 0)                              \
+    X(exact_matches_brute_force, 0)                        \
+    X(protocol_hand_case, 0)                               \
+    X(protocol_rejects_contract_breaks, 0)                 \
+    X(conformance_all_methods, 0)                          \
+    X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
+    X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
+    X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \
+    X(results_atomic_on_failure, KV_NEEDS_SUBPROCESS)      \
+    X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
+
+#define KV_DECLARE(name, needs) int test_##name(void);
+KV_TESTS(KV_DECLARE)
+#define KV_ENTRY(name, needs) {#name, test_##name, needs},
+static const kv_test tests[] = {KV_TESTS(KV_ENTRY)};
+
+int main(int argc, char **argv) {
+    int gpu_only = 0, cpu_only = 0, no_sub = 0, n_names = 0;
+    const char *names[64];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--gpu")) gpu_only = 1;
+        else if (!strcmp(argv[i], "--cpu-only")) cpu_only = 1;
+        else if (!strcmp(argv[i], "--no-subprocess")) no_sub = 1;
+        else if (!strcmp(argv[i], "--list")) {
+            for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) puts(tests[t].name);
+            return 0;
+        } else if (n_names < 64) names[n_names++] = argv[i];
+    }
+    int require_gpu = getenv("KVBENCH_REQUIRE_GPU") && !strcmp(getenv("KVBENCH_REQUIRE_GPU"), "1");
+    int passed = 0, failed = 0, skipped = 0;
+    for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {
+        const kv_test *T = &tests[t];
+        int want = !n_names;
+        for (int j = 0; j < n_names; j++) want |= !strcmp(names[j], T->name);
+        if (!want) continue;
+        if (gpu_only && !(T->needs & KV_NEEDS_GPU)) continue;
+        kv_test_reason[0] = 0;
+        int rc;
+        if (cpu_only && (T->needs & KV_NEEDS_GPU)) { rc = KV_TEST_SKIP; kv_test_skip_reason("--cpu-only"); }
+        else if (no_sub && (T->needs & KV_NEEDS_SUBPROCESS)) { rc = KV_TEST_SKIP; kv_test_skip_reason("--no-subprocess"); }
+        else if ((T->needs & KV_NEEDS_GPU) && !kv_test_have_gpu()) rc = require_gpu ? KV_TEST_FAIL : KV_TEST_SKIP;
+        else {
+            double t0 = kv_now();
+            rc = T->fn();
+            if (rc == KV_TEST_SKIP && require_gpu && (T->needs & KV_NEEDS_GPU)) rc = KV_TEST_FAIL;
+            if (rc != KV_TEST_SKIP) printf("%-36s %s  (%.2fs)\n", T->name, rc == KV_TEST_PASS ? "ok" : "FAIL", kv_now() - t0);
+        }
+        if (rc == KV_TEST_SKIP) printf("%-36s skipped: %s\n", T->name, kv_test_reason[0] ? kv_test_reason : "(no reason)");
+        else if (rc == KV_TEST_FAIL && (T->needs & KV_NEEDS_GPU) && kv_test_reason[0]) printf("%-36s FAIL: %s\n", T->name, kv_test_reason);
+        fflush(stdout);
+        passed += rc == KV_TEST_PASS;
+        failed += rc == KV_TEST_FAIL;
+        skipped += rc == KV_TEST_SKIP;
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}

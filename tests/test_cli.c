@@ -1,0 +1,247 @@
+/* test_cli.c: the kvbench binary as a user runs it: usage and input
+ * errors (message on stderr, exit 2), slice, the end-to-end run on the
+ * bundled demo trace checked against an independent computation here,
+ * atomic results, and the Python dumper's own test. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../datasets/kv_trace.h"
+#include "kv_test.h"
+
+#define DEMO "datasets/demo.h5"
+static char out[1 << 16], err[1 << 16];
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return kv_test_sh(cmd, out, sizeof out, err, sizeof err);
+}
+
+static int exists(const char *p) { struct stat sb; return stat(p, &sb) == 0; }
+
+int test_cli_errors(void) {
+    const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
+    struct { const char *args; int rc; const char *needle; } cases[] = {
+        {"run --trace /nonexistent.h5 --method exact", 2, "/nonexistent.h5: no such file"},
+        {"run --trace " DEMO " --method nope", 2, "unknown method 'nope'"},
+        {"run --trace " DEMO " --method exact --param beta=1", 2, "no such parameter"},
+        {"run --trace " DEMO " --method random --param seed=-4", 2, "expected a value in [0, 2.14748e+09]"},
+        {"run --trace " DEMO " --method exact --k 0", 2, "--k: invalid value '0'"},
+        {"run --trace " DEMO " --method exact --layer L999", 2, "no such layer"},
+        {"run --trace " DEMO " --method exact --device tpu", 2, "expected auto, cpu or gpu"},
+        {"run --method exact", 2, "--trace FILE is required"},
+        {"frobnicate", 2, "unknown command 'frobnicate'"},
+        {"info", 2, "expected exactly one trace file"},
+        {"synth --out /nonexistent-dir/x.h5 --tokens 100", 1, "cannot create"},
+        {"synth --out x.h5 --q-heads 3 --kv-heads 2", 2, "not a multiple"},
+        {"slice --in " DEMO " --out x.h5 --tokens 99999999", 2, "exceeds"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = sh("cd %s && %s%s %s", tmp, B[0] == '/' ? "" : "$OLDPWD/", B, cases[i].args);
+        if (strstr(cases[i].args, DEMO)) rc = sh("%s %s", B, cases[i].args); /* DEMO is relative to the repo */
+        CHECK(rc == cases[i].rc, "'kvbench %s': exit %d, want %d; stderr: %s", cases[i].args, rc, cases[i].rc, err);
+        CHECK(strstr(err, cases[i].needle), "'kvbench %s': stderr lacks '%s': %s", cases[i].args, cases[i].needle, err);
+    }
+    CHECK(sh("%s run --help", B) == 0 && strstr(out, "usage: kvbench run"), "run --help");
+    CHECK(sh("%s list", B) == 0 && strstr(out, "exact") && strstr(out, "streaming") && strstr(out, "random"), "list");
+    return KV_TEST_PASS;
+}
+
+int test_cli_slice_roundtrip(void) {
+    const char *B = kv_test_bin();
+    char path[600];
+    snprintf(path, sizeof path, "%s/slice.h5", kv_test_tmpdir());
+    kv_trace_info src, dst;
+    CHECK_OK(kv_trace_open(DEMO, &src));
+    CHECK(sh("%s slice --in %s --out %s --tokens 300 --layers %s --prefill 200", B, DEMO, path, src.layer_names[0]) == 0,
+          "slice failed: %s", err);
+    CHECK_OK(kv_trace_open(path, &dst));
+    CHECK(dst.num_tokens == 300 && dst.prefill_len == 200 && dst.num_layers == 1 &&
+          dst.layer_index[0] == src.layer_index[0] && dst.num_q_heads == src.num_q_heads &&
+          dst.head_dim == src.head_dim && dst.layer_half[0] == src.layer_half[0],
+          "slice attributes");
+    kv_layer a, b;
+    CHECK_OK(kv_trace_load_layer(&src, 0, &a));
+    CHECK_OK(kv_trace_load_layer(&dst, 0, &b));
+    int D = a.D, same = 1;
+    for (int g = 0; g < a.Hkv && same; g++)
+        same = !memcmp(a.k + (size_t)g * a.T * D, b.k + (size_t)g * b.T * D, (size_t)300 * D * sizeof(float)) &&
+               (!a.v || !memcmp(a.v + (size_t)g * a.T * D, b.v + (size_t)g * b.T * D, (size_t)300 * D * sizeof(float)));
+    for (int h = 0; h < a.Hq && same; h++)
+        same = !memcmp(a.q + (size_t)h * a.T * D, b.q + (size_t)h * b.T * D, (size_t)300 * D * sizeof(float));
+    kv_layer_free(&a);
+    kv_layer_free(&b);
+    CHECK(same, "sliced values differ from the source's first 300 positions");
+    CHECK(sh("%s info %s", B, path) == 0 && strstr(out, "tokens (T)    300"), "info on the slice: %s", out);
+    return KV_TEST_PASS;
+}
+
+/* ---- end to end on the demo trace, against a computation written here ---- */
+typedef struct { float s; int i; } sc;
+static int cmp_sc(const void *a, const void *b) {
+    const sc *x = a, *y = b;
+    return x->s != y->s ? (x->s > y->s ? -1 : 1) : x->i - y->i;
+}
+
+/* Independent metrics of one step and head for the attended set sink U
+ * local U sel (double throughout). */
+static void reference(const kv_layer *L, float scale, int t, int h, const int *sel, int nsel, int S, int W, int k,
+                      double *recall, double *mass, double *outerr) {
+    int D = L->D, T = L->T, g = h / (L->Hq / L->Hkv), n = t + 1;
+    double *s = malloc(n * sizeof *s), m = -1e300, Z = 0;
+    const float *q = L->q + ((size_t)h * T + t) * D;
+    for (int i = 0; i < n; i++) {
+        double acc = 0;
+        for (int d = 0; d < D; d++) acc += (double)q[d] * L->k[((size_t)g * T + i) * D + d];
+        s[i] = scale * acc;
+        m = s[i] > m ? s[i] : m;
+    }
+    for (int i = 0; i < n; i++) Z += exp(s[i] - m);
+    int lo = S, hi = t + 1 - W, nr = hi - lo, kk = k < nr ? k : nr;
+    sc *r = malloc(nr * sizeof *r);
+    for (int i = 0; i < nr; i++) r[i] = (sc){(float)s[lo + i], lo + i};
+    qsort(r, nr, sizeof *r, cmp_sc);
+    double thr = r[kk - 1].s;
+    char *att = calloc(n, 1);
+    for (int i = 0; i < S && i < n; i++) att[i] = 1;
+    for (int i = hi; i <= t; i++) att[i] = 1;
+    int hits = 0;
+    for (int j = 0; j < nsel; j++) { att[sel[j]] = 1; hits += (float)s[sel[j]] >= (float)thr - 1e-6 * (1 + fabs(thr)); }
+    *recall = (double)(hits < kk ? hits : kk) / kk;
+    double ms = 0, wsum = 0, num = 0, den = 0, *oa = calloc(D, sizeof *oa), *of = calloc(D, sizeof *of);
+    for (int i = 0; i < n; i++) {
+        double p = exp(s[i] - m);
+        for (int d = 0; d < D; d++) of[d] += p / Z * L->v[((size_t)g * T + i) * D + d];
+        if (!att[i]) continue;
+        ms += p; wsum += p;
+        for (int d = 0; d < D; d++) oa[d] += p * L->v[((size_t)g * T + i) * D + d];
+    }
+    for (int d = 0; d < D; d++) { num += (oa[d] / wsum - of[d]) * (oa[d] / wsum - of[d]); den += of[d] * of[d]; }
+    *mass = ms / Z;
+    *outerr = sqrt(num / den);
+    free(s); free(r); free(att); free(oa); free(of);
+}
+
+int test_e2e_demo_trace(void) {
+    const char *B = kv_test_bin();
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/e2e", kv_test_tmpdir());
+    int k = 50, S = 4, W = 32;
+    CHECK(sh("%s run --trace %s --method exact,streaming --k %d --sink %d --local %d --stride 23 --max-steps 12 "
+             "--device cpu --out %s --force", B, DEMO, k, S, W, dir) == 0, "run failed: %s", err);
+    CHECK(strstr(out, "exact") && strstr(out, "results: "), "summary table on stdout: %s", out);
+    char p[700];
+    snprintf(p, sizeof p, "%s/summary.json", dir);
+    CHECK(exists(p), "summary.json written");
+    snprintf(p, sizeof p, "%s/drift.csv", dir);
+    FILE *f = fopen(p, "r");
+    CHECK(f, "drift.csv written");
+    char line[4096];
+    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,params,window,step_start,step_end,recall_mean,", 52), "drift header");
+    fclose(f);
+    kv_trace_info in;
+    CHECK_OK(kv_trace_open(DEMO, &in));
+    kv_layer L;
+    CHECK_OK(kv_trace_load_layer(&in, 0, &L));
+    CHECK(L.v, "the demo trace has values");
+    snprintf(p, sizeof p, "%s/steps.csv", dir);
+    f = fopen(p, "r");
+    CHECK(f, "steps.csv written");
+    CHECK(fgets(line, sizeof line, f), "steps header");
+    int rows = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        char method[64];
+        int step, head;
+        double recall, recall_sel, mass, outerr;
+        char *c = strchr(line, ',');
+        if (!c) break;
+        snprintf(method, sizeof method, "%.*s", (int)(c - line), line);
+        if (sscanf(c + 1, "%d,%d,%lf,%lf,", &step, &head, &recall, &recall_sel) != 4) { bad++; continue; }
+        char *fld = c + 1; /* fields: step head recall recall_sel cand mass outerr ... */
+        for (int i = 0; i < 5; i++) fld = strchr(fld, ',') + 1;
+        sscanf(fld, "%lf,%lf", &mass, &outerr);
+        int sel[256], nsel = 0, G = L.Hq / L.Hkv;
+        if (!strcmp(method, "streaming")) {
+            for (int i = step + 1 - W - 1; i >= S && i >= step + 1 - W - k; i--) sel[nsel++] = i;
+        } else { /* exact: the top-k by independent double scores */
+            int lo = S, hi = step + 1 - W, nr = hi - lo;
+            sc *r = malloc(nr * sizeof *r);
+            for (int i = 0; i < nr; i++) {
+                double acc = 0;
+                for (int d = 0; d < L.D; d++)
+                    acc += (double)L.q[((size_t)head * L.T + step) * L.D + d] * L.k[((size_t)(head / G) * L.T + lo + i) * L.D + d];
+                r[i] = (sc){(float)(in.softmax_scale * acc), lo + i};
+            }
+            qsort(r, nr, sizeof *r, cmp_sc);
+            for (int j = 0; j < k && j < nr; j++) sel[nsel++] = r[j].i;
+            free(r);
+        }
+        double rr, rm, ro;
+        reference(&L, in.softmax_scale, step, head, sel, nsel, S, W, k, &rr, &rm, &ro);
+        if (!strcmp(method, "exact") && recall != 1.0) { fprintf(stderr, "    exact recall %g at step %d head %d\n", recall, step, head); bad++; }
+        if (fabs(rr - recall) > 1e-6 || fabs(rm - mass) > 1e-4 + 1e-4 * rm || fabs(ro - outerr) > 1e-4 + 1e-3 * ro) {
+            if (bad < 5) fprintf(stderr, "    %s step %d head %d: recall %g/%g mass %g/%g outerr %g/%g (kvbench/ref)\n",
+                                 method, step, head, recall, rr, mass, rm, outerr, ro);
+            bad++;
+        }
+        rows++;
+    }
+    fclose(f);
+    kv_layer_free(&L);
+    CHECK(rows == 2 * 12 * in.num_q_heads, "steps.csv has %d rows, want %d", rows, 2 * 12 * in.num_q_heads);
+    CHECK(bad == 0, "%d rows disagree with the independent computation", bad);
+    return KV_TEST_PASS;
+}
+
+int test_results_atomic_on_failure(void) {
+    const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
+    char nan[600], dir[600];
+    snprintf(nan, sizeof nan, "%s/nan_run.h5", tmp);
+    snprintf(dir, sizeof dir, "%s/atomic_out", tmp);
+    kv_test_write_nan_trace(nan);
+    int rc = sh("%s run --trace %s --method exact --out %s", B, nan, dir);
+    CHECK(rc == 2 && strstr(err, "non-finite value"), "NaN trace: exit %d, %s", rc, err);
+    CHECK(!exists(dir), "a failed run left %s", dir);
+    DIR *d = opendir(tmp);
+    struct dirent *e;
+    int leftovers = 0;
+    while ((e = readdir(d))) leftovers += strstr(e->d_name, "atomic_out.tmp") != NULL;
+    closedir(d);
+    CHECK(leftovers == 0, "temporary result directories left behind");
+    /* an existing result is not overwritten without --force */
+    CHECK(sh("%s run --trace %s --method streaming --max-steps 3 --out %s", B, DEMO, dir) == 0, "first run: %s", err);
+    rc = sh("%s run --trace %s --method exact --max-steps 3 --out %s", B, DEMO, dir);
+    CHECK(rc == 2 && strstr(err, "already exists"), "second run without --force: exit %d: %s", rc, err);
+    char p[700];
+    snprintf(p, sizeof p, "%s/summary.json", dir);
+    FILE *f = fopen(p, "r");
+    CHECK(f, "summary kept");
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    CHECK(strstr(buf, "\"streaming\"") && !strstr(buf, "\"exact\""), "the earlier result was modified");
+    return KV_TEST_PASS;
+}
+
+int test_dump_trace_tiny_models(void) {
+    const char *py = exists(".venv/bin/python") ? ".venv/bin/python" : "python3";
+    int rc = sh("KVBENCH_BIN=%s %s tests/test_dump_trace.py", kv_test_bin(), py);
+    if (rc == 77) {
+        char *last = strrchr(out, '\n');
+        while (last && last > out && last[1] == 0) { *last = 0; last = strrchr(out, '\n'); }
+        kv_test_skip_reason("%s", last ? last + 1 : out);
+        return KV_TEST_SKIP;
+    }
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_dump_trace.py exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}

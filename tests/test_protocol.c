@@ -1,0 +1,294 @@
+/* test_protocol.c: the evaluation protocol on a case small enough to work
+ * out by hand, its refusal of retrievers that break the contract, and the
+ * conformance suite every registered method must pass (budget, region,
+ * no duplicates, determinism, never reading the future). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cli/oracle.h"
+#include "../cli/protocol.h"
+#include "kv_test.h"
+
+/* A scripted method: search returns the indices in `script`. */
+static int script_idx[8], script_n;
+static float script_logw[8];
+static kv_status fake_create(const kv_shape *s, const kv_param_set *p, void **o) { (void)s; (void)p; *o = NULL; return KV_OK; }
+static kv_status fake_build(void *s, const kv_prefill *p) { (void)s; (void)p; return KV_OK; }
+static kv_status fake_append(void *s, int t, const float *k, const float *v, const float *q) {
+    (void)s; (void)t; (void)k; (void)v; (void)q;
+    return KV_OK;
+}
+static kv_status fake_search(void *s, int t, const float *q, int k, kv_selection *sel) {
+    (void)s; (void)t; (void)q; (void)k;
+    for (int l = 0; l < sel->n_lists; l++) {
+        for (int j = 0; j < script_n; j++) {
+            sel->idx[l * sel->cap + j] = script_idx[j];
+            sel->logw[l * sel->cap + j] = script_logw[j];
+        }
+        sel->count[l] = script_n;
+    }
+    return KV_OK;
+}
+static size_t fake_mem(const void *s) { (void)s; return 0; }
+static void fake_destroy(void *s) { (void)s; }
+static const kv_param_spec no_params[] = {{NULL}};
+static kv_method fake = {.abi = KV_RETRIEVER_ABI, .name = "fake", .summary = "", .paper = "", .per_kv_head = 1,
+                         .params = no_params, .create = fake_create, .build = fake_build, .append = fake_append,
+                         .search = fake_search, .memory_bytes = fake_mem, .destroy = fake_destroy};
+
+/* D = 1, one kv head, two query heads (q = 1 and q = -1), T = 6, scale 1:
+ * keys 0 1 2 3 0.5 0 so head 0's scores are the keys. S = 1, W = 2, step
+ * t = 5: region [1, 4) = {1, 2, 3}; k = 2: the true top-2 is {3, 2}. */
+int test_protocol_hand_case(void) {
+    float K[6] = {0, 1, 2, 3, 0.5f, 0}, V[6] = {1, 2, 3, 4, 5, 6}, Q[12] = {0};
+    Q[0 * 6 + 5] = 1; Q[1 * 6 + 5] = -1; /* [Hq][T][D], only t = 5 used */
+    kv_layer L = {.Hq = 2, .Hkv = 1, .T = 6, .D = 1, .q = Q, .k = K, .v = V};
+    kv_oracle *o;
+    kv_protocol *p;
+    CHECK_OK(kv_oracle_create(&L, 1.0f, 1, 2, 2, 0, &o));
+    CHECK_OK(kv_protocol_create(&L, 1, 2, 2, &p));
+    kv_selection sel;
+    CHECK_OK(kv_selection_alloc(&sel, 1, 1, 2, 6, 6));
+    float q[2] = {1, -1};
+    kv_oracle_out res;
+    CHECK_OK(kv_oracle_step(o, 5, q, &res));
+    /* head 0 by hand: Z = e^0+e^1+e^2+e^3+e^.5+e^0, thr = 2 */
+    double Z0 = 1 + exp(1) + exp(2) + exp(3) + exp(0.5) + 1;
+    CHECK_CLOSE(res.m[0], 3.0, 0, 0);
+    CHECK_CLOSE(res.Z[0], Z0 / exp(3), 1e-6, 1e-6);
+    CHECK_CLOSE(res.thr[0], 2.0, 0, 0);
+    double of0 = (1 * 1 + exp(1) * 2 + exp(2) * 3 + exp(3) * 4 + exp(0.5) * 5 + 1 * 6) / Z0;
+    CHECK_CLOSE(res.o_full[0], of0, 1e-6, 1e-6);
+    /* head 1 (q = -1): scores are minus the keys; region scores -1 -2 -3: top-2 {1, 2}, thr = -2 */
+    CHECK_CLOSE(res.thr[1], -2.0, 0, 0);
+
+    script_n = 2; script_idx[0] = 1; script_idx[1] = 3; script_logw[0] = script_logw[1] = 0;
+    kv_selection_reset(&sel);
+    CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+    kv_step_metric rows[2];
+    CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+    /* head 0: {1, 3} holds one of {3, 2}: recall 1/2; attended {0,1,3,4,5} misses only 2 */
+    CHECK_CLOSE(rows[0].recall, 0.5, 0, 0);
+    CHECK_CLOSE(rows[0].recall_sel, 0.5, 0, 0);
+    CHECK_CLOSE(rows[0].mass, (Z0 - exp(2)) / Z0, 1e-6, 1e-6);
+    double wa = 1 + exp(1) + exp(3) + exp(0.5) + 1;
+    double oa = (1 * 1 + exp(1) * 2 + exp(3) * 4 + exp(0.5) * 5 + 1 * 6) / wa;
+    CHECK_CLOSE(rows[0].outerr, fabs(oa - of0) / fabs(of0), 1e-6, 1e-5);
+    CHECK(rows[0].n_sel == 2 && rows[0].n_extra == 0 && isnan(rows[0].cand_recall), "counts");
+    /* head 1 shares the list (per kv head): {1, 3} holds 1 of its top-2 {1, 2} */
+    CHECK_CLOSE(rows[1].recall, 0.5, 0, 0);
+    double Z1 = 1 + exp(-1) + exp(-2) + exp(-3) + exp(-0.5) + 1;
+    CHECK_CLOSE(rows[1].mass, (Z1 - exp(-2)) / Z1, 1e-6, 1e-6);
+
+    /* log-weights: a weight of log 2 on index 3 doubles its attended logit weight */
+    fake.uses_logw = 1;
+    script_logw[1] = (float)log(2.0);
+    kv_selection_reset(&sel);
+    CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+    CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+    double wl = 1 + exp(1) + 2 * exp(3) + exp(0.5) + 1;
+    double ol = (1 * 1 + exp(1) * 2 + 2 * exp(3) * 4 + exp(0.5) * 5 + 1 * 6) / wl;
+    CHECK_CLOSE(rows[0].outerr, fabs(ol - of0) / fabs(of0), 1e-6, 1e-5);
+    CHECK_CLOSE(rows[0].mass, (Z0 - exp(2)) / Z0, 1e-6, 1e-6); /* mass ignores weights */
+    fake.uses_logw = 0;
+
+    /* extra indices: index 2 attended densely; recall counts it, recall_sel does not */
+    script_n = 1; script_idx[0] = 3;
+    kv_selection_reset(&sel);
+    CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+    sel.n_extra[0] = 2; sel.extra[0] = 2; sel.extra[1] = 5; /* 5 is local already: not counted as extra */
+    CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+    CHECK_CLOSE(rows[0].recall, 1.0, 0, 0);
+    CHECK_CLOSE(rows[0].recall_sel, 0.5, 0, 0);
+    CHECK(rows[0].n_extra == 1 && rows[0].n_sel == 1, "extra %d sel %d", rows[0].n_extra, rows[0].n_sel);
+    CHECK_CLOSE(rows[0].mass, (Z0 - exp(1)) / Z0, 1e-6, 1e-6);
+
+    /* candidates: {1, 2} as the coarse set holds one of {3, 2} for head 0 and both of {1, 2} for head 1 */
+    kv_selection_reset(&sel);
+    CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+    sel.n_cand[0] = 2; sel.cand[0] = 1; sel.cand[1] = 2;
+    CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+    CHECK_CLOSE(rows[0].cand_recall, 0.5, 0, 0);
+    CHECK_CLOSE(rows[1].cand_recall, 1.0, 0, 0);
+    kv_selection_free(&sel);
+    kv_protocol_destroy(p);
+    kv_oracle_destroy(o);
+    return KV_TEST_PASS;
+}
+
+int test_protocol_rejects_contract_breaks(void) {
+    float K[6] = {0, 1, 2, 3, 0.5f, 0}, V[6] = {1, 2, 3, 4, 5, 6}, Q[12] = {0};
+    kv_layer L = {.Hq = 2, .Hkv = 1, .T = 6, .D = 1, .q = Q, .k = K, .v = V};
+    kv_oracle *o;
+    kv_protocol *p;
+    CHECK_OK(kv_oracle_create(&L, 1.0f, 1, 2, 2, 0, &o));
+    CHECK_OK(kv_protocol_create(&L, 1, 2, 2, &p));
+    kv_selection sel;
+    CHECK_OK(kv_selection_alloc(&sel, 1, 1, 6, 6, 6));
+    float q[2] = {1, -1};
+    kv_oracle_out res;
+    kv_step_metric rows[2];
+    CHECK_OK(kv_oracle_step(o, 5, q, &res));
+    struct { int n, idx[4]; const char *needle; } cases[] = {
+        {1, {4}, "outside the retrievable region [1, 4)"}, /* local window */
+        {1, {0}, "outside the retrievable region"},       /* sink */
+        {2, {2, 2}, "twice"},
+        {3, {1, 2, 3}, "above the budget k=2"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        script_n = cases[c].n;
+        memcpy(script_idx, cases[c].idx, sizeof cases[c].idx);
+        kv_selection_reset(&sel);
+        CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+        kv_status st = kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows);
+        CHECK(st == KV_ERR_INTERNAL && strstr(kv_last_error(), cases[c].needle), "case %zu: status %d, '%s'", c, st,
+              kv_last_error());
+    }
+    /* after a rejected step, a valid one still scores correctly (no stale marks) */
+    script_n = 2; script_idx[0] = 3; script_idx[1] = 2;
+    kv_selection_reset(&sel);
+    CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+    CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+    CHECK_CLOSE(rows[0].recall, 1.0, 0, 0);
+    CHECK_CLOSE(rows[0].mass, 1.0 - 1.0 * exp(1) / (1 + exp(1) + exp(2) + exp(3) + exp(0.5) + 1), 1e-6, 1e-6);
+    kv_selection_free(&sel);
+    kv_protocol_destroy(p);
+    kv_oracle_destroy(o);
+    return KV_TEST_PASS;
+}
+
+/* ---- conformance: every registered method ---- */
+typedef struct { int n_steps, lists, cap; int32_t *idx; int *count; } sel_log;
+
+/* Drives method m over layer L from P to T, logging selections of steps
+ * P + j*stride; with check=1, verifies the budget, the region and that no
+ * index repeats. */
+static kv_status drive(const kv_method *m, const kv_layer *L, int P, int k, int stride, sel_log *log, int check) {
+    kv_shape sh = {.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = L->D, .group = L->Hq / L->Hkv,
+                   .max_tokens = L->T, .prefill_len = P, .softmax_scale = 0.125f, .sink = 4, .local = 16, .seed = 3};
+    kv_param_set ps;
+    kv_params_init(&ps, m->params);
+    int D = L->D, T = L->T;
+    size_t fs = sizeof(float);
+    float *pk = malloc((size_t)L->Hkv * P * D * fs), *pv = malloc((size_t)L->Hkv * P * D * fs),
+          *pq = malloc((size_t)L->Hq * P * D * fs), *kr = malloc((size_t)L->Hkv * D * fs),
+          *vr = malloc((size_t)L->Hkv * D * fs), *qr = malloc((size_t)L->Hq * D * fs);
+    for (int g = 0; g < L->Hkv; g++) {
+        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * fs);
+        memcpy(pv + (size_t)g * P * D, L->v + (size_t)g * T * D, (size_t)P * D * fs);
+    }
+    for (int h = 0; h < L->Hq; h++) memcpy(pq + (size_t)h * P * D, L->q + (size_t)h * T * D, (size_t)P * D * fs);
+    kv_prefill pre = {.n = P, .k = pk, .v = pv, .q = pq};
+    void *st = NULL;
+    kv_selection sel;
+    int lists = m->per_kv_head ? L->Hkv : L->Hq, cap = m->variable_budget ? T : k;
+    kv_status rc = kv_selection_alloc(&sel, lists, L->Hkv, cap, T, T);
+    if (rc == KV_OK) rc = m->create(&sh, &ps, &st);
+    if (rc == KV_OK) rc = m->build(st, &pre);
+    log->lists = lists; log->cap = cap; log->n_steps = 0;
+    for (int t = P; t < T && rc == KV_OK; t++) {
+        for (int g = 0; g < L->Hkv; g++) {
+            memcpy(kr + g * D, L->k + ((size_t)g * T + t) * D, D * fs);
+            memcpy(vr + g * D, L->v + ((size_t)g * T + t) * D, D * fs);
+        }
+        for (int h = 0; h < L->Hq; h++) memcpy(qr + h * D, L->q + ((size_t)h * T + t) * D, D * fs);
+        rc = m->append(st, t, kr, vr, qr);
+        if (rc != KV_OK || (t - P) % stride) continue;
+        kv_selection_reset(&sel);
+        rc = m->search(st, t, qr, k, &sel);
+        int s = log->n_steps++;
+        for (int l = 0; l < lists && rc == KV_OK; l++) {
+            log->count[s * lists + l] = sel.count[l];
+            memcpy(log->idx + ((size_t)s * lists + l) * cap, sel.idx + (size_t)l * sel.cap, sel.count[l] * sizeof(int32_t));
+            if (!check) continue;
+            if (!m->variable_budget && sel.count[l] > k)
+                rc = kv_fail(KV_ERR_INTERNAL, "%s: %d indices > k=%d at step %d", m->name, sel.count[l], k, t);
+            for (int j = 0; j < sel.count[l] && rc == KV_OK; j++) {
+                int i = sel.idx[(size_t)l * sel.cap + j];
+                if (i < sh.sink || i >= t + 1 - sh.local)
+                    rc = kv_fail(KV_ERR_INTERNAL, "%s: index %d outside [%d, %d) at step %d", m->name, i, sh.sink,
+                                 t + 1 - sh.local, t);
+                for (int j2 = 0; j2 < j && rc == KV_OK; j2++)
+                    if (sel.idx[(size_t)l * sel.cap + j2] == i)
+                        rc = kv_fail(KV_ERR_INTERNAL, "%s: index %d twice at step %d", m->name, i, t);
+            }
+        }
+    }
+    if (st) m->destroy(st);
+    kv_selection_free(&sel);
+    free(pk); free(pv); free(pq); free(kr); free(vr); free(qr);
+    return rc;
+}
+
+static kv_status synth_layer(int T, int P, uint64_t seed, kv_layer *L) {
+    kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = 4, .kv_heads = 2, .dim = 32, .layers = 1, .seed = seed,
+                        .half = 0, .with_v = 1};
+    kv_synth *s;
+    KV_TRY(kv_synth_create(&sp, 0, &s));
+    *L = (kv_layer){.Hq = 4, .Hkv = 2, .T = T, .D = 32};
+    L->q = malloc((size_t)4 * T * 32 * sizeof(float));
+    L->k = malloc((size_t)2 * T * 32 * sizeof(float));
+    L->v = malloc((size_t)2 * T * 32 * sizeof(float));
+    kv_synth_rows(s, 0, T, L->q, L->k, L->v);
+    kv_synth_destroy(s);
+    return KV_OK;
+}
+
+static int same_log(const sel_log *a, const sel_log *b, int upto_steps) {
+    for (int s = 0; s < upto_steps; s++)
+        for (int l = 0; l < a->lists; l++) {
+            int c = a->count[s * a->lists + l];
+            if (c != b->count[s * b->lists + l]) return 0;
+            if (memcmp(a->idx + ((size_t)s * a->lists + l) * a->cap, b->idx + ((size_t)s * b->lists + l) * b->cap,
+                       (size_t)c * sizeof(int32_t)))
+                return 0;
+        }
+    return 1;
+}
+
+int test_conformance_all_methods(void) {
+    int T = 700, P = 400, k = 24, stride = 20, cut = 560; /* steps up to `cut` must not depend on later positions */
+    kv_layer L, F;
+    CHECK_OK(synth_layer(T, P, 21, &L));
+    CHECK_OK(synth_layer(T, P, 21, &F));
+    kv_rng r;
+    kv_rng_seed(&r, 99);
+    for (int g = 0; g < 2; g++) /* a different future: positions after `cut` replaced by noise */
+        for (int t = cut + 1; t < T; t++)
+            for (int d = 0; d < 32; d++) {
+                F.k[((size_t)g * T + t) * 32 + d] = (float)kv_rng_normal(&r) * 3;
+                F.v[((size_t)g * T + t) * 32 + d] = (float)kv_rng_normal(&r);
+            }
+    for (int h = 0; h < 4; h++)
+        for (int t = cut + 1; t < T; t++)
+            for (int d = 0; d < 32; d++) F.q[((size_t)h * T + t) * 32 + d] = (float)kv_rng_normal(&r) * 3;
+    int n_steps = (T - P + stride - 1) / stride, steps_before_cut = (cut - P) / stride + 1;
+    int n;
+    const kv_method *const *all = kv_methods(&n);
+    int result = KV_TEST_PASS;
+    for (int i = 0; i < n && result == KV_TEST_PASS; i++) {
+        const kv_method *m = all[i];
+        int lists = m->per_kv_head ? 2 : 4, cap = m->variable_budget ? T : k;
+        sel_log a = {0}, b = {0}, c = {0};
+        a.idx = malloc((size_t)n_steps * lists * cap * sizeof(int32_t)); a.count = calloc(n_steps * lists, sizeof(int));
+        b.idx = malloc((size_t)n_steps * lists * cap * sizeof(int32_t)); b.count = calloc(n_steps * lists, sizeof(int));
+        c.idx = malloc((size_t)n_steps * lists * cap * sizeof(int32_t)); c.count = calloc(n_steps * lists, sizeof(int));
+        kv_status st = drive(m, &L, P, k, stride, &a, 1);
+        if (st == KV_OK) st = drive(m, &L, P, k, stride, &b, 0);
+        if (st == KV_OK) st = drive(m, &F, P, k, stride, &c, 1);
+        if (st != KV_OK) { fprintf(stderr, "    %s: %s\n", m->name, kv_last_error()); result = KV_TEST_FAIL; }
+        else if (!same_log(&a, &b, n_steps)) { fprintf(stderr, "    %s: two runs differ (not deterministic)\n", m->name); result = KV_TEST_FAIL; }
+        else if (!same_log(&a, &c, steps_before_cut)) {
+            fprintf(stderr, "    %s: selections before step %d depend on later positions (sees the future)\n", m->name, cut);
+            result = KV_TEST_FAIL;
+        } else {
+            int nonempty = 0;
+            for (int s = 0; s < n_steps * lists; s++) nonempty += a.count[s] > 0;
+            if (!nonempty) { fprintf(stderr, "    %s: never selected anything\n", m->name); result = KV_TEST_FAIL; }
+        }
+        free(a.idx); free(a.count); free(b.idx); free(b.count); free(c.idx); free(c.count);
+    }
+    kv_layer_free(&L);
+    kv_layer_free(&F);
+    return result;
+}

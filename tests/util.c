@@ -1,0 +1,63 @@
+/* util.c: test helpers (see kv_test.h). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../kernels/kv_gpu.h"
+#include "kv_test.h"
+
+static char tmpdir[512];
+char kv_test_reason[512];
+
+void kv_test_skip_reason(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kv_test_reason, sizeof kv_test_reason, fmt, ap);
+    va_end(ap);
+}
+
+const char *kv_test_tmpdir(void) {
+    if (!tmpdir[0]) {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/kvbench-test-XXXXXX");
+        if (!mkdtemp(tmpdir)) { perror("mkdtemp"); exit(1); }
+    }
+    return tmpdir;
+}
+
+const char *kv_test_bin(void) {
+    const char *b = getenv("KVBENCH_BIN");
+    return b && *b ? b : "./kvbench";
+}
+
+static void slurp(const char *path, char *buf, size_t cap) {
+    if (!buf || !cap) return;
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err_cap) {
+    char full[8192], po[600], pe[600];
+    snprintf(po, sizeof po, "%s/cmd.out", kv_test_tmpdir());
+    snprintf(pe, sizeof pe, "%s/cmd.err", kv_test_tmpdir());
+    snprintf(full, sizeof full, "( %s ) >%s 2>%s", cmd, po, pe);
+    int rc = system(full);
+    slurp(po, out, out_cap);
+    slurp(pe, err, err_cap);
+    if (rc == -1) return -1;
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+int kv_test_have_gpu(void) {
+    kv_gpu_info gi;
+    kv_gpu_probe(&gi);
+    if (!gi.available) kv_test_skip_reason("no GPU: %s", gi.reason);
+    return gi.available;
+}
