@@ -15,7 +15,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/n
 HDF5_DIR ?= /usr/lib/x86_64-linux-gnu/hdf5/serial
 HDF5_INC ?= /usr/include/hdf5/serial
 
-CFLAGS ?= -O2 -g
+CFLAGS ?= -O3 -g
 CFLAGS += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I$(HDF5_INC) -MMD -MP
 LDLIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -Wl,--as-needed -lz -ldl -lm -lpthread -lgomp
 
@@ -90,6 +90,9 @@ test-gpu: all tests/run_tests
 valgrind: all tests/run_tests
 	OMP_NUM_THREADS=1 KVBENCH_BIN=$(CURDIR)/kvbench valgrind --error-exitcode=9 --leak-check=full \
 	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./tests/run_tests --cpu-only --no-subprocess
+	OMP_NUM_THREADS=1 valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+	  --suppressions=tests/valgrind.supp ./kvbench run --trace datasets/demo.h5 --method exact,streaming,random \
+	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 
 traces:
 	@scripts/make_traces.sh

@@ -15,7 +15,7 @@ struct kv_oracle {
     int sink, local, k, G;
     kv_oracle_out res;
     float *scores;  /* CPU: [Hq][T], the current step's rows */
-    float *scratch; /* CPU: [T] */
+    float *scratch; /* CPU: [Hq][T], one row per head so heads run in parallel */
     kv_gpu_attn *gpu;
 };
 
@@ -36,7 +36,7 @@ kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, 
     if (use_gpu) st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
-        o->scratch = kv_malloc((size_t)L->T * sizeof(float), "oracle scratch");
+        o->scratch = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scratch");
         if (!o->scores || !o->scratch) st = KV_ERR_NOMEM;
     }
     if (st != KV_OK) { kv_oracle_destroy(o); return st; }
@@ -57,7 +57,7 @@ static void step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     o->res.m[h] = m;
     o->res.Z[h] = (float)Z;
     int lo = o->sink, hi = t + 1 - o->local, kk = o->k < hi - lo ? o->k : hi - lo;
-    o->res.thr[h] = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch) : INFINITY;
+    o->res.thr[h] = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch + (size_t)h * T) : INFINITY;
     if (!L->v) return;
     double acc[1024];
     for (int d = 0; d < D; d++) acc[d] = 0;
@@ -76,6 +76,7 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
         KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, o->k, o->res.m, o->res.Z, o->res.thr,
                                 o->res.o_full));
     } else {
+#pragma omp parallel for schedule(static)
         for (int h = 0; h < L->Hq; h++) step_head_cpu(o, t, h, q);
     }
     *res = o->res;

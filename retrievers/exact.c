@@ -16,7 +16,7 @@ typedef struct {
     kv_shape sh;
     int n;          /* keys stored: positions 0..n-1 */
     float *keys;    /* [Hkv][T][D] */
-    float *scores;  /* [T] scratch */
+    float *scores;  /* [Hq][T] scratch: one row per head so heads run in parallel */
 } exact_state;
 
 static const kv_param_spec exact_params[] = {{NULL}};
@@ -27,7 +27,7 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
     s->keys = kv_malloc((size_t)sh->num_kv_heads * sh->max_tokens * sh->head_dim * sizeof(float), "exact keys");
-    s->scores = kv_malloc((size_t)sh->max_tokens * sizeof(float), "exact scores");
+    s->scores = kv_malloc((size_t)sh->num_q_heads * sh->max_tokens * sizeof(float), "exact scores");
     if (!s->keys || !s->scores) { free(s->keys); free(s->scores); free(s); return KV_ERR_NOMEM; }
     *out = s;
     return KV_OK;
@@ -58,14 +58,17 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
     for (int h = 0; h < sh->num_q_heads; h++) {
         const float *K = s->keys + ((size_t)(h / sh->group) * sh->max_tokens + lo) * D;
-        kv_scores_ref(q + (size_t)h * D, K, hi - lo, D, sh->softmax_scale, s->scores);
-        int c = kv_topk_ref(s->scores, hi - lo, k, lo, sel->idx + (size_t)h * sel->cap, NULL);
-        if (c < 0) return KV_ERR_NOMEM;
-        sel->count[h] = c;
+        float *row = s->scores + (size_t)h * sh->max_tokens;
+        kv_scores_ref(q + (size_t)h * D, K, hi - lo, D, sh->softmax_scale, row);
+        int c = kv_topk_ref(row, hi - lo, k, lo, sel->idx + (size_t)h * sel->cap, NULL);
+        failed |= c < 0;
+        sel->count[h] = c < 0 ? 0 : c;
     }
-    return KV_OK;
+    return failed ? kv_fail(KV_ERR_NOMEM, "exact: out of host memory for top-k scratch") : KV_OK;
 }
 
 static size_t exact_memory(const void *st) {
