@@ -35,6 +35,8 @@ else
 endif
 
 BUILD ?= build
+BIN ?= kvbench
+TEST_BIN ?= tests/run_tests
 C_OBJS := $(C_SRCS:%.c=$(BUILD)/%.o)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
 LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)
@@ -42,16 +44,16 @@ TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
 .PHONY: all deps demo test test-gpu valgrind traces clean info pydeps
-all: info kvbench
+all: info $(BIN)
 
 info:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "kvbench: nvcc found ($(NVCC)): building CUDA kernels for sm_90 (+PTX)"; \
-	 else echo "kvbench: nvcc not found: CPU-only build"; fi
+	 else echo "kvbench: nvcc or kernels/*.cu not found: CPU-only build"; fi
 
-kvbench: $(C_OBJS) $(CU_OBJS)
+$(BIN): $(C_OBJS) $(CU_OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-tests/run_tests: $(TEST_OBJS) $(LIB_OBJS)
+$(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/cli/util.o: CFLAGS += -DKV_GIT_SHA=\"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)\"
@@ -77,27 +79,27 @@ pydeps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	./kvbench run --trace datasets/demo.h5 --method exact,streaming,random --out results/demo --force
+	./$(BIN) run --trace datasets/demo.h5 --method exact,streaming,random --out results/demo --force
 
 test: deps
-	@$(MAKE) --no-print-directory all tests/run_tests
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
 	@scripts/pydeps.sh >/dev/null 2>&1 || echo "kvbench: python deps not installable here: python tests will skip" >&2
-	KVBENCH_BIN=$(CURDIR)/kvbench ./tests/run_tests
+	KVBENCH_BIN=$(abspath $(BIN)) ./$(TEST_BIN)
 
-test-gpu: all tests/run_tests
-	KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$(CURDIR)/kvbench ./tests/run_tests --gpu
+test-gpu: all $(TEST_BIN)
+	KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$(abspath $(BIN)) ./$(TEST_BIN) --gpu
 
-valgrind: all tests/run_tests
-	OMP_NUM_THREADS=1 KVBENCH_BIN=$(CURDIR)/kvbench valgrind --error-exitcode=9 --leak-check=full \
-	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./tests/run_tests --cpu-only --no-subprocess
+valgrind: all $(TEST_BIN)
+	OMP_NUM_THREADS=1 KVBENCH_BIN=$(abspath $(BIN)) valgrind --error-exitcode=9 --leak-check=full \
+	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./$(TEST_BIN) --cpu-only --no-subprocess
 	OMP_NUM_THREADS=1 valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-	  --suppressions=tests/valgrind.supp ./kvbench run --trace datasets/demo.h5 --method exact,streaming,random \
+	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,streaming,random \
 	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 
 traces:
 	@scripts/make_traces.sh
 
 clean:
-	rm -rf $(BUILD) kvbench tests/run_tests
+	rm -rf $(BUILD) $(BIN) $(TEST_BIN)
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d)
