@@ -34,6 +34,29 @@ else
   CU_SRCS :=
 endif
 
+# Faiss baselines (retrievers/faiss.c): Debian's libfaiss-dev (libfaiss.a,
+# headers) plus the C API library scripts/build_faiss_capi.sh builds from
+# Debian's faiss source (make deps). Without them the faiss-* methods are
+# left out and `kvbench list` says so. FAISS_GPU=1: a Faiss built with CUDA
+# and its GPU C API (c_api/gpu), installed by the user (no registry here has
+# one): point FAISS_INC/FAISS_C_LIB/FAISS_LIB at it.
+FAISS_INC ?= /usr/include
+FAISS_C_LIB ?= /usr/local/lib/libfaiss_c.a
+FAISS_LIB ?= -lfaiss
+ifneq ($(and $(wildcard $(FAISS_C_LIB)),$(wildcard $(FAISS_INC)/faiss/c_api/faiss_c.h)),)
+  HAVE_FAISS := 1
+  CFLAGS += -DKV_HAVE_FAISS=1 $(if $(filter /usr/include,$(FAISS_INC)),,-I$(FAISS_INC))
+  LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) -llapack -lblas -lstdc++ $(LDLIBS)
+  ifeq ($(FAISS_GPU),1)
+    ifeq ($(wildcard $(FAISS_INC)/faiss/c_api/gpu/GpuAutoTune_c.h),)
+      $(error FAISS_GPU=1: no $(FAISS_INC)/faiss/c_api/gpu/GpuAutoTune_c.h (set FAISS_INC to a GPU Faiss))
+    endif
+    CFLAGS += -DKV_HAVE_FAISS_GPU=1 -I$(CUDA_HOME)/include
+  endif
+else
+  HAVE_FAISS := 0
+endif
+
 BUILD ?= build
 BIN ?= kvbench
 TEST_BIN ?= tests/run_tests
@@ -49,12 +72,21 @@ all: info $(BIN)
 info:
 	@if [ "$(HAVE_CUDA)" = 1 ]; then echo "kvbench: nvcc found ($(NVCC)): building CUDA kernels for sm_90 (+PTX)"; \
 	 else echo "kvbench: nvcc or kernels/*.cu not found: CPU-only build"; fi
+	@if [ "$(HAVE_FAISS)" = 1 ]; then echo "kvbench: Faiss C API found ($(FAISS_C_LIB)): building faiss-* methods$(if $(filter 1,$(FAISS_GPU)), (GPU),)"; \
+	 else echo "kvbench: Faiss C API not found ($(FAISS_C_LIB)): faiss-* methods left out (run make deps)"; fi
 
 $(BIN): $(C_OBJS) $(CU_OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Objects that read KV_HAVE_FAISS rebuild when Faiss appears or goes (the
+# marker's name carries the state).
+FAISS_MARK := $(BUILD)/.faiss-$(HAVE_FAISS)-$(FAISS_GPU)
+$(BUILD)/retrievers/faiss.o $(BUILD)/retrievers/registry.o $(BUILD)/tests/test_faiss.o: $(FAISS_MARK)
+$(FAISS_MARK):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/.faiss-* && touch $@
 
 $(BUILD)/cli/util.o: CFLAGS += -DKV_GIT_SHA=\"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)\"
 

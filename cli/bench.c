@@ -1,3 +1,341 @@
-/* bench.c: `kvbench bench` (placeholder until the GPU bench lands). */
+/* bench.c: `kvbench bench`: the per-step cost of a method's stages at given
+ * context lengths, on synthetic data generated in memory (issue 2, point
+ * 9; STYLE.md point 10). For the exact method the stages of one decode step
+ * of one layer (all heads) are: score (q.K for every query head), top-k
+ * (k largest of each score row), attention (softmax + PV over all tokens,
+ * what the oracle does) and exact (the exact retriever's search: fused
+ * score + top-k). On a GPU: CUDA events, warm-up, median and p90 over many
+ * repetitions, with L2 flushed before each one (kernels/bench.cu), and the
+ * achieved GB/s over the bytes each stage must move, also as a percentage
+ * of the device-to-device copy bandwidth measured in the same run. Without
+ * a GPU: the C reference (OpenMP over heads, as the CPU path runs) timed by
+ * the wall clock, with fewer repetitions, and the output says so.
+ *
+ * Data: keys and values come from the synthetic generator (datasets/
+ * synth.c) as independent segments of 65536 tokens generated in parallel
+ * (a sequential 1M-token trace would take ~20 s to generate); positions
+ * restart at 0 in each segment, which changes nothing a timing depends on.
+ * K and V are float16 on the GPU, like a trace stored as float16. */
+#define _POSIX_C_SOURCE 200809L
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../datasets/kv_trace.h"
+#include "../kernels/score.h"
+#include "../kernels/topk.h"
+#include "../retrievers/kv_retriever.h"
 #include "cli.h"
-int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return kv_usage_error("bench", "not built yet"); }
+
+#define BENCH_SEG 65536
+#define BENCH_CHUNK 2048
+#define BENCH_MAX_LENGTHS 32
+
+static const char bench_help[] =
+    "usage: kvbench bench --method exact --tokens 16384,131072,1048576 [options]\n"
+    "  --method M        method to time (only exact has a bench so far)\n"
+    "  --tokens LIST     context lengths, comma-separated (default 16384,131072,1048576)\n"
+    "  --q-heads N       query heads (default 16)\n"
+    "  --kv-heads N      kv heads (default 8)\n"
+    "  --dim D           head dimension (default 128)\n"
+    "  --k K             top-k budget (default 100)\n"
+    "  --reps N          timed repetitions per stage (default 50; CPU: at most 5)\n"
+    "  --warmup N        untimed repetitions before them (default 10; CPU: 1)\n"
+    "  --seed S          seed of the synthetic data (default 0)\n"
+    "  --device D        auto|cpu|gpu (default auto: the GPU when one is usable)\n"
+    "  --csv FILE        also write the rows as CSV\n"
+    "Prints one row per (length, stage): median and p90 microseconds per decode step per layer (all heads),\n"
+    "the bytes the stage must move, the achieved GB/s and, on a GPU, the percentage of the copy bandwidth.\n";
+
+typedef struct {
+    const char *method, *csv;
+    int tokens[BENCH_MAX_LENGTHS], n_tokens;
+    int Hq, Hkv, D, k, reps, warmup, seed;
+    kv_device_choice device;
+} bench_opts;
+
+static const char *const stage_names[4] = {"score", "topk", "attention", "exact"};
+
+static int parse_bench(int argc, char **argv, bench_opts *o) {
+    static const struct option opts[] = {
+        {"method", 1, 0, 'm'}, {"tokens", 1, 0, 't'}, {"q-heads", 1, 0, 'q'}, {"kv-heads", 1, 0, 'K'},
+        {"dim", 1, 0, 'd'}, {"k", 1, 0, 'k'}, {"reps", 1, 0, 'r'}, {"warmup", 1, 0, 'w'}, {"seed", 1, 0, 's'},
+        {"device", 1, 0, 'D'}, {"csv", 1, 0, 'c'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10};
+    o->n_tokens = kv_parse_int_list("16384,131072,1048576", o->tokens, BENCH_MAX_LENGTHS);
+    optind = 1;
+    int li = 0;
+    for (int c; (c = getopt_long(argc, argv, "h", opts, &li)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 'm': o->method = optarg; break;
+        case 't':
+            o->n_tokens = kv_parse_int_list(optarg, o->tokens, BENCH_MAX_LENGTHS);
+            bad = o->n_tokens < 0;
+            break;
+        case 'q': bad = kv_parse_int(optarg, 1, 4096, &o->Hq); break;
+        case 'K': bad = kv_parse_int(optarg, 1, 4096, &o->Hkv); break;
+        case 'd': bad = kv_parse_int(optarg, 1, 1024, &o->D); break;
+        case 'k': bad = kv_parse_int(optarg, 1, 1 << 30, &o->k); break;
+        case 'r': bad = kv_parse_int(optarg, 1, 100000, &o->reps); break;
+        case 'w': bad = kv_parse_int(optarg, 0, 100000, &o->warmup); break;
+        case 's': bad = kv_parse_int(optarg, 0, 2147483647L, &o->seed); break;
+        case 'D': bad = kv_parse_device(optarg, &o->device); break;
+        case 'c': o->csv = optarg; break;
+        case 'h': fputs(bench_help, stdout); return 0;
+        default: return kv_usage_error("bench", "unknown option");
+        }
+        if (bad)
+            return kv_usage_error("bench", "--%s: invalid value '%s'%s", opts[li].name, optarg,
+                                  c == 'D' ? " (expected auto, cpu or gpu)"
+                                  : c == 't' ? " (expected comma-separated positive integers)" : "");
+    }
+    if (optind < argc) return kv_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    if (!o->method) return kv_usage_error("bench", "--method is required (kvbench list shows the methods)");
+    if (!kv_method_find(o->method)) return kv_usage_error("bench", "--method: unknown method '%s'", o->method);
+    if (strcmp(o->method, "exact"))
+        return kv_usage_error("bench", "--method %s: no bench for this method yet (only exact)", o->method);
+    if (o->Hq % o->Hkv) return kv_usage_error("bench", "--q-heads %d is not a multiple of --kv-heads %d", o->Hq, o->Hkv);
+    if (o->D % 2) return kv_usage_error("bench", "--dim must be even (the generator applies RoPE), found %d", o->D);
+    return -1;
+}
+
+/* ---- synthetic data ---- */
+typedef struct {
+    const bench_opts *o;
+    int T;
+    kv_gpu_keys *K, *V; /* GPU: float16 stores */
+    float *hk, *hv;     /* CPU: [Hkv][T][D] */
+} bench_data;
+
+/* Generates segment `seg` (tokens [seg*SEG, ...)) chunk by chunk into the stores. */
+static kv_status gen_segment(bench_data *bd, int seg, float *k, float *v, uint16_t *k16, uint16_t *v16) {
+    const bench_opts *o = bd->o;
+    int t0 = seg * BENCH_SEG, len = bd->T - t0 < BENCH_SEG ? bd->T - t0 : BENCH_SEG, D = o->D, H = o->Hkv;
+    kv_synth_spec sp = {.tokens = len, .prefill = len, .q_heads = o->Hq, .kv_heads = H, .dim = D, .layers = 1,
+                        .seed = (uint64_t)o->seed, .half = 1, .with_v = 1};
+    kv_synth *s;
+    KV_TRY(kv_synth_create(&sp, seg, &s));
+    kv_status st = KV_OK;
+    for (int c0 = 0; c0 < len && st == KV_OK; c0 += BENCH_CHUNK) {
+        int c = len - c0 < BENCH_CHUNK ? len - c0 : BENCH_CHUNK;
+        kv_synth_rows(s, c0, c, NULL, k, v);
+        size_t n = (size_t)H * c * D;
+        if (bd->K) {
+            for (size_t i = 0; i < n; i++) { k16[i] = kv_float_to_half(k[i]); v16[i] = kv_float_to_half(v[i]); }
+#pragma omp critical(bench_upload)
+            {
+                st = kv_gpu_keys_write_half(bd->K, t0 + c0, c, k16);
+                if (st == KV_OK) st = kv_gpu_keys_write_half(bd->V, t0 + c0, c, v16);
+            }
+        } else {
+            for (int h = 0; h < H; h++) {
+                memcpy(bd->hk + ((size_t)h * bd->T + t0 + c0) * D, k + (size_t)h * c * D, (size_t)c * D * 4);
+                memcpy(bd->hv + ((size_t)h * bd->T + t0 + c0) * D, v + (size_t)h * c * D, (size_t)c * D * 4);
+            }
+        }
+    }
+    kv_synth_destroy(s);
+    return st;
+}
+
+static kv_status gen_data(bench_data *bd) {
+    const bench_opts *o = bd->o;
+    int nseg = (bd->T + BENCH_SEG - 1) / BENCH_SEG;
+    size_t n = (size_t)o->Hkv * BENCH_CHUNK * o->D;
+    kv_status st = KV_OK;
+#pragma omp parallel
+    {
+        float *k = kv_malloc(n * sizeof(float), "bench key chunk"), *v = kv_malloc(n * sizeof(float), "bench value chunk");
+        uint16_t *k16 = kv_malloc(n * 2, "bench key chunk"), *v16 = kv_malloc(n * 2, "bench value chunk");
+        kv_status my = (!k || !v || !k16 || !v16) ? KV_ERR_NOMEM : KV_OK;
+#pragma omp for schedule(dynamic, 1)
+        for (int seg = 0; seg < nseg; seg++)
+            if (my == KV_OK) my = gen_segment(bd, seg, k, v, k16, v16);
+#pragma omp critical(bench_status)
+        if (my != KV_OK && st == KV_OK) st = my;
+        free(k); free(v); free(k16); free(v16);
+    }
+    return st;
+}
+
+/* One query per head: the last position of a short synthetic sequence. */
+static kv_status gen_query(const bench_opts *o, float *q) {
+    int n = 64, D = o->D;
+    kv_synth_spec sp = {.tokens = n, .prefill = n, .q_heads = o->Hq, .kv_heads = o->Hkv, .dim = D, .layers = 1,
+                        .seed = (uint64_t)o->seed + 7777, .half = 1};
+    kv_synth *s;
+    KV_TRY(kv_synth_create(&sp, 0, &s));
+    float *qa = kv_malloc((size_t)o->Hq * n * D * sizeof(float), "bench queries");
+    float *ka = kv_malloc((size_t)o->Hkv * n * D * sizeof(float), "bench query keys");
+    kv_status st = (!qa || !ka) ? KV_ERR_NOMEM : KV_OK;
+    if (st == KV_OK) {
+        kv_synth_rows(s, 0, n, qa, ka, NULL);
+        for (int h = 0; h < o->Hq; h++) memcpy(q + (size_t)h * D, qa + ((size_t)h * n + n - 1) * D, (size_t)D * 4);
+    }
+    free(qa); free(ka);
+    kv_synth_destroy(s);
+    return st;
+}
+
+/* ---- CPU reference timing ---- */
+static double cpu_stage(const bench_opts *o, const bench_data *bd, const float *q, float *S, int32_t *idx,
+                        float *scratch, int which) {
+    int T = bd->T, D = o->D, G = o->Hq / o->Hkv, kk = o->k < T ? o->k : T;
+    float scale = 1.0f / sqrtf((float)D);
+    double t0 = kv_now();
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < o->Hq; h++) {
+        const float *K = bd->hk + (size_t)(h / G) * T * D, *V = bd->hv + (size_t)(h / G) * T * D;
+        float *s = S + (size_t)h * T;
+        if (which == 0 || which == 3) kv_scores_ref(q + (size_t)h * D, K, T, D, scale, s);
+        if (which == 1 || which == 3) kv_topk_ref(s, T, kk, 0, idx + (size_t)h * kk, NULL);
+        if (which == 2) { /* softmax + PV in double, as the CPU oracle */
+            float m = s[0];
+            for (int i = 1; i < T; i++) m = s[i] > m ? s[i] : m;
+            double Z = 0, *acc = (double *)(scratch + (size_t)h * 2 * D);
+            for (int d = 0; d < D; d++) acc[d] = 0;
+            for (int i = 0; i < T; i++) Z += exp((double)s[i] - m);
+            for (int i = 0; i < T; i++) {
+                double p = exp((double)s[i] - m) / Z;
+                for (int d = 0; d < D; d++) acc[d] += p * V[(size_t)i * D + d];
+            }
+        }
+    }
+    return kv_now() - t0;
+}
+
+static kv_status cpu_time(const bench_opts *o, const bench_data *bd, const float *q, kv_gpu_timing out[4]) {
+    int T = bd->T, kk = o->k < T ? o->k : T, reps = o->reps < 5 ? o->reps : 5, warm = o->warmup < 1 ? o->warmup : 1;
+    float *S = kv_malloc((size_t)o->Hq * T * sizeof(float), "bench scores");
+    int32_t *idx = kv_malloc((size_t)o->Hq * kk * sizeof(int32_t), "bench indices");
+    float *scratch = kv_malloc((size_t)o->Hq * 2 * o->D * sizeof(double), "bench attention scratch");
+    float ts[8];
+    if (!S || !idx || !scratch) { free(S); free(idx); free(scratch); return KV_ERR_NOMEM; }
+    cpu_stage(o, bd, q, S, idx, scratch, 0);
+    for (int w = 0; w < 4; w++) {
+        for (int r = 0; r < warm; r++) cpu_stage(o, bd, q, S, idx, scratch, w);
+        for (int r = 0; r < reps; r++) ts[r] = (float)(1e6 * cpu_stage(o, bd, q, S, idx, scratch, w));
+        out[w].med_us = kv_percentile_inplace(ts, (size_t)reps, 0.5);
+        out[w].p90_us = kv_percentile_inplace(ts, (size_t)reps, 0.9);
+    }
+    free(S); free(idx); free(scratch);
+    return KV_OK;
+}
+
+/* Bytes a stage must move at least (each input read once, each output written once). */
+static double stage_bytes(const bench_opts *o, int T, int which, int kv_bytes) {
+    double Hq = o->Hq, kk = o->k < T ? o->k : T, kv = (double)o->Hkv * T * o->D * kv_bytes, sc = Hq * T * 4,
+           qb = Hq * o->D * 4;
+    switch (which) {
+    case 0: return kv + qb + sc;       /* K, q in; scores out */
+    case 1: return sc + Hq * kk * 4;   /* scores in; indices out */
+    case 2: return sc + kv + qb;       /* scores, V in; o out */
+    default: return kv + qb + Hq * kk * 4; /* K, q in; indices out */
+    }
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_opts o;
+    int rc = parse_bench(argc, argv, &o);
+    if (rc >= 0) return rc;
+    kv_gpu_info gi;
+    int use_gpu;
+    kv_status st = kv_resolve_device(o.device, &gi, &use_gpu);
+    if (st != KV_OK) return kv_report(st);
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    double copy = 0;
+    if (use_gpu) {
+        if ((st = kv_gpu_copy_bandwidth((size_t)1 << 30, 20, &copy)) != KV_OK) return kv_report(st);
+        fprintf(stderr, "kvbench %s (%s): bench %s, Hq=%d Hkv=%d D=%d k=%d, float16 K and V; device %s (driver %d, "
+                        "runtime %d, %d SMs); %d reps after %d warm-up\n",
+                KVBENCH_VERSION, kv_git_sha(), o.method, o.Hq, o.Hkv, o.D, o.k, gi.name, gi.driver_version,
+                gi.runtime_version, gi.sm_count, o.reps, o.warmup);
+    } else {
+        fprintf(stderr, "kvbench %s (%s): bench %s, Hq=%d Hkv=%d D=%d k=%d on the CPU (%s): the C reference, %d "
+                        "OpenMP threads, wall clock, at most 5 reps after 1 warm-up\n",
+                KVBENCH_VERSION, kv_git_sha(), o.method, o.Hq, o.Hkv, o.D, o.k,
+                gi.reason[0] ? gi.reason : "--device cpu", threads);
+    }
+    FILE *csv = NULL;
+    if (o.csv && !(csv = fopen(o.csv, "w"))) {
+        fprintf(stderr, "kvbench: --csv %s: cannot open for writing\n", o.csv);
+        return 1;
+    }
+    if (csv)
+        fprintf(csv, "method,device,tokens,q_heads,kv_heads,dim,k,stage,median_us,p90_us,bytes,gbps,pct_copy,"
+                     "copy_gbps,fits_l2,reps\n");
+    printf("%s bench on %s%s\n", o.method, use_gpu ? gi.name : "the CPU (C reference, wall clock)",
+           use_gpu ? "" : ": no GPU timings");
+    if (use_gpu) printf("copy bandwidth (cudaMemcpy device-to-device, read + write): %.0f GB/s\n", copy);
+    printf("%9s  %-9s %11s %11s %10s %8s %7s  %s\n", "tokens", "stage", "median_us", "p90_us", "MB", "GB/s",
+           use_gpu ? "%copy" : "", "note");
+    size_t l2 = 0, flush = 0;
+    for (int li = 0; li < o.n_tokens && st == KV_OK; li++) {
+        bench_data bd = {.o = &o, .T = o.tokens[li]};
+        kv_gpu_timing tm[4];
+        float *q = kv_malloc((size_t)o.Hq * o.D * sizeof(float), "bench queries");
+        double g0 = kv_now();
+        st = q ? gen_query(&o, q) : KV_ERR_NOMEM;
+        if (st == KV_OK && use_gpu) {
+            st = kv_gpu_keys_create(o.Hkv, bd.T, o.D, 1, &bd.K);
+            if (st == KV_OK) st = kv_gpu_keys_create(o.Hkv, bd.T, o.D, 1, &bd.V);
+        } else if (st == KV_OK) {
+            bd.hk = kv_malloc((size_t)o.Hkv * bd.T * o.D * sizeof(float), "bench keys");
+            bd.hv = kv_malloc((size_t)o.Hkv * bd.T * o.D * sizeof(float), "bench values");
+            if (!bd.hk || !bd.hv) st = KV_ERR_NOMEM;
+        }
+        if (st == KV_OK) st = gen_data(&bd);
+        fprintf(stderr, "bench: %d tokens generated in %.1f s\n", bd.T, kv_now() - g0);
+        if (st == KV_OK && use_gpu) {
+            kv_gpu_bench_spec spec = {.Hq = o.Hq, .Hkv = o.Hkv, .n = bd.T, .D = o.D, .k = o.k, .reps = o.reps,
+                                      .warmup = o.warmup, .scale = 1.0f / sqrtf((float)o.D)};
+            kv_gpu_bench_out out;
+            st = kv_gpu_bench_run(&spec, bd.K, bd.V, q, &out);
+            tm[0] = out.score; tm[1] = out.topk; tm[2] = out.attn; tm[3] = out.exact;
+            l2 = out.l2_bytes; flush = out.flush_bytes;
+        } else if (st == KV_OK) {
+            st = cpu_time(&o, &bd, q, tm);
+        }
+        for (int w = 0; w < 4 && st == KV_OK; w++) {
+            double bytes = stage_bytes(&o, bd.T, w, use_gpu ? 2 : 4), gbs = bytes / (tm[w].med_us * 1e-6) / 1e9;
+            double kvb = (double)o.Hkv * bd.T * o.D * (use_gpu ? 2 : 4);
+            int fits = use_gpu && (w == 1 ? (double)o.Hq * bd.T * 4 : kvb) <= (double)l2;
+            char note[128] = "";
+            if (fits) snprintf(note, sizeof note, "%s fit in L2 (%.0f MB); flushed before each rep",
+                               w == 1 ? "scores" : w == 2 ? "V" : "K", (w == 1 ? o.Hq * 4.0 * bd.T : kvb) / 1e6);
+            if (use_gpu)
+                printf("%9d  %-9s %11.1f %11.1f %10.1f %8.0f %6.1f%%  %s\n", bd.T, stage_names[w], tm[w].med_us,
+                       tm[w].p90_us, bytes / 1e6, gbs, 100 * gbs / copy, note);
+            else
+                printf("%9d  %-9s %11.1f %11.1f %10.1f %8.1f %7s  %s\n", bd.T, stage_names[w], tm[w].med_us,
+                       tm[w].p90_us, bytes / 1e6, gbs, "", "");
+            if (csv)
+                fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d\n", o.method,
+                        use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, o.k, stage_names[w], tm[w].med_us,
+                        tm[w].p90_us, bytes, gbs, use_gpu ? 100 * gbs / copy : 0.0, copy, fits,
+                        use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5));
+        }
+        fflush(stdout);
+        kv_gpu_keys_destroy(bd.K);
+        kv_gpu_keys_destroy(bd.V);
+        free(bd.hk); free(bd.hv); free(q);
+    }
+    if (st == KV_OK)
+        printf("bytes: score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention ="
+               " scores + V + o; exact = K + q + indices (the scores need not reach memory)%s\n",
+               use_gpu ? 2 : 4, use_gpu ? "" : "");
+    if (st == KV_OK && use_gpu)
+        printf("L2 is %.0f MB; every timed repetition follows a read of a %.0f MB buffer, so each stage reads its "
+               "inputs from HBM, as in decode where the other layers evict them\n", l2 / 1e6, flush / 1e6);
+    if (csv && fclose(csv) != 0 && st == KV_OK) st = kv_fail(KV_ERR_IO, "--csv %s: write failed", o.csv);
+    return st == KV_OK ? 0 : kv_report(st);
+}

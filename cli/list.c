@@ -41,5 +41,6 @@ int cmd_list(int argc, char **argv) {
         }
         if (verbose && m->describe) m->describe(stdout);
     }
+    for (const char *const *a = kv_methods_absent(); *a; a++) printf("%s\n", *a);
     return 0;
 }

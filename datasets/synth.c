@@ -11,7 +11,13 @@
  * (long-range retrieval) or the current one. Decode-time shift: from P on,
  * half of the topics come from a second set of centres never seen in the
  * prefill, and all centres drift with t, so an index built at prefill goes
- * stale. RoPE (theta 10000) is applied to q and k. Rows are generated in
+ * stale. Needles: the query that recalls position r also carries 5 times
+ * the post-RoPE noise of key r, so attention peaks on that very token (as
+ * retrieval heads do), not only on its topic; key noise is drawn from a
+ * generator seeded by (seed, layer, kv head, position), so it can be
+ * regenerated for any earlier position without storing the keys. Values
+ * are a per-head mean plus a topic mean plus noise (a zero-mean V would
+ * make |o| vanish under flat attention and relative output errors blow up). RoPE (theta 10000) is applied to q and k. Rows are generated in
  * order with O(H*D + clusters*D) state plus one int per position (the
  * topic history), so T = 1M streams in bounded memory. The noise is an
  * Irwin-Hall approximation of a Gaussian (four 16-bit uniforms): cheap,
@@ -39,12 +45,21 @@ struct kv_synth {
     int *history;  /* [T] topic of each position */
     float *inv_freq; /* [D/2] */
     float *tmp;    /* [D] */
+    float *needle; /* [D] */
 };
 
 static inline float fast_normal(kv_rng *r) {
     uint64_t u = kv_rng_u64(r);
     float s = (float)(u & 0xffff) + (float)((u >> 16) & 0xffff) + (float)((u >> 32) & 0xffff) + (float)(u >> 48);
     return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+}
+
+/* The noise of key (g, t) before RoPE, regenerated on demand. */
+static void key_noise(const kv_synth *s, int g, int t, float *out) {
+    kv_rng r;
+    kv_rng_seed(&r, (s->sp.seed * 1000003ULL + (uint64_t)s->layer) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)g << 40) ^
+                        (uint64_t)t);
+    for (int d = 0; d < s->sp.dim; d++) out[d] = 0.5f * fast_normal(&r);
 }
 
 static void fill_normal(kv_rng *r, float *x, size_t n, float scale) {
@@ -67,7 +82,8 @@ kv_status kv_synth_create(const kv_synth_spec *sp, int layer, kv_synth **out) {
     s->history = kv_malloc((size_t)sp->tokens * sizeof(int), "synth topic history");
     s->inv_freq = kv_malloc((size_t)(D / 2 + 1) * sizeof(float), "synth rope");
     s->tmp = kv_malloc((size_t)D * sizeof(float), "synth scratch");
-    if (!s->mu || !s->drift || !s->vmean || !s->base || !s->sigma || !s->hoff || !s->history || !s->inv_freq ||
+    s->needle = kv_malloc((size_t)D * sizeof(float), "synth needle");
+    if (!s->needle || !s->mu || !s->drift || !s->vmean || !s->base || !s->sigma || !s->hoff || !s->history || !s->inv_freq ||
         !s->tmp) {
         kv_synth_destroy(s);
         return KV_ERR_NOMEM;
@@ -87,7 +103,7 @@ kv_status kv_synth_create(const kv_synth_spec *sp, int layer, kv_synth **out) {
 void kv_synth_destroy(kv_synth *s) {
     if (!s) return;
     free(s->mu); free(s->drift); free(s->vmean); free(s->base); free(s->sigma); free(s->hoff);
-    free(s->history); free(s->inv_freq); free(s->tmp);
+    free(s->history); free(s->inv_freq); free(s->tmp); free(s->needle);
     free(s);
 }
 
@@ -128,24 +144,32 @@ void kv_synth_rows(kv_synth *s, int t0, int n, float *q, float *k, float *v) {
             float *kk = k + ((size_t)g * n + j) * D;
             const float *b = s->base + (size_t)g * D, *sg = s->sigma + (size_t)g * D;
             centre(s, g, s->topic, t, s->tmp);
+            key_noise(s, g, t, s->needle);
             float a = heavy ? 1.4f : 0.8f;
             for (int d = 0; d < D; d++)
-                kk[d] = sink ? 1.2f * sg[d] + 0.1f * fast_normal(r) : a * s->tmp[d] + 0.3f * b[d] + 0.5f * fast_normal(r);
+                kk[d] = sink ? 1.2f * sg[d] + 0.2f * s->needle[d] : a * s->tmp[d] + 0.3f * b[d] + s->needle[d];
             rope(s, kk, t);
             if (v) {
                 float *vv = v + ((size_t)g * n + j) * D;
                 const float *vm = s->vmean + ((size_t)g * C + s->topic) * D;
-                for (int d = 0; d < D; d++) vv[d] = 0.5f * vm[d] + fast_normal(r);
+                for (int d = 0; d < D; d++) vv[d] = b[d] + 0.5f * vm[d] + fast_normal(r); /* shared mean: o is not ~0 */
             }
             if (!q) continue;
             centre(s, g, qtopic, t, s->tmp);
+            int needle = recall_t != t && recall_t >= SYNTH_SINKS;
+            if (needle) { /* post-RoPE noise of key recall_t */
+                key_noise(s, g, recall_t, s->needle);
+                rope(s, s->needle, recall_t);
+            }
             for (int hh = 0; hh < G; hh++) {
                 int h = g * G + hh;
                 float *qq = q + ((size_t)h * n + j) * D;
                 const float *ho = s->hoff + (size_t)h * D;
                 for (int d = 0; d < D; d++)
-                    qq[d] = 1.0f * s->tmp[d] + 0.5f * sg[d] + 0.3f * b[d] + ho[d] + 0.3f * fast_normal(r);
+                    qq[d] = 0.5f * s->tmp[d] + 0.5f * sg[d] + 0.3f * b[d] + ho[d] + 0.3f * fast_normal(r);
                 rope(s, qq, t);
+                if (needle)
+                    for (int d = 0; d < D; d++) qq[d] += 5.0f * s->needle[d];
             }
         }
     }

@@ -33,3 +33,61 @@ kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *coun
 }
 
 void kv_gpu_attn_destroy(kv_gpu_attn *a) { (void)a; }
+
+kv_status kv_gpu_keys_create(int H, int T, int D, int half, kv_gpu_keys **out) {
+    (void)H; (void)T; (void)D; (void)half;
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_keys_write(kv_gpu_keys *k, int t0, int n, const float *x) {
+    (void)k; (void)t0; (void)n; (void)x;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *x) {
+    (void)k; (void)t0; (void)n; (void)x;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+int kv_gpu_keys_elem_bytes(const kv_gpu_keys *k) { (void)k; return 4; }
+
+void kv_gpu_keys_destroy(kv_gpu_keys *k) { (void)k; }
+
+kv_status kv_gpu_search_create(int Hq, int Hkv, int T, int D, kv_gpu_search **out) {
+    (void)Hq; (void)Hkv; (void)T; (void)D;
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_search_run(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
+                            int k, int32_t *idx, int ld, int *count) {
+    (void)s; (void)K; (void)q; (void)scale; (void)lo; (void)hi; (void)k; (void)idx; (void)ld; (void)count;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+void kv_gpu_search_destroy(kv_gpu_search *s) { (void)s; }
+
+kv_status kv_gpu_scores_host(const float *q, const float *K, int Hq, int Hkv, int T, int D, int half, float scale,
+                             int lo, int hi, float *out) {
+    (void)q; (void)K; (void)Hq; (void)Hkv; (void)T; (void)D; (void)half; (void)scale; (void)lo; (void)hi; (void)out;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_topk_host(const float *scores, int R, int n, int k, int base, int32_t *idx, float *val,
+                           float *kth) {
+    (void)scores; (void)R; (void)n; (void)k; (void)base; (void)idx; (void)val; (void)kth;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                           kv_gpu_bench_out *out) {
+    (void)s; (void)K; (void)V; (void)q; (void)out;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs) {
+    (void)bytes; (void)reps;
+    *gbs = 0;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}

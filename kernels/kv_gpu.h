@@ -42,6 +42,68 @@ kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, i
 kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *count, int cap, float *out);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);
 
+/* ---- device-resident keys (or values) [H][T][D] ---- */
+/* Largest k the GPU top-k returns indices for (its final stage sorts in
+ * shared memory); thresholds alone have no limit. */
+#define KV_GPU_TOPK_MAX 8192
+typedef struct kv_gpu_keys kv_gpu_keys;
+/* half = 1: stored as float16 while every written value is exactly
+ * representable (the trace stored float16); the first value that is not
+ * widens the store to float32 on the device, so storage is always lossless.
+ * half = 0: float32. Allocates all device memory here. */
+kv_status kv_gpu_keys_create(int H, int T, int D, int half, kv_gpu_keys **out);
+/* Writes positions [t0, t0+n) from x [H][n][D]. Synchronous. */
+kv_status kv_gpu_keys_write(kv_gpu_keys *k, int t0, int n, const float *x);
+/* Same from float16 bits [H][n][D] (a float16 store only). */
+kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *x);
+/* Bytes per stored element (2 or 4). */
+int kv_gpu_keys_elem_bytes(const kv_gpu_keys *k);
+void kv_gpu_keys_destroy(kv_gpu_keys *k);
+
+/* ---- exact search: scores + top-k per query head, fused ---- */
+typedef struct kv_gpu_search kv_gpu_search;
+kv_status kv_gpu_search_create(int Hq, int Hkv, int T, int D, kv_gpu_search **out);
+/* For each query head h (kv head h/G), the top min(k, hi-lo) positions i in
+ * [lo, hi) of scale * <q_h, K[i]> in kv_topk_ref order (scores bitwise equal
+ * to kv_scores_ref): idx[h*ld + j], count[h]. q [Hq][D] on the host. */
+kv_status kv_gpu_search_run(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
+                            int k, int32_t *idx, int ld, int *count);
+void kv_gpu_search_destroy(kv_gpu_search *s);
+
+/* ---- host-array entry points (tests, tools) ---- */
+/* out[h][i - lo] = scale * <q_h, K_{h/G}[i]>, i in [lo, hi); K [Hkv][T][D]
+ * uploaded as float16 when half = 1 (and exact), else float32. */
+kv_status kv_gpu_scores_host(const float *q, const float *K, int Hq, int Hkv, int T, int D, int half, float scale,
+                             int lo, int hi, float *out);
+/* Per row r of scores [R][n]: kv_topk_ref(row, n, k, base, idx + r*min(k,n), val + ...)
+ * and kth[r] = the min(k, n)-th largest; val, kth nullable; idx NULL: kth only. */
+kv_status kv_gpu_topk_host(const float *scores, int R, int n, int k, int base, int32_t *idx, float *val,
+                           float *kth);
+
+/* ---- timing of the shared kernels (kvbench bench) ---- */
+typedef struct {
+    int Hq, Hkv, n, D, k, reps, warmup;
+    float scale;
+} kv_gpu_bench_spec;
+typedef struct {
+    double med_us, p90_us;
+} kv_gpu_timing;
+typedef struct {
+    kv_gpu_timing score;  /* scores of all Hq heads over n keys */
+    kv_gpu_timing topk;   /* top-k of the Hq score rows (given the scores) */
+    kv_gpu_timing attn;   /* softmax + PV over the n tokens (given the scores) */
+    kv_gpu_timing exact;  /* the exact search on the device: fused scores + top-k */
+    size_t l2_bytes, flush_bytes;
+} kv_gpu_bench_out;
+/* K, V: [Hkv][>=n][D] stores; q [Hq][D] host. Before every timed repetition
+ * a buffer of flush_bytes (>= 3x L2) is read, so no stage finds its inputs
+ * in L2; CUDA events around each stage; median and p90 over reps. */
+kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                           kv_gpu_bench_out *out);
+/* Device-to-device cudaMemcpy of `bytes`, median of reps: GB/s counting
+ * bytes read plus bytes written. */
+kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs);
+
 #ifdef __cplusplus
 }
 #endif

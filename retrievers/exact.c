@@ -4,10 +4,16 @@
  * and the cost baseline of the benchmark (exact scoring of all keys).
  * Ties are broken towards the smaller index (kernels/topk.h). The keys are
  * kept in the retriever's own [Hkv][T][D] buffer, filled by build() and
- * append(), so it sees nothing the protocol has not handed it. */
+ * append(), so it sees nothing the protocol has not handed it. With
+ * shape->use_gpu the buffer lives on the device instead (float16 while
+ * that is lossless), one key appended per step, and a search is the fused
+ * score + top-k of kernels/search.cu; its scores are bitwise those of
+ * kv_scores_ref and its order kv_topk_ref's, so both paths select the
+ * same indices, ties included. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/kv_gpu.h"
 #include "../kernels/score.h"
 #include "../kernels/topk.h"
 #include "kv_retriever.h"
@@ -15,9 +21,13 @@
 typedef struct {
     kv_shape sh;
     int n;          /* keys stored: positions 0..n-1 */
-    float *keys;    /* [Hkv][T][D] */
-    float *scores;  /* [Hq][T] scratch: one row per head so heads run in parallel */
+    float *keys;    /* CPU: [Hkv][T][D] */
+    float *scores;  /* CPU: [Hq][T] scratch: one row per head so heads run in parallel */
+    kv_gpu_keys *dkeys;      /* GPU: the keys on the device (float16 while lossless) */
+    kv_gpu_search *dsearch;  /* GPU: fused scores + top-k (kernels/search.cu) */
 } exact_state;
+
+static void exact_destroy(void *st);
 
 static const kv_param_spec exact_params[] = {{NULL}};
 
@@ -26,6 +36,14 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
     exact_state *s = kv_calloc(1, sizeof *s, "exact state");
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
+    if (sh->use_gpu) { /* keys live on the device only; all device memory is taken here */
+        kv_status st = kv_gpu_keys_create(sh->num_kv_heads, sh->max_tokens, sh->head_dim, 1, &s->dkeys);
+        if (st == KV_OK)
+            st = kv_gpu_search_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, &s->dsearch);
+        if (st != KV_OK) { exact_destroy(s); return st; }
+        *out = s;
+        return KV_OK;
+    }
     s->keys = kv_malloc((size_t)sh->num_kv_heads * sh->max_tokens * sh->head_dim * sizeof(float), "exact keys");
     s->scores = kv_malloc((size_t)sh->num_q_heads * sh->max_tokens * sizeof(float), "exact scores");
     if (!s->keys || !s->scores) { free(s->keys); free(s->scores); free(s); return KV_ERR_NOMEM; }
@@ -36,6 +54,11 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
 static kv_status exact_build(void *st, const kv_prefill *pre) {
     exact_state *s = st;
     int D = s->sh.head_dim, T = s->sh.max_tokens;
+    if (s->dkeys) {
+        KV_TRY(kv_gpu_keys_write(s->dkeys, 0, pre->n, pre->k));
+        s->n = pre->n;
+        return KV_OK;
+    }
     for (int g = 0; g < s->sh.num_kv_heads; g++)
         memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
     s->n = pre->n;
@@ -47,6 +70,11 @@ static kv_status exact_append(void *st, int t, const float *k, const float *v, c
     (void)v; (void)q;
     int D = s->sh.head_dim, T = s->sh.max_tokens;
     if (t != s->n || t >= T) return kv_fail(KV_ERR_INTERNAL, "exact: append of position %d, expected %d", t, s->n);
+    if (s->dkeys) {
+        KV_TRY(kv_gpu_keys_write(s->dkeys, t, 1, k));
+        s->n++;
+        return KV_OK;
+    }
     for (int g = 0; g < s->sh.num_kv_heads; g++)
         memcpy(s->keys + ((size_t)g * T + t) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
     s->n++;
@@ -58,6 +86,9 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
+    if (s->dsearch)
+        return kv_gpu_search_run(s->dsearch, s->dkeys, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
+                                 sel->count);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int h = 0; h < sh->num_q_heads; h++) {
@@ -73,12 +104,15 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
 
 static size_t exact_memory(const void *st) {
     const exact_state *s = st;
-    return (size_t)s->sh.num_kv_heads * s->n * s->sh.head_dim * sizeof(float);
+    size_t elem = s->dkeys ? (size_t)kv_gpu_keys_elem_bytes(s->dkeys) : sizeof(float);
+    return (size_t)s->sh.num_kv_heads * s->n * s->sh.head_dim * elem;
 }
 
 static void exact_destroy(void *st) {
     exact_state *s = st;
     if (!s) return;
+    kv_gpu_search_destroy(s->dsearch);
+    kv_gpu_keys_destroy(s->dkeys);
     free(s->keys);
     free(s->scores);
     free(s);
@@ -90,6 +124,7 @@ const kv_method kv_method_exact = {
     .summary = "oracle: the k highest exact scores of the retrievable region, per query head",
     .paper = "ground truth",
     .per_kv_head = 0,
+    .has_gpu = 1,
     .params = exact_params,
     .create = exact_create,
     .build = exact_build,

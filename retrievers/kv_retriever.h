@@ -116,5 +116,8 @@ typedef struct kv_method {
 /* ---- registry (retrievers/registry.c) ---- */
 const kv_method *kv_method_find(const char *name);
 const kv_method *const *kv_methods(int *count);
+/* Lines naming method families compiled out of this build (a library not
+ * found at build time), NULL-terminated; `kvbench list` prints them. */
+const char *const *kv_methods_absent(void);
 
 #endif

@@ -8,12 +8,42 @@
 extern const kv_method kv_method_exact;
 extern const kv_method kv_method_streaming;
 extern const kv_method kv_method_random;
+extern const kv_method kv_method_pqcache;
+extern const kv_method kv_method_quest;
+extern const kv_method kv_method_magicpig;
+extern const kv_method kv_method_pariskv;
+#ifdef KV_HAVE_FAISS /* retrievers/faiss.c: only when the Faiss C API was found at build time */
+extern const kv_method kv_method_faiss_flat;
+extern const kv_method kv_method_faiss_ivf;
+extern const kv_method kv_method_faiss_ivfpq;
+extern const kv_method kv_method_faiss_hnsw;
+#endif
 
 static const kv_method *const kv_registry[] = {
     &kv_method_exact,
     &kv_method_streaming,
     &kv_method_random,
+    &kv_method_pqcache,
+    &kv_method_quest,
+    &kv_method_magicpig,
+    &kv_method_pariskv,
+#ifdef KV_HAVE_FAISS
+    &kv_method_faiss_flat,
+    &kv_method_faiss_ivf,
+    &kv_method_faiss_ivfpq,
+    &kv_method_faiss_hnsw,
+#endif
 };
+
+/* Method families compiled out of this build, one line each for `kvbench list`. */
+static const char *const kv_absent[] = {
+#ifndef KV_HAVE_FAISS
+    "faiss: not built (run make deps): faiss-flat, faiss-ivf, faiss-ivfpq, faiss-hnsw",
+#endif
+    NULL,
+};
+
+const char *const *kv_methods_absent(void) { return kv_absent; }
 
 const kv_method *const *kv_methods(int *count) {
     *count = (int)(sizeof kv_registry / sizeof kv_registry[0]);

@@ -9,11 +9,18 @@ for p in build-essential libhdf5-dev libaec-dev zlib1g-dev valgrind python3 pyth
 done
 if [ ${#need[@]} -eq 0 ]; then
   echo "deps: system packages present"
-  exit 0
+else
+  echo "deps: installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  echo "deps: done"
 fi
-echo "deps: installing ${need[*]}"
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-echo "deps: done"
+# The Faiss C API for the faiss-* baselines (idempotent, fast when built).
+# A failure leaves those methods out (their tests skip, saying why) unless
+# KVBENCH_REQUIRE_FAISS=1.
+if ! "$(dirname "$0")/build_faiss_capi.sh"; then
+  echo "deps: the Faiss C API was not built: faiss-* methods will be left out" >&2
+  [ "${KVBENCH_REQUIRE_FAISS:-}" != 1 ] || exit 1
+fi

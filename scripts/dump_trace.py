@@ -26,6 +26,7 @@ import sys
 import time
 
 PROG = "dump_trace"
+IDENTITY_FILE = "kvtrace_source.json"
 
 
 def die(msg, code=2):
@@ -112,9 +113,13 @@ def build_parser():
                    help="prompt tokens per forward pass during prefill (bounds memory)")
 
     o = p.add_argument_group("output")
-    o.add_argument("--layers", required=True, type=parse_layers,
+    o.add_argument("--layers", type=parse_layers,
                    help="comma-separated layer indices (e.g. 3,14,20), ranges (2-4) or 'all'")
-    o.add_argument("--out", required=True, help="output .h5 file")
+    o.add_argument("--out", help="output .h5 file")
+    o.add_argument("--save-converted", metavar="DIR",
+                   help="instead of dumping: load --model (e.g. a GGUF file, whose parsing and dequantisation "
+                   "take minutes on a small CPU), save it with its tokenizer as a float32 safetensors "
+                   f"directory DIR (plus {IDENTITY_FILE}, the GGUF's identity for later descriptions) and exit")
     o.add_argument("--store-dtype", default="float16", choices=["float16", "float32"])
     o.add_argument("--no-values", action="store_true", help="do not store v")
     o.add_argument("--compression", default="gzip", choices=["gzip", "none"])
@@ -132,6 +137,20 @@ def build_parser():
 
 
 def validate(args):
+    if args.save_converted:
+        if os.path.exists(args.save_converted) and not args.force:
+            die(f"--save-converted {args.save_converted} exists (use --force to overwrite)")
+        parent = os.path.dirname(os.path.abspath(args.save_converted))
+        if not os.path.isdir(parent):
+            die(f"--save-converted {args.save_converted}: directory {parent} does not exist")
+    else:
+        if args.layers is None:
+            die("--layers is required")
+        if args.out is None:
+            die("--out is required")
+    validate_model(args)
+    if args.save_converted:
+        return
     if args.prompt_file is None and args.question is None:
         die("give --prompt-file and/or --question")
     if args.prompt_file is not None and not os.path.isfile(args.prompt_file):
@@ -159,6 +178,9 @@ def validate(args):
         die(f"--out {args.out}: directory {out_dir} does not exist")
     if os.path.exists(args.out) and not args.force:
         die(f"--out {args.out} exists (use --force to overwrite)")
+
+
+def validate_model(args):
     if args.gguf_file and not os.path.isdir(args.model):
         die("--gguf-file needs --model to be a directory")
     if os.path.isfile(args.model):
@@ -205,9 +227,17 @@ def gguf_identity(path):
         for t in r.tensors:
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
         info["tensor_types"] = ", ".join(f"{k}x{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+        info["gguf_file"] = os.path.basename(path)
     except Exception as e:  # identity is informative only
         warn(f"could not read GGUF metadata of {path}: {e}")
     return info
+
+
+def ascii_attr(s):
+    """A string attribute as a fixed-length ASCII HDF5 string: C readers that read strings with
+    a default (ASCII) memory type cannot convert h5py's default variable-length UTF-8 ones."""
+    import numpy as np
+    return np.bytes_(s.encode("ascii", "backslashreplace"))
 
 
 # ----------------------------------------------------------------------------
@@ -288,7 +318,7 @@ class TraceWriter:
                 raise RuntimeError(f"layer {layer}: {st['written']} positions recorded, {t} tokens")
         self.f.create_dataset("tokens", data=self.np.asarray(tokens, dtype=self.np.int32))
         for k, v in attrs.items():
-            self.f.attrs[k] = v
+            self.f.attrs[k] = ascii_attr(v) if isinstance(v, str) else v
         self.f.close()
 
     def abort(self):
@@ -511,6 +541,47 @@ def build_prompt(args, tok):
 
 
 # ----------------------------------------------------------------------------
+# --save-converted
+
+
+def save_converted(args, model, tok, gguf_path, t0):
+    import json
+    import shutil
+    out = os.path.abspath(args.save_converted)
+    tmp = f"{out}.tmp.{os.getpid()}"
+    try:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        cfg = model.config
+        if getattr(cfg, "quantization_config", None) is not None:
+            # the weights are plain (dequantised) tensors now; do not save a GGUF quantisation config
+            try:
+                del cfg.quantization_config
+            except AttributeError:
+                cfg.quantization_config = None
+        if hasattr(model, "hf_quantizer"):
+            model.hf_quantizer = None
+        if hasattr(model, "is_quantized"):
+            try:
+                model.is_quantized = False
+            except Exception:
+                pass
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        ident = gguf_identity(gguf_path) if gguf_path else {"source": args.model}
+        with open(os.path.join(tmp, IDENTITY_FILE), "w") as f:
+            json.dump(ident, f, indent=1)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"saved {args.model} as {out} in {time.time() - t0:.1f}s")
+    return 0
+
+
+# ----------------------------------------------------------------------------
 # main
 
 
@@ -518,10 +589,16 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     validate(args)
 
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    import signal
+    signal.signal(signal.SIGTERM, on_term)
+
     is_local = os.path.exists(args.model)
     if is_local:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     try:
         import numpy as np
         import torch
@@ -567,6 +644,8 @@ def main(argv=None):
             model = AutoModelForCausalLM.from_pretrained(src, **kw, torch_dtype=dtype)
     except Exception as e:
         die(f"cannot load the model from {args.model}: {type(e).__name__}: {e}", code=4)
+    if args.save_converted:
+        return save_converted(args, model, tok, gguf_path, t0)
     model.to(device)
     model.eval()
     t_load = time.time() - t0
@@ -703,12 +782,22 @@ def main(argv=None):
                 raise RuntimeError(f"layer {l}: softmax scale {inf['scale']} differs from {i0['scale']}")
 
         # --- description
-        if gguf_path:
-            gi = gguf_identity(gguf_path)
-            name = args.model_name or gi.get("general.name") or os.path.basename(gguf_path)
-            ident = (f"GGUF {os.path.basename(gguf_path)} ({gi.get('general.architecture', '?')}, "
+        sidecar = {}
+        sc_path = os.path.join(args.model, IDENTITY_FILE) if os.path.isdir(args.model) else None
+        if not gguf_path and sc_path and os.path.isfile(sc_path):
+            import json
+            with open(sc_path) as f:
+                sidecar = json.load(f)
+        if gguf_path or "gguf_file" in sidecar:
+            if gguf_path:
+                gi, how = gguf_identity(gguf_path), "dequantised by transformers"
+            else:
+                gi, how = sidecar, "dequantised by transformers, loaded from its float32 conversion"
+            name = args.model_name or gi.get("general.name") or gi.get("gguf_file", "?")
+            ident = (f"GGUF {gi.get('gguf_file', '?')} (general.name {gi.get('general.name', '?')!r}, "
+                     f"{gi.get('general.architecture', '?')}, "
                      f"{gi.get('general.size_label', '?')}, quantisation {gi.get('file_type', '?')}: "
-                     f"{gi.get('tensor_types', '?')}; dequantised by transformers)")
+                     f"{gi.get('tensor_types', '?')}; {how})")
         else:
             name = args.model_name or os.path.basename(os.path.normpath(args.model))
             ident = f"checkpoint {args.model} ({getattr(cfg, 'model_type', '?')})"

@@ -28,6 +28,34 @@ extern char kv_test_reason[512];
     X(protocol_hand_case, 0)                               \
     X(protocol_rejects_contract_breaks, 0)                 \
     X(conformance_all_methods, 0)                          \
+    X(pqcache_codes_are_nearest, 0)                        \
+    X(pqcache_kmeans_lowers_error, 0)                      \
+    X(pqcache_adc_matches_direct, 0)                       \
+    X(quest_bound_is_upper_bound, 0)                       \
+    X(quest_selects_top_pages, 0)                          \
+    X(quest_partial_page_is_extra, 0)                      \
+    X(magicpig_collisions_match_sign_bits, 0)              \
+    X(magicpig_weight_hand_cases, 0)                       \
+    X(magicpig_returns_colliding_keys, 0)                  \
+    X(baselines_param_variants, 0)                         \
+    X(pariskv_srht_orthogonal, 0)                          \
+    X(pariskv_lloyd_max, 0)                                \
+    X(pariskv_rsqip_estimate, 0)                           \
+    X(pariskv_collision_scores, 0)                         \
+    X(pariskv_bucket_topk, 0)                              \
+    X(pariskv_matches_exact, 0)                            \
+    X(pariskv_stage1_brute_force, 0)                       \
+    X(pariskv_update_buffer, 0)                            \
+    X(pariskv_ablation_variants, 0)                        \
+    X(faiss_flat_matches_exact, 0)                         \
+    X(faiss_ivf_full_probe_is_exact, 0)                    \
+    X(faiss_hnsw_ivfpq_recall, 0)                          \
+    X(faiss_params_validated, 0)                           \
+    X(gpu_scores_match_ref, KV_NEEDS_GPU)                  \
+    X(gpu_topk_matches_ref, KV_NEEDS_GPU)                  \
+    X(gpu_oracle_matches_cpu, KV_NEEDS_GPU)                \
+    X(gpu_exact_matches_cpu, KV_NEEDS_GPU)                 \
+    X(gpu_oom_is_an_error, KV_NEEDS_GPU)                   \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \

@@ -1,0 +1,181 @@
+/* bench.cu: timing of the shared GPU kernels for `kvbench bench` (issue 2,
+ * point 9; STYLE.md point 10). Each stage of one decode step of one layer
+ * (scores, top-k, softmax + PV, and the exact search = fused scores +
+ * top-k) is timed with CUDA events around exactly its launches, after
+ * warm-up, over many repetitions, reported as median and p90. Before every
+ * repetition, timed or not, a read-only kernel streams a buffer of at least
+ * 3x the L2 size, so a stage never finds its keys, values or scores in L2
+ * (in decode, the other layers' traffic evicts them between two steps of a
+ * layer); a read, not a memset, so L2 holds no dirty lines whose write-back
+ * the timed stage would pay for. The copy bandwidth the report compares
+ * against is a device-to-device cudaMemcpy, bytes read plus written. */
+#include <string.h>
+
+#include "kv_cuda.h"
+
+namespace {
+
+__global__ void kv_flush_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) *sink = x; /* keeps the loads; practically never taken */
+}
+
+struct kv_bench_ctx {
+    kv_cuda_dev dev;
+    const kv_gpu_bench_spec *s;
+    const kv_gpu_keys *K, *V;
+    float *q, *S, *m, *Z, *o;
+    int32_t *idx;
+    uint4 *flush;
+    unsigned *sink;
+    size_t flush_n;
+    kv_topk_ws tk;
+    kv_pv_ws pv;
+    cudaStream_t st;
+    cudaEvent_t *ev;
+    int nev;
+    float *ms;
+};
+
+kv_status kv_bench_flush(kv_bench_ctx *c) {
+    kv_flush_kernel<<<2 * c->dev.sm_count, 1024, 0, c->st>>>(c->flush, c->flush_n, c->sink);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+kv_status kv_bench_stage(kv_bench_ctx *c, int which) {
+    const kv_gpu_bench_spec *s = c->s;
+    const int kk = s->k < s->n ? s->k : s->n;
+    switch (which) {
+    case 0:
+        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, NULL, &c->dev, c->st);
+    case 1:
+        return kv_topk_launch(&c->tk, c->S, s->n, 0, s->n, s->Hq, s->k, 0, NULL, 1, c->idx, NULL, kk, NULL, c->st);
+    case 2:
+        return kv_pv_launch(&c->pv, c->S, s->n, s->n, &c->V->a, c->m, c->Z, c->o, &c->dev, c->st);
+    default:
+        return kv_exact_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &c->tk, s->k, c->idx, &c->dev,
+                               c->st);
+    }
+}
+
+kv_status kv_bench_time(kv_bench_ctx *c, int which, kv_gpu_timing *out) {
+    const int reps = c->s->reps;
+    for (int w = 0; w < c->s->warmup; w++) {
+        KV_TRY(kv_bench_flush(c));
+        KV_TRY(kv_bench_stage(c, which));
+    }
+    for (int r = 0; r < reps; r++) {
+        KV_TRY(kv_bench_flush(c));
+        KV_CUDA_TRY(cudaEventRecord(c->ev[2 * r], c->st));
+        KV_TRY(kv_bench_stage(c, which));
+        KV_CUDA_TRY(cudaEventRecord(c->ev[2 * r + 1], c->st));
+    }
+    KV_CUDA_TRY(cudaStreamSynchronize(c->st));
+    for (int r = 0; r < reps; r++) KV_CUDA_TRY(cudaEventElapsedTime(&c->ms[r], c->ev[2 * r], c->ev[2 * r + 1]));
+    out->med_us = 1e3 * kv_percentile_inplace(c->ms, (size_t)reps, 0.5);
+    out->p90_us = 1e3 * kv_percentile_inplace(c->ms, (size_t)reps, 0.9);
+    return KV_OK;
+}
+
+kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
+    const kv_gpu_bench_spec *s = c->s;
+    KV_TRY(kv_cuda_dev_query(&c->dev));
+    const size_t n = (size_t)s->n, kk = (size_t)(s->k < s->n ? s->k : s->n);
+    KV_CUDA_ALLOC(c->q, (size_t)s->Hq * s->D * sizeof(float), 0, "bench queries");
+    KV_CUDA_ALLOC(c->S, (size_t)s->Hq * n * sizeof(float), 0, "bench scores");
+    KV_CUDA_ALLOC(c->idx, (size_t)s->Hq * kk * sizeof(int32_t), 0, "bench top-k indices");
+    KV_CUDA_ALLOC(c->m, (size_t)s->Hq * (2 + s->D) * sizeof(float), 0, "bench attention outputs");
+    c->Z = c->m + s->Hq;
+    c->o = c->Z + s->Hq;
+    size_t fb = 3 * c->dev.l2_bytes;
+    if (fb < ((size_t)128 << 20)) fb = (size_t)128 << 20;
+    c->flush_n = fb / sizeof(uint4);
+    KV_CUDA_ALLOC(c->flush, fb, 0, "the L2 flush buffer");
+    KV_CUDA_ALLOC(c->sink, sizeof(unsigned), 0, "the L2 flush sink");
+    KV_CUDA_TRY(cudaMemset(c->flush, 0x5a, fb));
+    KV_TRY(kv_topk_ws_create(&c->tk, s->Hq, s->n, &c->dev));
+    KV_TRY(kv_pv_ws_create(&c->pv, s->Hq, s->Hkv, s->D, &c->dev));
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    c->ev = (cudaEvent_t *)kv_calloc((size_t)2 * s->reps, sizeof(cudaEvent_t), "bench events");
+    c->ms = (float *)kv_malloc((size_t)s->reps * sizeof(float), "bench times");
+    if (!c->ev || !c->ms) return KV_ERR_NOMEM;
+    for (int i = 0; i < 2 * s->reps; i++) {
+        KV_CUDA_TRY(cudaEventCreate(&c->ev[i]));
+        c->nev = i + 1;
+    }
+    KV_CUDA_TRY(cudaMemcpy(c->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
+    KV_CUDA_TRY(cudaDeviceSynchronize());
+    KV_TRY(kv_bench_stage(c, 0)); /* real scores for the top-k and attention stages */
+    KV_TRY(kv_bench_time(c, 0, &out->score));
+    KV_TRY(kv_bench_time(c, 1, &out->topk));
+    KV_TRY(kv_bench_time(c, 2, &out->attn));
+    KV_TRY(kv_bench_time(c, 3, &out->exact));
+    out->l2_bytes = c->dev.l2_bytes;
+    out->flush_bytes = fb;
+    return KV_OK;
+}
+
+}  // namespace
+
+extern "C" kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, const kv_gpu_keys *V,
+                                      const float *q, kv_gpu_bench_out *out) {
+    memset(out, 0, sizeof *out);
+    if (s->reps < 1 || s->n < 1 || s->n > K->a.T || s->n > V->a.T || K->a.H != s->Hkv || K->a.D != s->D)
+        return kv_fail(KV_ERR_INPUT, "GPU bench: inconsistent spec (n=%d reps=%d)", s->n, s->reps);
+    kv_bench_ctx c = {};
+    c.s = s; c.K = K; c.V = V;
+    kv_status st = kv_bench_go(&c, q, out);
+    if (c.st) cudaStreamSynchronize(c.st);
+    for (int i = 0; i < c.nev; i++) cudaEventDestroy(c.ev[i]);
+    free(c.ev);
+    free(c.ms);
+    cudaFree(c.q); cudaFree(c.S); cudaFree(c.idx); cudaFree(c.m); cudaFree(c.flush); cudaFree(c.sink);
+    kv_topk_ws_destroy(&c.tk);
+    kv_pv_ws_destroy(&c.pv);
+    if (c.st) cudaStreamDestroy(c.st);
+    return st;
+}
+
+namespace {
+struct kv_copy_ctx {
+    void *a, *b;
+    cudaEvent_t e0, e1;
+    float *ms;
+};
+kv_status kv_copy_go(kv_copy_ctx *c, size_t bytes, int reps, double *gbs) {
+    KV_CUDA_ALLOC(c->a, bytes, 0, "the copy-bandwidth source");
+    KV_CUDA_ALLOC(c->b, bytes, 0, "the copy-bandwidth destination");
+    KV_CUDA_TRY(cudaMemset(c->a, 0x5a, bytes));
+    KV_CUDA_TRY(cudaEventCreate(&c->e0));
+    KV_CUDA_TRY(cudaEventCreate(&c->e1));
+    c->ms = (float *)kv_malloc((size_t)reps * sizeof(float), "copy times");
+    if (!c->ms) return KV_ERR_NOMEM;
+    for (int w = 0; w < 3; w++) KV_CUDA_TRY(cudaMemcpy(c->b, c->a, bytes, cudaMemcpyDeviceToDevice));
+    for (int r = 0; r < reps; r++) {
+        KV_CUDA_TRY(cudaEventRecord(c->e0, 0));
+        KV_CUDA_TRY(cudaMemcpyAsync(c->b, c->a, bytes, cudaMemcpyDeviceToDevice, 0));
+        KV_CUDA_TRY(cudaEventRecord(c->e1, 0));
+        KV_CUDA_TRY(cudaEventSynchronize(c->e1));
+        KV_CUDA_TRY(cudaEventElapsedTime(&c->ms[r], c->e0, c->e1));
+    }
+    *gbs = 2.0 * (double)bytes / (kv_percentile_inplace(c->ms, (size_t)reps, 0.5) * 1e-3) / 1e9;
+    return KV_OK;
+}
+}  // namespace
+
+extern "C" kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs) {
+    *gbs = 0;
+    kv_copy_ctx c = {};
+    kv_status st = kv_copy_go(&c, bytes, reps < 1 ? 1 : reps, gbs);
+    cudaFree(c.a);
+    cudaFree(c.b);
+    if (c.e0) cudaEventDestroy(c.e0);
+    if (c.e1) cudaEventDestroy(c.e1);
+    free(c.ms);
+    return st;
+}

@@ -1,0 +1,83 @@
+/* gpu.cu: the GPU probe and the CUDA error plumbing every .cu file uses
+ * (issue 2, point 8). No kernels here. kv_gpu_probe treats any error of
+ * cudaGetDeviceCount as "no GPU" and keeps the error's name as the reason
+ * (on machines without a driver it is cudaErrorInsufficientDriver, not
+ * cudaErrorNoDevice: STYLE.md point 6), and also refuses a device older
+ * than the sm_90 code this binary carries, so `--device auto` falls back to
+ * the CPU instead of failing at the first launch. Errors become statuses
+ * with messages (kv_fail), never exits: only cli/ exits. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kv_cuda.h"
+
+extern "C" int kv_gpu_compiled(void) { return 1; }
+
+extern "C" void kv_gpu_probe(kv_gpu_info *info) {
+    memset(info, 0, sizeof *info);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(info->reason, sizeof info->reason, "%s", cudaGetErrorName(e));
+        cudaGetLastError();
+        return;
+    }
+    if (n == 0) { snprintf(info->reason, sizeof info->reason, "no CUDA device"); return; }
+    cudaDeviceProp p;
+    e = cudaGetDeviceProperties(&p, 0);
+    if (e != cudaSuccess) {
+        snprintf(info->reason, sizeof info->reason, "%s", cudaGetErrorName(e));
+        cudaGetLastError();
+        return;
+    }
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    cudaDriverGetVersion(&info->driver_version);
+    cudaRuntimeGetVersion(&info->runtime_version);
+    info->sm_count = p.multiProcessorCount;
+    info->mem_total = p.totalGlobalMem;
+    if (p.major < 9) {
+        snprintf(info->reason, sizeof info->reason, "%.120s is compute capability %d.%d; this kvbench carries sm_90 code",
+                 p.name, p.major, p.minor);
+        return;
+    }
+    info->available = 1;
+}
+
+kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* not sticky: clear it so the context stays usable */
+        return kv_fail(KV_ERR_NOMEM, "GPU out of memory in %s (%s:%d)", expr, file, line);
+    }
+    return kv_fail(KV_ERR_GPU, "CUDA error %s (%s) in %s (%s:%d)", cudaGetErrorName(e), cudaGetErrorString(e), expr,
+                   file, line);
+}
+
+kv_status kv_cuda_alloc(void **p, size_t bytes, int pinned, const char *what, const char *file, int line) {
+    *p = NULL;
+    cudaError_t e = pinned ? cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocDefault) : cudaMalloc(p, bytes ? bytes : 1);
+    if (e == cudaSuccess) return KV_OK;
+    *p = NULL;
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation) {
+        size_t fr = 0, tot = 0;
+        if (!pinned) cudaMemGetInfo(&fr, &tot);
+        cudaGetLastError();
+        if (pinned)
+            return kv_fail(KV_ERR_NOMEM, "out of pinned host memory allocating %zu bytes for %s (%s:%d)", bytes, what,
+                           file, line);
+        return kv_fail(KV_ERR_NOMEM, "GPU out of memory allocating %zu bytes for %s (%.2f GiB free of %.2f GiB) (%s:%d)",
+                       bytes, what, fr / 1073741824.0, tot / 1073741824.0, file, line);
+    }
+    return kv_cuda_error(e, pinned ? "cudaHostAlloc" : "cudaMalloc", file, line);
+}
+
+kv_status kv_cuda_dev_query(kv_cuda_dev *d) {
+    int dev = 0, v = 0;
+    KV_CUDA_TRY(cudaGetDevice(&dev));
+    KV_CUDA_TRY(cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, dev));
+    KV_CUDA_TRY(cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    KV_CUDA_TRY(cudaDeviceGetAttribute(&d->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    KV_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
+    d->l2_bytes = (size_t)v;
+    return KV_OK;
+}

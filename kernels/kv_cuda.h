@@ -1,0 +1,146 @@
+/* kv_cuda.h: what the kernels/ .cu files share and nothing outside them
+ * sees (C code talks to the GPU through kv_gpu.h only).
+ *
+ * Error handling (STYLE.md point 5): KV_CUDA_TRY(call) returns KV_ERR_GPU
+ * through kv_fail with file:line, the expression and the CUDA error name;
+ * an out-of-memory error becomes KV_ERR_NOMEM, never a crash.
+ * KV_CUDA_ALLOC names what was being allocated and how many bytes, so a GPU
+ * OOM reads "GPU out of memory allocating N bytes for X". KV_LAUNCH_CHECK()
+ * follows every kernel launch (launch-configuration errors; faults inside
+ * a kernel surface at the next synchronising call, itself checked).
+ *
+ * Also here: the device-resident [H][T][D] array type shared by keys and
+ * values, the order-preserving float <-> uint32 key map used by every
+ * top-k path, and the internal launchers (C++ linkage) the .cu files call
+ * on each other. */
+#ifndef KV_CUDA_H
+#define KV_CUDA_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kv_common.h"
+#include "kv_gpu.h"
+
+kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line);
+kv_status kv_cuda_alloc(void **p, size_t bytes, int pinned, const char *what, const char *file, int line);
+
+#define KV_CUDA_TRY(call)                                                           \
+    do {                                                                            \
+        cudaError_t kv_e_ = (call);                                                 \
+        if (kv_e_ != cudaSuccess) return kv_cuda_error(kv_e_, #call, __FILE__, __LINE__); \
+    } while (0)
+#define KV_LAUNCH_CHECK() KV_CUDA_TRY(cudaGetLastError())
+/* Device (pinned = 0) or pinned host (pinned = 1) allocation. */
+#define KV_CUDA_ALLOC(ptr, bytes, pinned, what)                                     \
+    do {                                                                            \
+        void *kv_p_ = NULL;                                                         \
+        kv_status kv_s_ = kv_cuda_alloc(&kv_p_, (bytes), (pinned), (what), __FILE__, __LINE__); \
+        if (kv_s_ != KV_OK) return kv_s_;                                           \
+        (ptr) = (decltype(ptr))kv_p_;                                               \
+    } while (0)
+
+/* Device and SM facts every launcher sizes its grid from. */
+typedef struct {
+    int sm_count;
+    int smem_optin;   /* max dynamic shared memory per block (bytes) */
+    int smem_per_sm;
+    size_t l2_bytes;
+} kv_cuda_dev;
+kv_status kv_cuda_dev_query(kv_cuda_dev *d);
+
+/* ---- device arrays [H][T][D], float16 or float32 ---- */
+typedef struct {
+    void *p;
+    int half;   /* 1: __half elements, 0: float */
+    int H, T, D;
+} kv_dev_kv;
+
+struct kv_gpu_keys {
+    kv_dev_kv a;
+    int lossless_half; /* half requested "while lossless": widen on the first inexact value */
+    void *stage;       /* pinned staging for writes */
+    int stage_tokens;
+};
+
+/* ---- order-preserving key: a > b (as floats) <=> key(a) > key(b); -0 == +0 ---- */
+__device__ __forceinline__ unsigned kv_f2key(float f) {
+    unsigned u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float kv_key2f(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+#define KV_HIST_BINS 2048   /* 11-bit radix digits */
+#define KV_TOPK_CAP 16384   /* candidates per row the final top-k stage holds in shared memory */
+
+/* ---- scores (score.cu) ---- */
+/* What the score kernel may compute on the side, for the top-k that follows:
+ * the top-digit histogram hist[h*2048 + digit] of the scores i in [hlo, hhi)
+ * and the largest key of each tile of 2^tshift scores, tmax[h*tmax_ld +
+ * i >> tshift] (an upper bound the top-k's filter skips tiles with). */
+typedef struct {
+    unsigned *hist;       /* in, nullable: [Hq][2048], zero */
+    int hlo, hhi;
+    unsigned *tmax;       /* in, nullable: [Hq][tmax_ld] */
+    long long tmax_ld;
+    int hist_done;        /* out: hist was filled */
+    int tshift;           /* out: tmax was filled with tiles of 2^tshift scores, or -1 */
+} kv_score_extras;
+/* out[h*ld + i] = scale * <q_h, K_{h/G}[lo + i]> for i in [0, n), bitwise
+ * equal to kv_scores_ref; x (nullable) as above. */
+kv_status kv_scores_launch(const kv_dev_kv *K, const float *q, int Hq, float scale, int lo, int n, float *out,
+                           long long ld, kv_score_extras *x, const kv_cuda_dev *dev, cudaStream_t st);
+
+/* ---- top-k (topk.cu) ---- */
+typedef struct {
+    unsigned *hist;  /* [3][R][2048], zero between calls (the kernel cleans up after itself) */
+    unsigned *ctr;   /* [R][4] */
+    unsigned *ckey;  /* [R][CAP] */
+    int *cidx;       /* [R][CAP] */
+    unsigned *tmax;  /* [R][tmax_ld]: tile maxima from the score kernel */
+    long long tmax_ld;
+    int R;
+    int grid_max;    /* co-resident blocks of the top-k kernel */
+} kv_topk_ws;
+/* R rows of at most T scores. */
+kv_status kv_topk_ws_create(kv_topk_ws *w, int R, int T, const kv_cuda_dev *dev);
+void kv_topk_ws_destroy(kv_topk_ws *w);
+/* Row r = S[r*ld + off + i], i in [0, n). kk = min(k, n) >= 1 of each row in
+ * kv_topk_ref order: oidx[r*out_ld + j] = i + base, oval (nullable) the
+ * scores; othr[r] (nullable) the kk-th largest. want_idx = 0: threshold only
+ * (any kk); otherwise kk <= KV_GPU_TOPK_MAX. x (nullable): what the score
+ * kernel computed on the side for these rows (its hist must be w->hist, its
+ * tmax w->tmax, with S-row index 0 at tile 0). */
+kv_status kv_topk_launch(kv_topk_ws *w, const float *S, long long ld, int off, int n, int R, int k, int base,
+                         const kv_score_extras *x, int want_idx, int32_t *oidx, float *oval, int out_ld, float *othr,
+                         cudaStream_t st);
+
+/* ---- softmax + PV (attention.cu) ---- */
+typedef struct {
+    float *part;      /* per block partial o: [Hkv][groups][bph_max][8][D] */
+    double *partz;    /* per block partial z: [Hkv][groups][bph_max][8] */
+    float *partm;     /* per block partial max: [Hkv][groups][bph_max][8] */
+    unsigned *cnt;    /* per (kv head, head group) arrival counters */
+    unsigned *mkey;   /* [Hq] row maxima (order-preserving keys), zero between calls */
+    int bph_max;      /* blocks per kv head at most (<= 256) */
+    int Hq, Hkv, D;
+} kv_pv_ws;
+kv_status kv_pv_ws_create(kv_pv_ws *w, int Hq, int Hkv, int D, const kv_cuda_dev *dev);
+void kv_pv_ws_destroy(kv_pv_ws *w);
+/* Over scores S[h*ld + i], i in [0, n): m[h] = max, Z[h] = sum exp(s - m),
+ * and when V is given o[h*D + d] = sum softmax_i V_{h/G}[i][d]. */
+kv_status kv_pv_launch(kv_pv_ws *w, const float *S, long long ld, int n, const kv_dev_kv *V, float *m, float *Z,
+                       float *o, const kv_cuda_dev *dev, cudaStream_t st);
+
+/* ---- the exact search on the device (search.cu): fused scores + top-k ---- */
+/* idx[h*kk + j] (device), kk = min(k, n), positions lo + i. */
+kv_status kv_exact_launch(const kv_dev_kv *K, const float *q, int Hq, float scale, int lo, int n, float *S,
+                          long long ld, kv_topk_ws *tk, int k, int32_t *idx, const kv_cuda_dev *dev, cudaStream_t st);
+
+#endif

@@ -1,0 +1,543 @@
+/* pariskv.c: ParisKV (papers/pariskv.txt; released code amy-77/ParisKV,
+ * cache_hub/polar_cache.py), CPU reference. Sections implemented:
+ *   4.1.1  normalise + one shared SRHT rotation, B contiguous subspaces of
+ *          m dims, polar form (radius r_b, unit direction u_b);
+ *   4.1.2  analytic sign-pattern centroids: id = bit j set iff u_j >= 0;
+ *   4.1.3 / B.2.2  4-bit codes (sign + 3-bit magnitude bin), alpha_b and
+ *          the stored weight w_b = |k| r_b / alpha_b; RSQ-IP rerank
+ *          |q| sum_b w_b <v_b, q~_b>;
+ *   B.1.2  Lloyd-Max magnitude levels from the Beta prior (pariskv_encode.c);
+ *   B.2.1  Stage I multi-tier collision voting + bucket top-beta;
+ *   4.2.1  decode-time update buffer folded into the index every `update`
+ *          tokens, never re-clustered.
+ *
+ * Choices where the paper is silent, and why:
+ * - Lloyd-Max: `lloyd=released` (default) reproduces the released
+ *   generator's procedure (quantile start, 100 iterations) on the exact
+ *   density instead of 10M Monte-Carlo samples: within 2e-4 of its m=8
+ *   values. `lloyd=converged` is the fixed point the paper describes
+ *   ("iterate until convergence"); its MSE is 0.02% lower. Levels and
+ *   thresholds are float32 here (bf16 in the released code).
+ * - Bins: t_j = number of thresholds strictly below |u_j| (torch.bucketize
+ *   with right=False, as the released encoder); alpha is clamped at 1e-6
+ *   and |k| at 1e-8 as there, so a zero block gets weight 0.
+ * - GQA (as the released code): pool=mean averages the raw query vectors
+ *   of a kv group and does one retrieval per kv head. The harness fixes the
+ *   number of lists from the static per_kv_head flag, and pool=none needs
+ *   one list per query head, so the method registers per_kv_head = 0 and,
+ *   with pool=mean, writes the same list (and candidate set) into the G
+ *   query heads' lists of the group: results say per_kv_head=false, but
+ *   the selections are group-consistent unless pool=none.
+ * - Tiers exactly as the released fused collision kernel: per subspace the
+ *   centroids are ranked by <q~_b, c> (ties: smaller id first); walking in
+ *   rank order, a centroid belongs to tier t while the keys of the
+ *   centroids ranked before it are below ceil(n * rho * f_t) (computed in
+ *   double in that order), f = .05 .15 .30 .50 .75 1; its bonus is the
+ *   number of tiers that hold it (6..1). Key score: sum over subspaces,
+ *   in [0, 6B]. Counts cover exactly the n searchable keys of the step.
+ * - Stage I keeps C = ceil(beta * n) candidates (released: max(1, that)),
+ *   raised to min(k, n) so the budget is never wasted on short regions
+ *   (the released code runs full attention there instead). Bucket top-k:
+ *   histogram, threshold, compaction in index order; ties at the threshold
+ *   go to the smaller index. Final top-k (kernels/topk.h): larger estimate
+ *   first, smaller index among equals.
+ *   The candidate set is reported (selection.cand) so the protocol gives
+ *   Stage I's own recall (candidate_recall).
+ * - beta = 0 / rho = 0 (the defaults) mean the released length-adaptive
+ *   table by retrieval-zone length n (n < 5K: .5/.5, < 10K: .25/.3,
+ *   < 30K: .2/.25, else .1/.2); any other value fixes it.
+ * - RSQ-IP accumulates in float32 (bf16 in the released kernel); weights
+ *   are stored in float32 (bf16 there).
+ * - Decode updates: the protocol fixes sink S and local window W; the
+ *   index holds [S, P) from build(). Appended keys wait in the update
+ *   buffer; when `update` of them have accumulated they are encoded and
+ *   indexed together (the released interval, 256 or 512 in their
+ *   configs). At step t only indexed keys inside the region [S, t+1-W) are
+ *   searchable (indexed keys still in the local window are filtered out of
+ *   the search and of the centroid counts); region tokens not yet indexed
+ *   are attended densely and reported as extra indices.
+ * - Ablations: centroids=kmeans learns 2^m centroids per (kv head,
+ *   subspace) by Lloyd k-means (Euclidean) on the transformed prefill key
+ *   blocks of [S, P) (a seeded sample of at most kmeans_sample keys,
+ *   initialised from 2^m sampled keys, empty clusters keep their centre),
+ *   assigns every key to its nearest centre, and ranks centroids by
+ *   <q~_b, c>; with no prefill keys to learn from it falls back to the sign
+ *   centroids. rotation=none skips the SRHT (no padding then: m must divide
+ *   D); normalize=0 skips the l2 normalisation (w_b = r_b / alpha_b with
+ *   the raw radius, score without |q|: the same ranking up to rounding, as
+ *   METHODS.md notes); tiers=binary is one tier at rho with bonus 1;
+ *   rerank=exact scores the candidates with the full-precision keys and the
+ *   retrieval query, rerank=none orders them by collision score.
+ *
+ * Index layout, per kv head, by absolute position i (token-major so one
+ * key's metadata is contiguous for the CPU):
+ *   ids  uint8 [T][B]        centroid id per subspace
+ *   code uint8 [T][D'/2]     4-bit codes, coordinate c at byte c/2 (low
+ *                            nibble even c), nibble = sign<<3 | magnitude bin
+ *   w    float [T][B]        RSQ-IP weights
+ *   counts int32 [B][2^m]    keys per centroid (all indexed keys)
+ *   kmeans only: float [B][2^m][m] centres.
+ * Bytes per key and kv head: B + D'/2 + 4B (D = 128, m = 8: 16 + 64 + 64 =
+ * 144; the released code's bf16 weights make it 112), which memory_bytes
+ * counts, plus the per-head tables; with rerank=exact also the 4D bytes
+ * of the full-precision key it reads. The raw keys of the update buffer
+ * are KV cache, not index, and are not counted. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../kernels/score.h"
+#include "../kernels/topk.h"
+#include "kv_retriever.h"
+#include "pariskv.h"
+
+enum { RERANK_RSQIP, RERANK_EXACT, RERANK_NONE };
+
+typedef struct {
+    uint16_t *score;  /* [T] collision scores of the searchable keys */
+    int32_t *cand;    /* [T] candidates (absolute positions, ascending) */
+    float *csc;       /* [T] rerank scores of the candidates */
+    int32_t *pos;     /* [T] top-k positions into cand */
+    int32_t *out;     /* [T] the final list */
+    int32_t *cnt;     /* [B][2^m] centroid counts of the step */
+    uint8_t *wt;      /* [B][2^m] tier bonus per centroid */
+    float *qv, *qt, *lut, *cent_score; /* [D], [D'], [D'*16], [2^m] */
+    int *hist, *order;
+} pk_scratch;
+
+typedef struct {
+    kv_shape sh;
+    kv_pariskv_codec cx;
+    int nc, update, pool_mean, multi, rerank, kmeans, km_iters, km_sample;
+    double beta, rho; /* 0: adaptive */
+    int n_seen;       /* positions 0..n_seen-1 handed over */
+    int n_idx;        /* positions [sink, n_idx) are indexed */
+    int pend_start;   /* first position not yet folded into the index */
+    uint8_t *ids, *code;
+    float *w;
+    int32_t *counts;  /* [Hkv][B][nc] */
+    float *cent, *cnorm; /* kmeans: [Hkv][B][nc][m], [Hkv][B][nc] */
+    float *pend;      /* [Hkv][update][D] buffered raw keys */
+    float *keys;      /* rerank=exact: [Hkv][T][D] */
+    int nthreads;
+    pk_scratch *scr;
+} pk_state;
+
+static const kv_param_spec pariskv_params[] = {
+    {"m", KV_PARAM_INT, KV_PARAM_BUILD, 8, 2, 8, NULL,
+     "subspace dimension (B = D'/m subspaces, D' = D padded to a power of two under SRHT; m must divide D')"},
+    {"lloyd", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "released|converged",
+     "magnitude levels: 100 Lloyd-Max iterations from quantiles (released code) or the converged fixed point"},
+    {"update", KV_PARAM_INT, KV_PARAM_BUILD, 256, 1, 1048576, NULL,
+     "decode tokens buffered (attended densely) before they are encoded into the index together"},
+    {"pool", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "mean|none",
+     "mean: one retrieval per kv head from the mean of its group's queries; none: one per query head"},
+    {"beta", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0, 0, 1, NULL,
+     "Stage I candidate fraction of the n searchable keys (0: the released length-adaptive table)"},
+    {"rho", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0, 0, 1, NULL,
+     "collision fraction: tiers cover ceil(n*rho) keys per subspace (0: the released length-adaptive table)"},
+    {"centroids", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "analytic|kmeans",
+     "sign-pattern centroids, or 2^m k-means centroids per subspace learned on the prefill key blocks"},
+    {"kmeans_iters", KV_PARAM_INT, KV_PARAM_BUILD, 10, 1, 1000, NULL, "Lloyd iterations of centroids=kmeans"},
+    {"kmeans_sample", KV_PARAM_INT, KV_PARAM_BUILD, 8192, 256, 16777216, NULL,
+     "prefill keys (seeded sample) centroids=kmeans learns from"},
+    {"rotation", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "srht|none", "shared SRHT rotation of keys and queries, or none"},
+    {"normalize", KV_PARAM_INT, KV_PARAM_BUILD, 1, 0, 1, NULL, "l2-normalise keys and queries before the rotation"},
+    {"tiers", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "multi|binary",
+     "collision bonus: 6 cumulative tiers (6..1), or one tier at rho (bonus 1)"},
+    {"rerank", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 2, "rsqip|exact|none",
+     "Stage II: RSQ-IP estimate from the 4-bit codes, exact scores, or collision-score order"},
+    {"seed", KV_PARAM_INT, KV_PARAM_BUILD, 0, 0, 2147483647, NULL,
+     "seed of the SRHT signs and the k-means sample (added to the run's --seed)"},
+    {NULL},
+};
+
+static void scratch_free(pk_scratch *c) {
+    free(c->score); free(c->cand); free(c->csc); free(c->pos); free(c->out); free(c->cnt); free(c->wt);
+    free(c->qv); free(c->qt); free(c->lut); free(c->cent_score); free(c->hist); free(c->order);
+}
+
+static void pk_destroy(void *st) {
+    pk_state *s = st;
+    if (!s) return;
+    kv_pariskv_codec_free(&s->cx);
+    free(s->ids); free(s->code); free(s->w); free(s->counts); free(s->cent); free(s->cnorm);
+    free(s->pend); free(s->keys);
+    for (int i = 0; s->scr && i < s->nthreads; i++) scratch_free(&s->scr[i]);
+    free(s->scr);
+    free(s);
+}
+
+static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
+    pk_state *s = kv_calloc(1, sizeof *s, "pariskv state");
+    if (!s) return KV_ERR_NOMEM;
+    s->sh = *sh;
+    s->update = kv_param_int(ps, "update");
+    s->pool_mean = kv_param_int(ps, "pool") == 0;
+    s->beta = kv_param_is_set(ps, "beta") ? kv_param(ps, "beta") : 0;
+    s->rho = kv_param_is_set(ps, "rho") ? kv_param(ps, "rho") : 0;
+    s->multi = kv_param_int(ps, "tiers") == 0;
+    s->rerank = kv_param_int(ps, "rerank");
+    s->kmeans = kv_param_int(ps, "centroids") == 1;
+    s->km_iters = kv_param_int(ps, "kmeans_iters");
+    s->km_sample = kv_param_int(ps, "kmeans_sample");
+    uint64_t seed = sh->seed + (uint64_t)kv_param_int(ps, "seed");
+    kv_status st = kv_pariskv_codec_init(&s->cx, sh->head_dim, kv_param_int(ps, "m"), kv_param_int(ps, "rotation") == 0,
+                                         kv_param_int(ps, "normalize"), kv_param_int(ps, "lloyd"), seed);
+    if (st != KV_OK) { pk_destroy(s); return st; }
+    s->nc = 1 << s->cx.m;
+    s->sh.seed = seed;
+    int Hkv = sh->num_kv_heads, T = sh->max_tokens, D = sh->head_dim, nb = s->cx.nb, dp = s->cx.dp;
+    size_t nt = (size_t)Hkv * T;
+    s->ids = kv_malloc(nt * nb, "pariskv centroid ids");
+    s->code = kv_malloc(nt * s->cx.code_bytes, "pariskv codes");
+    s->w = kv_malloc(nt * nb * sizeof(float), "pariskv weights");
+    s->counts = kv_calloc((size_t)Hkv * nb * s->nc, sizeof(int32_t), "pariskv centroid counts");
+    int pend_n = s->update < T ? s->update : T;
+    s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
+    int fail = !s->ids || !s->code || !s->w || !s->counts || !s->pend;
+    if (s->kmeans) {
+        s->cent = kv_malloc((size_t)Hkv * nb * s->nc * s->cx.m * sizeof(float), "pariskv k-means centres");
+        s->cnorm = kv_malloc((size_t)Hkv * nb * s->nc * sizeof(float), "pariskv k-means centre norms");
+        fail |= !s->cent || !s->cnorm;
+    }
+    if (s->rerank == RERANK_EXACT) {
+        s->keys = kv_malloc(nt * D * sizeof(float), "pariskv full-precision keys");
+        fail |= !s->keys;
+    }
+#ifdef _OPENMP
+    s->nthreads = omp_get_max_threads();
+#else
+    s->nthreads = 1;
+#endif
+    s->scr = kv_calloc((size_t)s->nthreads, sizeof *s->scr, "pariskv scratch");
+    fail |= !s->scr;
+    int max_score = KV_PARISKV_TIERS * nb;
+    for (int i = 0; !fail && i < s->nthreads; i++) {
+        pk_scratch *c = &s->scr[i];
+        c->score = kv_malloc((size_t)T * sizeof(uint16_t), "pariskv scores");
+        c->cand = kv_malloc((size_t)T * sizeof(int32_t), "pariskv candidates");
+        c->csc = kv_malloc((size_t)T * sizeof(float), "pariskv rerank scores");
+        c->pos = kv_malloc((size_t)T * sizeof(int32_t), "pariskv top-k");
+        c->out = kv_malloc((size_t)T * sizeof(int32_t), "pariskv list");
+        c->cnt = kv_malloc((size_t)nb * s->nc * sizeof(int32_t), "pariskv step counts");
+        c->wt = kv_malloc((size_t)nb * s->nc, "pariskv tier bonus");
+        c->qv = kv_malloc((size_t)D * sizeof(float), "pariskv query");
+        c->qt = kv_malloc((size_t)dp * sizeof(float), "pariskv rotated query");
+        c->lut = kv_malloc((size_t)dp * 16 * sizeof(float), "pariskv query table");
+        c->cent_score = kv_malloc((size_t)s->nc * sizeof(float), "pariskv centroid scores");
+        c->hist = kv_malloc((size_t)(max_score + 1) * sizeof(int), "pariskv histogram");
+        c->order = kv_malloc((size_t)s->nc * sizeof(int), "pariskv centroid order");
+        fail |= !c->score || !c->cand || !c->csc || !c->pos || !c->out || !c->cnt || !c->wt || !c->qv || !c->qt ||
+                !c->lut || !c->cent_score || !c->hist || !c->order;
+    }
+    if (fail) { pk_destroy(s); return KV_ERR_NOMEM; }
+    *out = s;
+    return KV_OK;
+}
+
+/* ---- k-means ablation ---- */
+
+/* Nearest centre (squared Euclidean, smaller id among equals) of block x. */
+static int nearest(const float *x, const float *cent, const float *cnorm, int nc, int m) {
+    int best = 0;
+    float bd = INFINITY;
+    for (int c = 0; c < nc; c++) {
+        float dot = 0;
+        for (int j = 0; j < m; j++) dot += x[j] * cent[(size_t)c * m + j];
+        float d = cnorm[c] - 2 * dot;
+        if (d < bd) { bd = d; best = c; }
+    }
+    return best;
+}
+
+/* Knuth's selection sampling: `want` of [0, n) in ascending order. */
+static void select_sample(kv_rng *r, int n, int want, int *out) {
+    for (int i = 0, got = 0; i < n && got < want; i++)
+        if ((n - i) * kv_rng_uniform(r) < want - got) out[got++] = i;
+}
+
+static kv_status kmeans_train(pk_state *s, const kv_prefill *pre) {
+    const kv_pariskv_codec *cx = &s->cx;
+    int Hkv = s->sh.num_kv_heads, D = s->sh.head_dim, dp = cx->dp, m = cx->m, nb = cx->nb, nc = s->nc;
+    int lo = s->sh.sink, n = pre->n - lo;
+    if (n <= 0) { /* nothing to learn from: the sign centroids (unit norm, so assignment = sign pattern) */
+        for (size_t gb = 0; gb < (size_t)Hkv * nb; gb++)
+            for (int c = 0; c < nc; c++) {
+                for (int j = 0; j < m; j++) s->cent[(gb * nc + c) * m + j] = ((c >> j) & 1 ? 1.0f : -1.0f) / sqrtf((float)m);
+                s->cnorm[gb * nc + c] = 1.0f;
+            }
+        return KV_OK;
+    }
+    int ns = n < s->km_sample ? n : s->km_sample, ni = ns < nc ? ns : nc;
+    int *sample = kv_malloc((size_t)Hkv * ns * sizeof(int), "k-means sample");
+    int *init = kv_malloc((size_t)Hkv * ni * sizeof(int), "k-means init");
+    float *xt = kv_malloc((size_t)Hkv * ns * dp * sizeof(float), "k-means training blocks");
+    if (!sample || !init || !xt) { free(sample); free(init); free(xt); return KV_ERR_NOMEM; }
+    for (int g = 0; g < Hkv; g++) {
+        kv_rng r;
+        kv_rng_seed(&r, s->sh.seed * 0x9e3779b97f4a7c15ULL + 0x6b6d65616e73ULL + (uint64_t)g);
+        select_sample(&r, n, ns, sample + (size_t)g * ns);
+        select_sample(&r, ns, ni, init + (size_t)g * ni);
+    }
+#pragma omp parallel for schedule(static)
+    for (long j = 0; j < (long)Hkv * ns; j++) {
+        int g = (int)(j / ns);
+        kv_pariskv_transform(cx, pre->k + ((size_t)g * pre->n + lo + sample[j]) * D, xt + (size_t)j * dp);
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) reduction(| : failed)
+    for (long gb = 0; gb < (long)Hkv * nb; gb++) {
+        int g = (int)(gb / nb), b = (int)(gb % nb);
+        float *cent = s->cent + (size_t)gb * nc * m, *cn = s->cnorm + (size_t)gb * nc;
+        const float *X = xt + (size_t)g * ns * dp + (size_t)b * m;
+        double *sum = malloc((size_t)nc * m * sizeof(double));
+        int *cnt = malloc((size_t)nc * sizeof(int));
+        if (!sum || !cnt) { free(sum); free(cnt); failed = 1; continue; }
+        for (int c = 0; c < nc; c++)
+            memcpy(cent + (size_t)c * m, X + (size_t)init[(size_t)g * ni + c % ni] * dp, (size_t)m * sizeof(float));
+        for (int it = 0; it <= s->km_iters; it++) {
+            for (int c = 0; c < nc; c++) {
+                float q = 0;
+                for (int j = 0; j < m; j++) q += cent[(size_t)c * m + j] * cent[(size_t)c * m + j];
+                cn[c] = q;
+            }
+            if (it == s->km_iters) break; /* cn matches the final centres */
+            memset(sum, 0, (size_t)nc * m * sizeof(double));
+            memset(cnt, 0, (size_t)nc * sizeof(int));
+            for (int i = 0; i < ns; i++) {
+                const float *x = X + (size_t)i * dp;
+                int c = nearest(x, cent, cn, nc, m);
+                cnt[c]++;
+                for (int j = 0; j < m; j++) sum[(size_t)c * m + j] += x[j];
+            }
+            for (int c = 0; c < nc; c++)
+                if (cnt[c]) for (int j = 0; j < m; j++) cent[(size_t)c * m + j] = (float)(sum[(size_t)c * m + j] / cnt[c]);
+        }
+        free(sum);
+        free(cnt);
+    }
+    free(sample); free(init); free(xt);
+    return failed ? kv_fail(KV_ERR_NOMEM, "pariskv: out of memory in k-means") : KV_OK;
+}
+
+/* ---- encoding into the index ---- */
+
+/* Encodes key `k` of kv head g at position i (ids, codes, weights); the
+ * caller adds it to the counts. */
+static void encode_at(pk_state *s, int g, int i, const float *k, float *xt) {
+    const kv_pariskv_codec *cx = &s->cx;
+    size_t gi = (size_t)g * s->sh.max_tokens + i;
+    uint8_t *ids = s->ids + gi * cx->nb;
+    kv_pariskv_encode(cx, k, ids, s->code + gi * cx->code_bytes, s->w + gi * cx->nb, xt);
+    if (s->kmeans)
+        for (int b = 0; b < cx->nb; b++) {
+            size_t gb = (size_t)g * cx->nb + b;
+            ids[b] = (uint8_t)nearest(xt + b * cx->m, s->cent + gb * s->nc * cx->m, s->cnorm + gb * s->nc, s->nc, cx->m);
+        }
+}
+
+/* Encodes positions [a, b) of every kv head; key of (g, i) at src + g*gstride + (i - a)*D. */
+static kv_status encode_range(pk_state *s, int a, int b, const float *src, size_t gstride) {
+    int Hkv = s->sh.num_kv_heads, D = s->sh.head_dim, n = b - a, nb = s->cx.nb;
+    if (n <= 0) return KV_OK;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) if ((long)Hkv * n >= 256)
+    {
+        float *xt = malloc((size_t)s->cx.dp * sizeof(float));
+        if (!xt) failed = 1;
+#pragma omp for schedule(static)
+        for (long j = 0; j < (long)Hkv * n; j++) {
+            int g = (int)(j / n), i = a + (int)(j % n);
+            if (xt) encode_at(s, g, i, src + g * gstride + (size_t)(i - a) * D, xt);
+        }
+        free(xt);
+    }
+    if (failed) return kv_fail(KV_ERR_NOMEM, "pariskv: out of memory encoding keys");
+    for (int g = 0; g < Hkv; g++)
+        for (int i = a; i < b; i++) {
+            const uint8_t *ids = s->ids + ((size_t)g * s->sh.max_tokens + i) * nb;
+            for (int q = 0; q < nb; q++) s->counts[((size_t)g * nb + q) * s->nc + ids[q]]++;
+        }
+    return KV_OK;
+}
+
+static kv_status pk_build(void *st, const kv_prefill *pre) {
+    pk_state *s = st;
+    int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, S = s->sh.sink, P = pre->n;
+    if (s->keys)
+        for (int g = 0; g < Hkv; g++)
+            memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
+    if (s->kmeans) KV_TRY(kmeans_train(s, pre));
+    if (P > S) KV_TRY(encode_range(s, S, P, pre->k + (size_t)S * D, (size_t)P * D));
+    s->n_seen = s->pend_start = P;
+    s->n_idx = P > S ? P : S;
+    return KV_OK;
+}
+
+static kv_status pk_append(void *st, int t, const float *k, const float *v, const float *q) {
+    pk_state *s = st;
+    (void)v; (void)q;
+    int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, U = s->update < T ? s->update : T;
+    if (t != s->n_seen || t >= T) return kv_fail(KV_ERR_INTERNAL, "pariskv: append of position %d, expected %d", t, s->n_seen);
+    int slot = t - s->pend_start;
+    for (int g = 0; g < Hkv; g++) {
+        memcpy(s->pend + ((size_t)g * U + slot) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
+        if (s->keys) memcpy(s->keys + ((size_t)g * T + t) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
+    }
+    s->n_seen = t + 1;
+    if (slot + 1 < U) return KV_OK;
+    /* the buffer is full: fold it into the index (positions of the sink are never searched) */
+    int a = s->pend_start > s->sh.sink ? s->pend_start : s->sh.sink;
+    if (a <= t) KV_TRY(encode_range(s, a, t + 1, s->pend + (size_t)(a - s->pend_start) * D, (size_t)U * D));
+    s->pend_start = t + 1;
+    if (t + 1 > s->n_idx) s->n_idx = t + 1;
+    return KV_OK;
+}
+
+/* ---- search ---- */
+
+/* One retrieval for kv head g with query qv (raw, [D]); fills c->out
+ * (returns its count) and c->cand (*n_cand). */
+static int search_one(pk_state *s, pk_scratch *c, int g, int t, int k, int *n_cand) {
+    const kv_pariskv_codec *cx = &s->cx;
+    int T = s->sh.max_tokens, D = s->sh.head_dim, nb = cx->nb, m = cx->m, nc = s->nc, lo = s->sh.sink;
+    int hi = t + 1 - s->sh.local, end = s->n_idx < hi ? s->n_idx : hi, n = end - lo;
+    *n_cand = 0;
+    if (n <= 0 || k <= 0) return 0;
+    double beta = s->beta, rho = s->rho, ab, ar;
+    kv_pariskv_adaptive_ratios(n, &ab, &ar);
+    if (beta <= 0) beta = ab;
+    if (rho <= 0) rho = ar;
+    /* centroid counts over the searchable keys: indexed keys still in the local window are taken out */
+    const size_t gT = (size_t)g * T;
+    memcpy(c->cnt, s->counts + (size_t)g * nb * nc, (size_t)nb * nc * sizeof(int32_t));
+    for (int i = end; i < s->n_idx; i++)
+        for (int b = 0; b < nb; b++) c->cnt[b * nc + s->ids[(gT + i) * nb + b]]--;
+    float qnorm = kv_pariskv_transform(cx, c->qv, c->qt);
+    for (int b = 0; b < nb; b++) {
+        const float *qb = c->qt + b * m;
+        for (int id = 0; id < nc; id++) {
+            float sc = 0;
+            if (s->kmeans) {
+                const float *ce = s->cent + (((size_t)g * nb + b) * nc + id) * m;
+                for (int j = 0; j < m; j++) sc += qb[j] * ce[j];
+            } else
+                for (int j = 0; j < m; j++) sc += (id >> j) & 1 ? qb[j] : -qb[j];
+            c->cent_score[id] = sc;
+        }
+        kv_pariskv_tier_weights(c->cent_score, c->cnt + b * nc, nc, n, rho, s->multi, c->wt + b * nc, c->order);
+    }
+    const uint8_t *ids = s->ids + (gT + lo) * nb;
+    for (int i = 0; i < n; i++, ids += nb) {
+        int sc = 0;
+        for (int b = 0; b < nb; b++) sc += c->wt[b * nc + ids[b]];
+        c->score[i] = (uint16_t)sc;
+    }
+    int C = (int)ceil((double)n * beta), kn = k < n ? k : n;
+    if (C < kn) C = kn;
+    if (C > n) C = n;
+    C = kv_pariskv_bucket_topk(c->score, n, (s->multi ? KV_PARISKV_TIERS : 1) * nb, C, c->cand, c->hist);
+    if (s->rerank == RERANK_RSQIP) kv_pariskv_query_lut(cx, c->qt, c->lut);
+    for (int j = 0; j < C; j++) {
+        int rel = c->cand[j], i = rel + lo;
+        size_t gi = gT + i;
+        if (s->rerank == RERANK_RSQIP)
+            c->csc[j] = kv_pariskv_rsqip(cx, c->lut, s->code + gi * cx->code_bytes, s->w + gi * nb, qnorm);
+        else if (s->rerank == RERANK_EXACT) c->csc[j] = kv_dot_ref(c->qv, s->keys + gi * D, D);
+        else c->csc[j] = (float)c->score[rel];
+        c->cand[j] = i;
+    }
+    int got = kv_topk_ref(c->csc, C, k, 0, c->pos, NULL);
+    if (got < 0) return -1;
+    for (int j = 0; j < got; j++) c->out[j] = c->cand[c->pos[j]];
+    *n_cand = C;
+    return got;
+}
+
+static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    pk_state *s = st;
+    const kv_shape *sh = &s->sh;
+    int D = sh->head_dim, G = sh->group, lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    int jobs = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, failed = 0;
+    /* threads only pay off on long regions (a parallel region costs more than a short search) */
+#pragma omp parallel for schedule(dynamic) reduction(| : failed) if ((long)jobs * (hi - lo) >= 65536)
+    for (int job = 0; job < jobs; job++) {
+#ifdef _OPENMP
+        pk_scratch *c = &s->scr[omp_get_thread_num()];
+#else
+        pk_scratch *c = &s->scr[0];
+#endif
+        int g = s->pool_mean ? job : job / G, h0 = s->pool_mean ? job * G : job, nh = s->pool_mean ? G : 1;
+        for (int d = 0; d < D; d++) { /* the group's mean raw query (or the head's own) */
+            float acc = 0;
+            for (int h = h0; h < h0 + nh; h++) acc += q[(size_t)h * D + d];
+            c->qv[d] = acc / (float)nh;
+        }
+        int ncand = 0, got = search_one(s, c, g, t, k, &ncand);
+        if (got < 0) { failed = 1; continue; }
+        if (got > sel->cap) got = sel->cap;
+        if (ncand > sel->cand_cap) ncand = sel->cand_cap;
+        for (int h = h0; h < h0 + nh; h++) {
+            memcpy(sel->idx + (size_t)h * sel->cap, c->out, (size_t)got * sizeof(int32_t));
+            sel->count[h] = got;
+            memcpy(sel->cand + (size_t)h * sel->cand_cap, c->cand, (size_t)ncand * sizeof(int32_t));
+            sel->n_cand[h] = ncand;
+        }
+    }
+    if (failed) return kv_fail(KV_ERR_NOMEM, "pariskv: out of host memory for top-k scratch");
+    /* the region's tokens not yet indexed (update buffer) are attended densely */
+    int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
+    if (ne > sel->extra_cap) ne = sel->extra_cap;
+    for (int g = 0; g < sh->num_kv_heads && ne > 0; g++) {
+        for (int j = 0; j < ne; j++) sel->extra[(size_t)g * sel->extra_cap + j] = e0 + j;
+        sel->n_extra[g] = ne;
+    }
+    return KV_OK;
+}
+
+static size_t pk_memory(const void *st) {
+    const pk_state *s = st;
+    const kv_pariskv_codec *cx = &s->cx;
+    size_t Hkv = (size_t)s->sh.num_kv_heads, n = (size_t)(s->n_idx - s->sh.sink > 0 ? s->n_idx - s->sh.sink : 0);
+    size_t bytes = Hkv * n * ((size_t)cx->nb + cx->code_bytes + cx->nb * sizeof(float));
+    bytes += Hkv * cx->nb * s->nc * sizeof(int32_t);
+    if (s->kmeans) bytes += Hkv * cx->nb * s->nc * (cx->m + 1) * sizeof(float);
+    if (s->keys) bytes += Hkv * (size_t)s->n_seen * s->sh.head_dim * sizeof(float);
+    return bytes;
+}
+
+static void pk_describe(FILE *f) {
+    for (int conv = 0; conv < 2; conv++) {
+        double lv[KV_PARISKV_LEVELS], th[KV_PARISKV_LEVELS - 1];
+        int it = kv_pariskv_lloyd(8, conv, lv, th);
+        fprintf(f, "%-12s   m=8 lloyd=%s (%d iterations, MSE %.6e)\n%-12s     levels    ", "",
+                conv ? "converged" : "released", it, kv_pariskv_lloyd_mse(8, lv, th), "");
+        for (int i = 0; i < KV_PARISKV_LEVELS; i++) fprintf(f, " %.4f", lv[i]);
+        fprintf(f, "\n%-12s     thresholds", "");
+        for (int i = 0; i < KV_PARISKV_LEVELS - 1; i++) fprintf(f, " %.4f", th[i]);
+        fputc('\n', f);
+    }
+    fprintf(f, "%-12s   index bytes per key and kv head: B + D'/2 + 4B (D=128, m=8: 144)\n", "");
+}
+
+const kv_method kv_method_pariskv = {
+    .abi = KV_RETRIEVER_ABI,
+    .name = "pariskv",
+    .summary = "ParisKV: SRHT + sign-centroid collision voting, then RSQ-IP rerank from 4-bit codes",
+    .paper = "ParisKV (papers/pariskv.txt 4.1-4.2, app. B)",
+    .per_kv_head = 0,
+    .has_gpu = 0,
+    .params = pariskv_params,
+    .create = pk_create,
+    .build = pk_build,
+    .append = pk_append,
+    .search = pk_search,
+    .memory_bytes = pk_memory,
+    .destroy = pk_destroy,
+    .describe = pk_describe,
+};

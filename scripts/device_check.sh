@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# device_check.sh: everything the GPU path needs checked on a GPU machine,
+# in one call (issue 2, point 9): build, the GPU tests (required to pass),
+# kvbench bench and the PyTorch peer at the same lengths, a GPU-vs-CPU
+# `kvbench run` on a synthetic trace, then the full test suite; full logs
+# under $OUT (at most 8 files), and a short side-by-side table printed LAST.
+#   OUT=/tmp/out scripts/device_check.sh            (TOKENS=... to change the lengths)
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kvbench-device-check}
+TOKENS=${TOKENS:-16384,131072,1048576}
+mkdir -p "$OUT"
+T0=$SECONDS
+step() { echo "== [$((SECONDS - T0))s] $*"; }
+
+step "device"
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv; echo "cpus: $(nproc)"; } 2>&1 | tee "$OUT/bench.log"
+
+step "build"
+if ! make -j16 all tests/run_tests >"$OUT/build.log" 2>&1; then tail -40 "$OUT/build.log"; exit 1; fi
+tail -2 "$OUT/build.log"
+
+step "GPU tests (KVBENCH_REQUIRE_GPU=1)"
+timeout 180 make --no-print-directory test-gpu 2>&1 | tee "$OUT/tests.log" | grep -v '^KVBENCH'
+GPU_TESTS=$?
+
+step "kvbench bench"
+timeout 180 ./kvbench bench --method exact --tokens "$TOKENS" --csv "$OUT/bench_kvbench.csv" 2>&1 | tee -a "$OUT/bench.log"
+
+step "PyTorch peer"
+PYTHONUNBUFFERED=1 timeout 150 python3 scripts/bench_torch.py --tokens "$TOKENS" --csv "$OUT/bench_torch.csv" 2>&1 |
+    tee -a "$OUT/bench.log"
+
+step "kvbench run: GPU vs CPU on a synthetic trace (32K tokens, stride 64)"
+TR=/tmp/kvb-check-32k.h5
+{
+    ./kvbench synth --out $TR --tokens 32768 --prefill 16384 &&
+    timeout 60 ./kvbench run --trace $TR --method exact,streaming --stride 64 --device gpu --out /tmp/kvb-run-gpu --force &&
+    timeout 150 ./kvbench run --trace $TR --method exact,streaming --stride 64 --device cpu --out /tmp/kvb-run-cpu --force &&
+    python3 - <<'EOF'
+import json
+g, c = (json.load(open(f"/tmp/kvb-run-{d}/summary.json")) for d in ("gpu", "cpu"))
+keys = ["recall", "recall_p10", "recall_selected", "mass", "mass_p10", "output_error", "output_error_p90",
+        "mean_selected"]
+worst = 0.0
+for mg, mc in zip(g["methods"], c["methods"]):
+    print(f"{mg['method']:<10} {'metric':<18} {'gpu':>12} {'cpu':>12}")
+    for k in keys:
+        a, b = mg[k], mc[k]
+        d = abs(a - b) if a is not None and b is not None else 0.0
+        worst = max(worst, d)
+        print(f"{'':<10} {k:<18} {a:>12.6f} {b:>12.6f}{'   <-- differs' if d > 1e-5 else ''}")
+    print(f"{'':<10} {'search_us_median':<18} {mg['search_us_median']:>12.1f} {mc['search_us_median']:>12.1f}"
+          f"   (devices {mg['device']} / {mc['device']})")
+print(f"largest |gpu - cpu| over the metrics: {worst:.3g} ({'MATCH' if worst <= 1e-5 else 'MISMATCH'}); "
+      f"wall {g['wall_seconds']:.1f} s gpu vs {c['wall_seconds']:.1f} s cpu")
+EOF
+} 2>&1 | tee "$OUT/run_compare.log"
+
+step "full test suite"
+KVBENCH_BIN=$PWD/kvbench timeout ${SUITE_TIMEOUT:-200} ./tests/run_tests >"$OUT/tests_all.log" 2>&1
+echo "full suite: exit $? ($(tail -1 "$OUT/tests_all.log"))"; grep -E 'FAIL' "$OUT/tests_all.log" | head -20
+
+step "summary"
+python3 - "$OUT/bench_kvbench.csv" "$OUT/bench_torch.csv" <<'EOF' | tee "$OUT/summary.txt"
+import csv, sys
+def load(p):
+    try:
+        return {(int(r["tokens"]), r["stage"]): r for r in csv.DictReader(open(p))}
+    except OSError:
+        return {}
+kv, th = load(sys.argv[1]), load(sys.argv[2])
+print(f"{'tokens':>8} {'stage':<9} | {'kvbench_us':>10} {'GB/s':>6} {'%copy':>6} | {'torch_us':>9} {'GB/s':>6} "
+      f"{'%copy':>6} | {'speedup':>7}")
+for key in sorted(kv, key=lambda x: (x[0], ["score", "topk", "attention", "exact"].index(x[1]))):
+    a, b = kv[key], th.get(key)
+    line = f"{key[0]:>8} {key[1]:<9} | {float(a['median_us']):>10.1f} {float(a['gbps']):>6.0f} {float(a['pct_copy']):>5.1f}%"
+    if b:
+        line += (f" | {float(b['median_us']):>9.1f} {float(b['gbps']):>6.0f} {float(b['pct_copy']):>5.1f}% | "
+                 f"{float(b['median_us']) / float(a['median_us']):>6.2f}x")
+    print(line)
+if kv:
+    c = next(iter(kv.values()))
+    print(f"copy bandwidth: kvbench {float(c['copy_gbps']):.0f} GB/s" +
+          (f", torch {float(next(iter(th.values()))['copy_gbps']):.0f} GB/s" if th else ""))
+EOF
+echo "GPU tests: $([ $GPU_TESTS = 0 ] && echo PASS || echo FAIL) ($(grep -E 'passed,' "$OUT/tests.log" | tail -1)); total $((SECONDS - T0)) s"
