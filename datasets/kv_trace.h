@@ -11,7 +11,7 @@
 #include "../kernels/kv_common.h"
 
 #define KV_NAME_MAX 64
-#define KV_TEXT_MAX 1024
+#define KV_TEXT_MAX 4096
 #define KV_MAX_LAYERS 512
 
 typedef struct {
