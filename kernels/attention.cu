@@ -1,23 +1,26 @@
 /* attention.cu: the exact attention of one decode step over a device-
  * resident layer, the oracle of the evaluation protocol (issue 2, point 8;
- * kv_gpu_attn_* of kv_gpu.h, the GPU side of cli/oracle.c). A step is four
+ * kv_gpu_attn_* of kv_gpu.h, the GPU side of cli/oracle.c). A step is three
  * launches and one copy back: scores of all Hq heads over [0, t] (score.cu,
  * with the top-k's first histogram fused), the kk-th largest score of the
- * retrievable region (topk.cu, threshold only) and softmax + PV below (two
- * launches), then
+ * retrievable region (topk.cu, threshold only) and softmax + PV below, then
  * m, Z, thr and o_full [Hq][D] in one device-to-host copy. Everything is
  * allocated in kv_gpu_attn_create; a step allocates nothing. The scores of
  * the last step stay on the device so kv_gpu_attn_gather returns exactly the
  * numbers the threshold was taken from (a tie is judged identically).
  *
- * Softmax + PV (flash-decoding split): a small kernel takes each head's
- * row max m (atomicMax on order-preserving keys); then a block takes a
- * contiguous token range of one kv head and all G query heads of its group,
- * so V_g is read once for the group. With m known, p_i = exp(s_i - m) needs
- * no block-wide max, so the main loop has no barriers: a thread holds 16
- * bytes of V's row (8 float16) for every head, with 4 tokens' loads in
- * flight. Blocks write partial (z_b, o_b); the kv head's last block sums
- * them in double: Z = sum z_b, o = sum o_b / Z (z itself is summed in double).
+ * Softmax + PV (flash-decoding split): a block takes a contiguous token
+ * range of one kv head and all G query heads of its group, so V_g is read
+ * once for the group. Each warp walks groups of 32 tokens: lane l computes
+ * p for token l (one exp per token and head, an online max per warp that
+ * rescales its sums when a group raises it), then streams the group's V
+ * rows, 16 bytes per lane, with all of the group's loads issued before its
+ * arithmetic and p broadcast by shuffle; the main loop has no barrier and no
+ * separate max pass over the scores. Blocks write partial (m_b, z_b, o_b);
+ * the kv head's last block combines them: m = max m_b, Z = sum z_b
+ * e^(m_b - m) in double, o = sum o_b e^(m_b - m) / Z. Head dims whose rows
+ * do not split into 8, 16 or 32 lanes of 16 bytes take a slower fallback
+ * (a row-max kernel, then a block-wide pass).
  * The combination order is fixed, so results do not depend on block timing. */
 #include <math.h>
 #include <string.h>
@@ -232,6 +235,7 @@ __global__ void __launch_bounds__(PV_TH) kv_pvw_kernel(const kv_pv_params p) {
     __shared__ double sm_z[NW][GM];
     __shared__ float sm_o[HAS_V ? NW * LPT * VEC : 1];
     __shared__ float sS[PV_BPH_MAX][GM];
+    __shared__ double sPz[PV_BPH_MAX][GM];
     __shared__ double sZ[GM];
     __shared__ float sM[GM];
     __shared__ int s_last;
@@ -341,27 +345,36 @@ __global__ void __launch_bounds__(PV_TH) kv_pvw_kernel(const kv_pv_params p) {
     if (!s_last) return;
     __threadfence();
     const size_t b0 = (size_t)(g * p.ngroups + hg) * p.bph;
+    /* every partial into shared memory at once (independent loads), then short smem loops */
+    for (int e = tid; e < p.bph * nh; e += PV_TH) {
+        const int bb = e / nh, gi = e % nh;
+        sS[bb][gi] = __ldcg(p.partm + (b0 + bb) * GM + gi);
+        sPz[bb][gi] = __ldcg(p.partz + (b0 + bb) * GM + gi);
+    }
+    __syncthreads();
     if (tid < nh) {
         float M = -INFINITY;
-        for (int bb = 0; bb < p.bph; bb++) M = fmaxf(M, __ldcg(p.partm + (b0 + bb) * GM + tid));
-        double Zs = 0;
-        for (int bb = 0; bb < p.bph; bb++) {
-            const float mb = __ldcg(p.partm + (b0 + bb) * GM + tid);
-            if (mb != -INFINITY) Zs += __ldcg(p.partz + (b0 + bb) * GM + tid) * exp((double)mb - M);
-        }
+        for (int bb = 0; bb < p.bph; bb++) M = fmaxf(M, sS[bb][tid]);
         sM[tid] = M;
+    }
+    __syncthreads();
+    for (int e = tid; e < p.bph * nh; e += PV_TH) { /* each partial's weight e^(m_b - M) */
+        const int bb = e / nh, gi = e % nh;
+        const float mb = sS[bb][gi];
+        const double w = mb == -INFINITY ? 0.0 : exp((double)mb - sM[gi]);
+        sPz[bb][gi] *= w;
+        sS[bb][gi] = (float)w;
+    }
+    __syncthreads();
+    if (tid < nh) {
+        double Zs = 0;
+        for (int bb = 0; bb < p.bph; bb++) Zs += sPz[bb][tid];
         sZ[tid] = Zs;
-        p.m[h0 + tid] = M;
+        p.m[h0 + tid] = sM[tid];
         p.Z[h0 + tid] = (float)Zs;
     }
     __syncthreads();
     if constexpr (HAS_V) {
-        for (int e = tid; e < p.bph * nh; e += PV_TH) {
-            const int bb = e / nh, gi = e % nh;
-            const float mb = __ldcg(p.partm + (b0 + bb) * GM + gi);
-            sS[bb][gi] = mb == -INFINITY ? 0.f : expf(mb - sM[gi]);
-        }
-        __syncthreads();
         for (int e = tid; e < nh * p.D; e += PV_TH) {
             const int gi = e / p.D, d = e % p.D;
             double x = 0;
@@ -425,7 +438,7 @@ kv_status kv_pv_ws_create(kv_pv_ws *w, int Hq, int Hkv, int D, const kv_cuda_dev
     memset(w, 0, sizeof *w);
     w->Hq = Hq; w->Hkv = Hkv; w->D = D;
     const int G = Hq / Hkv, GM = kv_pv_gm_of(G), ngroups = (G + GM - 1) / GM;
-    w->bph_max = (4 * dev->sm_count + Hkv * ngroups - 1) / (Hkv * ngroups);
+    w->bph_max = (2 * dev->sm_count + Hkv * ngroups - 1) / (Hkv * ngroups); /* one wave at 2 blocks per SM */
     if (w->bph_max > PV_BPH_MAX) w->bph_max = PV_BPH_MAX;
     if (w->bph_max < 1) w->bph_max = 1;
     const size_t nb = (size_t)Hkv * ngroups * w->bph_max * GM;

@@ -57,6 +57,10 @@ kv_status kv_bench_stage(kv_bench_ctx *c, int which) {
         return kv_topk_launch(&c->tk, c->S, s->n, 0, s->n, s->Hq, s->k, 0, NULL, 1, c->idx, NULL, kk, NULL, c->st);
     case 2:
         return kv_pv_launch(&c->pv, c->S, s->n, s->n, &c->V->a, c->m, c->Z, c->o, &c->dev, c->st);
+    case 4: { /* the exact search's score launch alone, with the extras it computes for the top-k */
+        kv_score_extras x = {c->tk.hist, 0, s->n, c->tk.tmax, c->tk.tmax_ld, 0, -1};
+        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &x, &c->dev, c->st);
+    }
     default:
         return kv_exact_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &c->tk, s->k, c->idx, &c->dev,
                                c->st);
@@ -115,6 +119,10 @@ kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
     KV_TRY(kv_bench_time(c, 1, &out->topk));
     KV_TRY(kv_bench_time(c, 2, &out->attn));
     KV_TRY(kv_bench_time(c, 3, &out->exact));
+    KV_TRY(kv_bench_time(c, 4, &out->exact_scores));
+    /* stage 4 left its histograms in the top-k workspace, which the top-k would otherwise clean */
+    KV_CUDA_TRY(cudaMemsetAsync(c->tk.hist, 0, (size_t)s->Hq * KV_HIST_BINS * sizeof(unsigned), c->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(c->st));
     out->l2_bytes = c->dev.l2_bytes;
     out->flush_bytes = fb;
     return KV_OK;

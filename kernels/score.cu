@@ -4,9 +4,9 @@
  * head's keys are read ONCE for its G query heads. A block streams runs of
  * whole tiles (256 float16 keys, 64 KB) of the flattened (kv head, tile)
  * list through a 3-stage cp.async pipeline with 16-byte coalesced loads,
- * so two tiles are in flight while one is computed; one thread owns one
- * key and its G dot products. Shared-memory rows are padded by 16 bytes,
- * which makes the per-thread row reads conflict-free. The arithmetic is
+ * so two tiles are in flight while one is computed; a pair of threads owns
+ * one key and its G dot products. Shared-memory rows are padded by 16
+ * bytes, which makes the per-thread row reads conflict-free. The arithmetic is
  * the C reference's, operation for operation (8 partial sums in dimension
  * order, separate rounded multiply and add, the same final tree), so GPU
  * scores are bitwise equal to kv_scores_ref: the GPU oracle's threshold and
@@ -59,20 +59,17 @@ template <int N> __device__ __forceinline__ void kv_cp_async_wait() {
 __device__ __forceinline__ float kv_tof(__half h) { return __half2float(h); }
 __device__ __forceinline__ float kv_tof(float f) { return f; }
 
-/* Elements 8c .. 8c+7 of a staged row, as floats (exact conversions). */
-__device__ __forceinline__ void kv_load8(const __half *row, int c, float k[8]) {
-    uint4 u = *(const uint4 *)(row + 8 * c);
+/* Elements 8c + 4hh .. 8c + 4hh + 3 of a staged row (one half of a chunk),
+ * as floats (exact conversions). */
+__device__ __forceinline__ void kv_load4(const __half *row, int c, int hh, float k[4]) {
+    uint2 u = *(const uint2 *)(row + 8 * c + 4 * hh);
     const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float2 f = __half22float2(h[j]);
-        k[2 * j] = f.x;
-        k[2 * j + 1] = f.y;
-    }
+    float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]);
+    k[0] = f0.x; k[1] = f0.y; k[2] = f1.x; k[3] = f1.y;
 }
-__device__ __forceinline__ void kv_load8(const float *row, int c, float k[8]) {
-    float4 a = *(const float4 *)(row + 8 * c), b = *(const float4 *)(row + 8 * c + 4);
-    k[0] = a.x; k[1] = a.y; k[2] = a.z; k[3] = a.w; k[4] = b.x; k[5] = b.y; k[6] = b.z; k[7] = b.w;
+__device__ __forceinline__ void kv_load4(const float *row, int c, int hh, float k[4]) {
+    float4 a = *(const float4 *)(row + 8 * c + 4 * hh);
+    k[0] = a.x; k[1] = a.y; k[2] = a.z; k[3] = a.w;
 }
 
 /* kv_dot_ref's final combination of its 8 partial sums. */
@@ -107,9 +104,14 @@ constexpr size_t kv_sc_smem(bool hist) {
            (hist ? (size_t)GM * KV_HIST_BINS * sizeof(unsigned) : 0);
 }
 
+/* Two threads per key: thread hh of the pair owns partial sums 4hh .. 4hh+3
+ * (dimensions = 4hh .. 4hh+3 mod 8), each summed in dimension order exactly
+ * as in the C reference; the pair swaps them by shuffle for the final tree.
+ * Twice the warps of one thread per key for the same shared memory, which
+ * hides the latency the single-warp-per-scheduler version left exposed. */
 template <typename T, int D, int GM, bool HIST>
-__global__ void __launch_bounds__(kv_sc_cfg<T>::threads) kv_score_tile_kernel(const kv_score_params p) {
-    constexpr int TH = kv_sc_cfg<T>::threads, TILE = TH, NV = D * (int)sizeof(T) / 16;
+__global__ void __launch_bounds__(2 * kv_sc_cfg<T>::threads) kv_score_tile_kernel(const kv_score_params p) {
+    constexpr int TILE = kv_sc_cfg<T>::threads, TH = 2 * TILE, NV = D * (int)sizeof(T) / 16;
     constexpr int RB = D * (int)sizeof(T), ROWB = RB + 16, STB = TILE * ROWB;
     extern __shared__ __align__(16) unsigned char kv_sm[];
     __shared__ unsigned wmax[GM][TH / 32];
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(kv_sc_cfg<T>::threads) kv_score_tile_kernel(co
         const char *src = (const char *)p.K + ((size_t)g * p.T + p.lo + i0) * RB;
         unsigned char *dst = kv_sm + s * STB;
 #pragma unroll
-        for (int j = 0; j < NV; j++) {
+        for (int j = 0; j < NV / 2; j++) {
             const int v = tid + j * TH, r = v / NV, c = v % NV;
             if (r < rows) kv_cp_async16(dst + r * ROWB + c * 16, src + (size_t)r * RB + c * 16);
         }
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kv_sc_cfg<T>::threads) kv_score_tile_kernel(co
         kv_cp_async_wait<KV_SC_STAGES - 1>();
         __syncthreads();
         const long long x = x0 + it;
-        const int g = (int)(x / p.tph), i = (int)(x % p.tph) * TILE + tid;
+        const int g = (int)(x / p.tph), i = (int)(x % p.tph) * TILE + (tid >> 1), hh = tid & 1;
         if (g != cur_g) { /* a new kv head: flush its predecessor's histogram, load its queries */
             if (HIST && cur_g >= 0) kv_hist_flush<GM>(hs, p, cur_g, TH);
             for (int e = tid; e < GM * D; e += TH) {
@@ -155,34 +157,37 @@ __global__ void __launch_bounds__(kv_sc_cfg<T>::threads) kv_score_tile_kernel(co
             cur_g = g;
             __syncthreads();
         }
-        const T *row = (const T *)(kv_sm + (int)(it % KV_SC_STAGES) * STB + tid * ROWB);
-        float acc[GM][8];
+        const T *row = (const T *)(kv_sm + (int)(it % KV_SC_STAGES) * STB + (tid >> 1) * ROWB);
+        float acc[GM][4];
 #pragma unroll
         for (int gi = 0; gi < GM; gi++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[gi][j] = 0.f;
+            for (int j = 0; j < 4; j++) acc[gi][j] = 0.f;
 #pragma unroll
         for (int c = 0; c < D / 8; c++) {
-            float k[8];
-            kv_load8(row, c, k);
+            float k[4];
+            kv_load4(row, c, hh, k);
 #pragma unroll
             for (int gi = 0; gi < GM; gi++) {
-                const float4 qa = *(const float4 *)(qs + gi * D + 8 * c), qb = *(const float4 *)(qs + gi * D + 8 * c + 4);
+                const float4 qa = *(const float4 *)(qs + gi * D + 8 * c + 4 * hh);
                 acc[gi][0] = __fadd_rn(acc[gi][0], __fmul_rn(qa.x, k[0]));
                 acc[gi][1] = __fadd_rn(acc[gi][1], __fmul_rn(qa.y, k[1]));
                 acc[gi][2] = __fadd_rn(acc[gi][2], __fmul_rn(qa.z, k[2]));
                 acc[gi][3] = __fadd_rn(acc[gi][3], __fmul_rn(qa.w, k[3]));
-                acc[gi][4] = __fadd_rn(acc[gi][4], __fmul_rn(qb.x, k[4]));
-                acc[gi][5] = __fadd_rn(acc[gi][5], __fmul_rn(qb.y, k[5]));
-                acc[gi][6] = __fadd_rn(acc[gi][6], __fmul_rn(qb.z, k[6]));
-                acc[gi][7] = __fadd_rn(acc[gi][7], __fmul_rn(qb.w, k[7]));
             }
         }
-        const bool valid = i < p.n;
+        const bool valid = i < p.n && hh == 0;
 #pragma unroll
         for (int gi = 0; gi < GM; gi++) {
             if (gi >= p.nh) break;
-            const float s = __fmul_rn(p.scale, kv_dot_finish(acc[gi]));
+            float a[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float o = __shfl_xor_sync(0xffffffffu, acc[gi][j], 1);
+                a[j] = hh ? o : acc[gi][j];
+                a[4 + j] = hh ? acc[gi][j] : o;
+            }
+            const float s = __fmul_rn(p.scale, kv_dot_finish(a));
             if (valid) p.out[(size_t)(g * p.G + p.hg * GM + gi) * p.ld + i] = s;
             if (HIST) kv_hist_add(hs + gi * KV_HIST_BINS, s, valid && i >= p.hlo && i < p.hhi);
             if (p.tmax) {
@@ -229,13 +234,14 @@ template <typename T, int D, int GM, bool HIST>
 kv_status kv_score_go(const kv_score_params &p, const kv_cuda_dev *dev, cudaStream_t st) {
     constexpr size_t smem = kv_sc_smem<T, D, GM>(HIST);
     auto kern = kv_score_tile_kernel<T, D, GM, HIST>;
+    constexpr int threads = 2 * kv_sc_cfg<T>::threads;
     KV_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     long long per_sm = dev->smem_per_sm / (long long)(smem + 1024);
     if (per_sm < 1) per_sm = 1;
-    if (per_sm > 2048 / kv_sc_cfg<T>::threads) per_sm = 2048 / kv_sc_cfg<T>::threads;
+    if (per_sm > 2048 / threads) per_sm = 2048 / threads;
     long long grid = per_sm * dev->sm_count;
     if (grid > p.total) grid = p.total;
-    kern<<<(unsigned)grid, kv_sc_cfg<T>::threads, smem, st>>>(p);
+    kern<<<(unsigned)grid, threads, smem, st>>>(p);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }

@@ -7,19 +7,22 @@
  * from the top. One cooperative launch of co-resident blocks, several per
  * row (16 rows x 1M fill the GPU): pass 0's histogram (or the one the score
  * kernel already built) tells every block of the row which top-digit bin
- * holds the k-th largest; each block then copies the elements at or above
- * that bin (at most KV_TOPK_CAP of them, typically a few hundred) to a
- * per-row candidate buffer, and the row's last block finishes in shared
- * memory: the remaining digits, the exact threshold, an order-preserving
- * compaction of key >= threshold and a bitonic sort by (key desc, index
- * asc), whose first k are the answer (ties at the threshold are thereby
- * the smallest indices). Only when the bin is too crowded does the row run
- * another histogram pass over its scores (the row's blocks meet at a
- * software barrier, safe because the launch is cooperative). If even the
- * full 32-bit key leaves more than KV_TOPK_CAP ties, the elements above the
- * threshold are collected and the last block appends the smallest-index
- * ties by an ordered scan. Histograms and counters are zeroed by the
- * row's last block, so a call needs no memset. */
+ * holds the k-th largest; each block copies the elements at or above that
+ * bin (at most KV_TOPK_CAP, typically a few hundred) to a per-row candidate
+ * buffer, reading only the tiles whose maximum (recorded by the score
+ * kernel) reaches the bin when it has them. The row's last block finishes in
+ * shared memory: with at most KV_RANK_MAX candidates each one's rank in
+ * (key desc, index asc) order is counted directly and written to its place;
+ * otherwise the remaining digits give the exact threshold, an
+ * order-preserving compaction keeps key >= threshold and a bitonic sort
+ * orders it. Either way ties at the threshold go to the smallest indices.
+ * Only when the bin is too crowded does the row run another histogram pass
+ * over its scores (its blocks meet at a software barrier, safe because the
+ * launch is cooperative). If even the full 32-bit key leaves more than
+ * KV_TOPK_CAP ties, the elements above the threshold are collected and the
+ * last block appends the smallest-index ties by an ordered scan.
+ * Histograms and counters are zeroed by the row's last block, so a call
+ * needs no memset. */
 #include <limits.h>
 
 #include "kv_cuda.h"
@@ -180,39 +183,61 @@ __device__ void kv_filter_chunk(const float *row, int a, int b, unsigned lo, boo
     });
 }
 
-/* The same from the score kernel's tile maxima: one warp per tile of
- * 2^tshift scores, skipping tiles whose largest key is below the bound, so
- * only the few tiles that can hold a candidate are read. */
+/* The same from the score kernel's tile maxima: the block checks up to
+ * 1024 tiles of 2^tshift scores at once (one load per thread), lists those
+ * whose largest key reaches the bound (a few hundred of 4096 per 1M-token
+ * row) and its warps share out the listed tiles, each read by one warp. */
 __device__ void kv_filter_tiles(const kv_topk_params &p, int r, int a, int b, unsigned lo, bool strict,
-                                unsigned *ncand, unsigned *ckey, int *cidx) {
+                                unsigned *ncand, unsigned *ckey, int *cidx, int *tlist, int *s_ntl) {
     if (a >= b) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, x0 = p.off + a, x1 = p.off + b;
     const float *srow = p.S + (size_t)r * p.ld;
     const unsigned *tm = p.tmax + (size_t)r * p.tmax_ld;
-    for (int t = (x0 >> p.tshift) + warp; t <= (x1 - 1) >> p.tshift; t += TK_WARPS) {
-        const unsigned mx = __ldg(tm + t);
-        if (strict ? mx <= lo : mx < lo) continue;
-        const int e0 = max(t << p.tshift, x0), e1 = min((t + 1) << p.tshift, x1);
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int x = e0 + 32 * u + lane;
-            v[u] = x < e1 ? srow[x] : 0.f;
+    const int tlast = (x1 - 1) >> p.tshift;
+    for (int tb = x0 >> p.tshift; tb <= tlast; tb += TK_TH) {
+        if (threadIdx.x == 0) *s_ntl = 0;
+        __syncthreads();
+        const int tt = tb + threadIdx.x;
+        bool ok = false;
+        if (tt <= tlast) {
+            const unsigned mx = __ldg(tm + tt);
+            ok = strict ? mx > lo : mx >= lo;
         }
+        const unsigned m = __ballot_sync(0xffffffffu, ok);
+        if (m) {
+            const int leader = __ffs(m) - 1;
+            int pos = 0;
+            if (lane == leader) pos = atomicAdd(s_ntl, __popc(m));
+            pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(m & ((1u << lane) - 1));
+            if (ok) tlist[pos] = tt;
+        }
+        __syncthreads();
+        const int ntl = *s_ntl;
+        for (int j = warp; j < ntl; j += TK_WARPS) {
+            const int t = tlist[j];
+            const int e0 = max(t << p.tshift, x0), e1 = min((t + 1) << p.tshift, x1);
+            float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int x = e0 + 32 * u + lane;
-            const unsigned key = kv_f2key(v[u]);
-            const bool take = x < e1 && (strict ? key > lo : key >= lo);
-            const unsigned m = __ballot_sync(0xffffffffu, take);
-            if (m) {
-                const int leader = __ffs(m) - 1;
-                unsigned pos = 0;
-                if (lane == leader) pos = atomicAdd(ncand, (unsigned)__popc(m));
-                pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(m & ((1u << lane) - 1));
-                if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = x - p.off; }
+            for (int u = 0; u < 8; u++) {
+                const int x = e0 + 32 * u + lane;
+                v[u] = x < e1 ? srow[x] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int x = e0 + 32 * u + lane;
+                const unsigned key = kv_f2key(v[u]);
+                const bool take = x < e1 && (strict ? key > lo : key >= lo);
+                const unsigned mt = __ballot_sync(0xffffffffu, take);
+                if (mt) {
+                    const int leader = __ffs(mt) - 1;
+                    unsigned pos = 0;
+                    if (lane == leader) pos = atomicAdd(ncand, (unsigned)__popc(mt));
+                    pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(mt & ((1u << lane) - 1));
+                    if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = x - p.off; }
+                }
             }
         }
+        __syncthreads();
     }
 }
 
@@ -360,7 +385,7 @@ __global__ void __launch_bounds__(TK_TH, 1) kv_topk_kernel(const kv_topk_params 
     unsigned *shist = (unsigned *)(sidx + KV_TOPK_CAP);
     int *sw = (int *)(shist + KV_HIST_BINS);
     kv_rstate *sst = (kv_rstate *)(sw + TK_WARPS);
-    __shared__ int s_last;
+    __shared__ int s_last, s_ntl;
     for (int w = blockIdx.x; w < p.R * p.bpr; w += gridDim.x) {
         const int r = w / p.bpr, c = w % p.bpr;
         const float *row = p.S + (size_t)r * p.ld + p.off;
@@ -384,7 +409,8 @@ __global__ void __launch_bounds__(TK_TH, 1) kv_topk_kernel(const kv_topk_params 
         int *ci = p.cidx + (size_t)r * KV_TOPK_CAP;
         if (overflow && !p.want_idx) {
         } else if (p.tmax) {
-            kv_filter_tiles(p, r, a, b, overflow ? st.prefix : st.prefix << st.shift, overflow, &ctr[0], ck, ci);
+            kv_filter_tiles(p, r, a, b, overflow ? st.prefix : st.prefix << st.shift, overflow, &ctr[0], ck, ci,
+                            (int *)shist, &s_ntl);
         } else {
             kv_filter_chunk(row, a, b, overflow ? st.prefix : st.prefix << st.shift, overflow, &ctr[0], ck, ci);
         }

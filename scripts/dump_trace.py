@@ -108,6 +108,9 @@ def build_parser():
     g.add_argument("--temperature", type=float, default=0.0, help="0 (default) = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide positive / multiply negative logits of every token already in the sequence "
+                   "(transformers' semantics; Qwen2.5's own default is 1.05); 1 = off")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--prefill-chunk", type=int, default=512,
                    help="prompt tokens per forward pass during prefill (bounds memory)")
@@ -169,6 +172,8 @@ def validate(args):
         die("--top-p must be in (0, 1]")
     if args.top_k < 0:
         die("--top-k must be >= 0")
+    if not (args.repetition_penalty > 0 and math.isfinite(args.repetition_penalty)):
+        die("--repetition-penalty must be > 0")
     if args.check_positions < 1:
         die("--check-positions must be >= 1")
     if args.threads < 0:
@@ -460,9 +465,14 @@ def run_check(path, recorder, tol):
 # sampling
 
 
-def pick_token(logits, args, gen, banned):
+def pick_token(logits, args, gen, banned, seen=None):
     import torch
     logits = logits.to(torch.float32).cpu()
+    if seen is not None and args.repetition_penalty != 1.0:
+        n = min(seen.numel(), logits.numel())
+        v = logits[:n]
+        pen = torch.where(v > 0, v / args.repetition_penalty, v * args.repetition_penalty)
+        logits[:n] = torch.where(seen[:n], pen, v)
     if banned:
         logits[banned] = float("-inf")
     if args.temperature <= 0:
@@ -721,6 +731,9 @@ def main(argv=None):
 
     gen = torch.Generator().manual_seed(args.seed)
     tokens = list(prompt_ids)
+    vocab = int(getattr(text_cfg, "vocab_size", 0) or 0) or (max(prompt_ids) + 1)
+    seen = torch.zeros(max(vocab, max(prompt_ids) + 1), dtype=torch.bool)
+    seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
     past = None
     stopped = "budget"
     log(f"prompt {P} tokens ({prompt_desc}); generating up to {args.max_new_tokens} "
@@ -749,11 +762,13 @@ def main(argv=None):
             t2 = time.time()
             last_report = t2
             for i in range(args.max_new_tokens):
-                nxt = pick_token(logits, args, gen, eos if args.ignore_eos else None)
+                nxt = pick_token(logits, args, gen, eos if args.ignore_eos else None, seen)
                 if not args.ignore_eos and nxt in eos:
                     stopped = "eos"
                     break
                 tokens.append(nxt)
+                if nxt < seen.numel():
+                    seen[nxt] = True
                 rec.pos0 = len(tokens) - 1
                 ids = torch.tensor([[nxt]], dtype=torch.long, device=device)
                 pos = torch.tensor([[rec.pos0]], dtype=torch.long, device=device)
@@ -806,6 +821,8 @@ def main(argv=None):
         else:
             sampling = (f"sampled: temperature {args.temperature:g}, top-p {args.top_p:g}, top-k {args.top_k}, "
                         f"seed {args.seed}")
+        if args.repetition_penalty != 1.0:
+            sampling += f", repetition penalty {args.repetition_penalty:g}"
         sw_layers = [l for l in layers if rec.seen[l]["sliding_window"]]
         rope = "applied"
         if not (hasattr(text_cfg, "rope_parameters") or hasattr(text_cfg, "rope_theta")

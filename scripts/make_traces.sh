@@ -8,8 +8,8 @@
 #             $KVBENCH_CACHE (default ~/.cache/kvbench/models), reassemble and sha256-check it,
 #             and convert it once to a float32 safetensors dir there (fast to load)
 # long-input  the US Constitution + Declaration of Independence (datasets/texts/, ~12K tokens),
-#             chat-templated with a question, then LONG_NEW_TOKENS generated -> datasets/real/
-# long-gen    a short math question, chat-templated, GEN_NEW_TOKENS generated (EOS banned)
+#             chat-templated with 13 questions about it, then LONG_NEW_TOKENS generated -> datasets/real/
+# long-gen    a short list of math problems, chat-templated, GEN_NEW_TOKENS generated (EOS banned)
 # demo        datasets/demo.h5: layer 14, first DEMO_TOKENS positions of the long-gen trace (<= 8 MB),
 #             cut by `./kvbench slice` when the binary has it, else by h5py
 #
@@ -49,9 +49,41 @@ TEXT=$ROOT/datasets/texts/us_constitution.txt
 LONG_INPUT=$OUT/qwen2.5-0.5b-long-input.h5
 LONG_GEN=$OUT/qwen2.5-0.5b-long-gen.h5
 MODEL_NAME="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M"
-SAMPLING=(--temperature 0.7 --top-p 0.8 --top-k 20 --seed 0)
-LONG_QUESTION="Summarise each article and each amendment of the document above in detail, then explain how the powers of the three branches of government check one another, quoting the relevant clauses."
-GEN_QUESTION="A tank holds 1200 litres. Pipe A fills it in 6 hours, pipe B fills it in 4 hours, and a drain empties it in 12 hours. Starting empty with all three open, how long until it is full? Solve step by step, check the answer a second way, then write and explain a Python function for the general case."
+SAMPLING=(--temperature 0.7 --top-p 0.8 --top-k 20 --repetition-penalty 1.1 --seed 0)
+# questions whose answers sit in different parts of the document, so decoding keeps reaching back
+LONG_QUESTION="Using only the document above, answer each of the following questions in turn. For each, quote the exact clause that supports the answer, then explain it in your own words.
+1. What are the age and citizenship requirements for a Representative, and for a Senator?
+2. How are Representatives apportioned among the States?
+3. Who has the sole power of impeachment, and who tries impeachments?
+4. How can Congress pass a bill over the President's veto?
+5. List the powers of Congress in Article I, Section 8.
+6. Who may be elected President?
+7. What is the President's oath of office?
+8. How long do federal judges hold their offices?
+9. How can the Constitution be amended?
+10. What does the Fourth Amendment protect?
+11. What rights does the Sixth Amendment give an accused person?
+12. What did the Thirteenth Amendment abolish?
+13. How did the Seventeenth Amendment change the election of Senators?"
+# a short list of problems: a long natural answer from a short prompt (a 0.5B model says little
+# more after its answer ends, and with EOS banned it then repeats itself)
+GEN_QUESTION="Solve each of the following problems in order. For each one: restate it, solve it step by step showing all the arithmetic, check the result by a second method, and state the final answer.
+1. Pipe A fills a 1200-litre tank in 6 hours, pipe B in 4 hours, and a drain empties it in 12 hours. With all three open, how long does the empty tank take to fill?
+2. A train travels 240 km in 3 hours and then 180 km in 2 hours. What is its average speed?
+3. The sum of three consecutive odd integers is 99. Find them.
+4. A rectangle is 3 times as long as it is wide and its perimeter is 96 cm. Find its area.
+5. What is 15% of 840, and 840 is 15% of what number?
+6. Solve 2x^2 - 7x + 3 = 0.
+7. A shirt costs 40 dollars after a 20% discount. What was the original price?
+8. In how many ways can 5 books be arranged on a shelf if two particular books must stand together?
+9. Find the greatest common divisor and the least common multiple of 84 and 120.
+10. A fair coin is tossed 4 times. What is the probability of exactly 2 heads?
+11. Compare simple interest and annual compound interest on 2500 dollars at 4% for 3 years.
+12. The angles of a triangle are in the ratio 2:3:4. Find them.
+13. Find the sum of the first 50 positive integers and the sum of the first 50 odd numbers.
+14. A car bought for 20000 dollars loses 15% of its value each year. What is it worth after 3 years?
+15. Solve the system x + y = 10, 3x - 2y = 5.
+16. Find the volume and the surface area of a cylinder of radius 3 cm and height 10 cm."
 
 say() { echo "make_traces: $*"; }
 fail() { echo "make_traces: ERROR: $*" >&2; exit 1; }
@@ -145,13 +177,13 @@ long_input() {
   dump long-input "$LONG_INPUT" --layers "$LAYERS" \
     --prompt-file "$TEXT" --skip-comment-lines --question "$LONG_QUESTION" "${extra[@]}" \
     --max-new-tokens "$LONG_NEW_TOKENS" --ignore-eos "${SAMPLING[@]}" --prefill-chunk 512 \
-    --description "Long-input trace: the US Constitution (all amendments) and the Declaration of Independence (public domain, datasets/texts/us_constitution.txt) as a document in one user turn, followed by a request for a detailed summary."
+    --description "Long-input trace: the US Constitution (with amendments; public domain, datasets/texts/us_constitution.txt) as a document in one user turn, followed by 13 questions about different parts of it."
 }
 
 long_gen() {
   dump long-gen "$LONG_GEN" --layers "$LAYERS" --question "$GEN_QUESTION" \
     --max-new-tokens "$GEN_NEW_TOKENS" --ignore-eos "${SAMPLING[@]}" \
-    --description "Long-generation trace: a short math word problem, chat-templated, with a long sampled answer (EOS banned)."
+    --description "Long-generation trace: a short list of 16 math word problems, chat-templated, with a long sampled answer (EOS banned)."
 }
 
 # true when datasets/demo.h5 is the synthetic placeholder (model attribute kvbench-synth)
@@ -182,12 +214,14 @@ src, dst, n, layer = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]
 with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:
     t = int(f.attrs["num_tokens"])
     n = min(n, t)
+    text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
     for k, v in f.attrs.items():
-        g.attrs[k] = v
+        g.attrs[k] = np.bytes_(text(v).encode("ascii", "backslashreplace")) if isinstance(v, (str, bytes)) else v
     g.attrs["num_tokens"] = np.int32(n)
-    g.attrs["prefill_len"] = np.int32(min(int(f.attrs["prefill_len"]), n))
-    g.attrs["description"] = (f"First {n} of {t} positions, layer {layer} only, of {src.rsplit('/', 1)[-1]}: "
-                              + str(f.attrs["description"]))
+    p = int(f.attrs["prefill_len"])
+    g.attrs["prefill_len"] = np.int32(max(1, min(p, n - 1)))   # as kvbench slice: keep decode steps
+    desc = f"First {n} of {t} positions, layer {layer} only, of {src.rsplit('/', 1)[-1]}: " + text(f.attrs["description"])
+    g.attrs["description"] = np.bytes_(desc.encode("ascii", "backslashreplace"))
     if "tokens" in f:
         g.create_dataset("tokens", data=f["tokens"][:n])
     gs = f[f"layers/L{layer}"]

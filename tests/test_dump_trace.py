@@ -99,7 +99,8 @@ def configs(vocab, bos, eos, pad):
                                           "--seed", "7", "--prefill-chunk", "5"], D ** -0.5, None),
         ("qwen3", Qwen3Config(**common), ["--prompt-file", TEXT, "--skip-comment-lines", "--question",
                                           "Summarise.", "--max-prompt-tokens", "48", "--prefill-chunk", "7",
-                                          "--temperature", "1.0", "--seed", "1"], D ** -0.5, None),
+                                          "--temperature", "1.0", "--seed", "1", "--repetition-penalty", "1.2"],
+         D ** -0.5, None),
         ("mistral", MistralConfig(**common, sliding_window=None),
          ["--question", "Name the three branches of government.", "--prefill-chunk", "4"], D ** -0.5, None),
         ("gemma", GemmaConfig(**common), ["--question", "Who may declare war?", "--prefill-chunk", "8"],
@@ -222,6 +223,8 @@ def run_errors(work, tok):
                            "--out", os.path.join(work, "e4.h5")]),
         ("top-p out of range", ["--model", mdir, "--layers", "0", "--question", "hi", "--top-p", "1.5",
                                 "--out", os.path.join(work, "e5.h5")]),
+        ("bad repetition penalty", ["--model", mdir, "--layers", "0", "--question", "hi",
+                                    "--repetition-penalty", "0", "--out", os.path.join(work, "e6.h5")]),
     ]
     for what, args in cases:
         r = subprocess.run([sys.executable, DUMPER] + args, capture_output=True, text=True, timeout=300)
