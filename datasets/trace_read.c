@@ -59,6 +59,7 @@ static kv_status attr_string(hid_t obj, const char *path, const char *name, char
         char *s = NULL;
         hid_t mt = H5Tcopy(H5T_C_S1);
         H5Tset_size(mt, H5T_VARIABLE);
+        H5Tset_cset(mt, H5Tget_cset(t)); /* h5py writes UTF-8; HDF5 will not convert character sets */
         if (H5Aread(a, mt, &s) < 0 || !s) st = BAD("%s: cannot read root attribute '%s'", path, name);
         else { snprintf(out, cap, "%s", s); H5free_memory(s); }
         H5Tclose(mt);
@@ -69,6 +70,7 @@ static kv_status attr_string(hid_t obj, const char *path, const char *name, char
         else {
             hid_t mt = H5Tcopy(H5T_C_S1);
             H5Tset_size(mt, n + 1);
+            H5Tset_cset(mt, H5Tget_cset(t));
             if (H5Aread(a, mt, buf) < 0) st = BAD("%s: cannot read root attribute '%s'", path, name);
             else snprintf(out, cap, "%s", buf);
             H5Tclose(mt);

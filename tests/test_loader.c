@@ -33,7 +33,8 @@ static void attr_i(hid_t o, const char *n, int v, const bad_spec *s) {
 static void attr_s(hid_t o, const char *n, const char *v, const bad_spec *s) {
     if (s->skip_attr && !strcmp(s->skip_attr, n)) return;
     hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, H5T_VARIABLE); /* variable-length, as h5py writes str attributes */
+    H5Tset_size(t, H5T_VARIABLE); /* variable-length UTF-8, as h5py writes str attributes */
+    H5Tset_cset(t, H5T_CSET_UTF8);
     hid_t sp = H5Screate(H5S_SCALAR), a = H5Acreate2(o, n, t, sp, H5P_DEFAULT, H5P_DEFAULT);
     H5Awrite(a, t, &v);
     H5Aclose(a);
