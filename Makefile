@@ -40,10 +40,14 @@ endif
 # left out and `kvbench list` says so. FAISS_GPU=1: a Faiss built with CUDA
 # and its GPU C API (c_api/gpu), installed by the user (no registry here has
 # one): point FAISS_INC/FAISS_C_LIB/FAISS_LIB at it.
+# FAISS=0 leaves them out even where Faiss is installed: such a binary needs no
+# BLAS/LAPACK at run time, so it can be carried to another machine (HDF5 and
+# the CUDA runtime are linked statically).
+FAISS ?= 1
 FAISS_INC ?= /usr/include
 FAISS_C_LIB ?= /usr/local/lib/libfaiss_c.a
 FAISS_LIB ?= -lfaiss
-ifneq ($(and $(wildcard $(FAISS_C_LIB)),$(wildcard $(FAISS_INC)/faiss/c_api/faiss_c.h)),)
+ifneq ($(and $(filter 1,$(FAISS)),$(wildcard $(FAISS_C_LIB)),$(wildcard $(FAISS_INC)/faiss/c_api/faiss_c.h)),)
   HAVE_FAISS := 1
   CFLAGS += -DKV_HAVE_FAISS=1 $(if $(filter /usr/include,$(FAISS_INC)),,-I$(FAISS_INC))
   LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) -llapack -lblas -lstdc++ $(LDLIBS)
