@@ -39,19 +39,25 @@ static kv_method fake = {.abi = KV_RETRIEVER_ABI, .name = "fake", .summary = "",
 /* D = 1, one kv head, two query heads (q = 1 and q = -1), T = 6, scale 1:
  * keys 0 1 2 3 0.5 0 so head 0's scores are the keys. S = 1, W = 2, step
  * t = 5: region [1, 4) = {1, 2, 3}; k = 2: the true top-2 is {3, 2}. */
+static float hand_K[6] = {0, 1, 2, 3, 0.5f, 0}, hand_V[6] = {1, 2, 3, 4, 5, 6}, hand_Q[12];
+static const kv_layer hand_L = {.Hq = 2, .Hkv = 1, .T = 6, .D = 1, .q = hand_Q, .k = hand_K, .v = hand_V};
+static float hand_q[2] = {1, -1}; /* the queries of step 5 */
+
+/* The oracle (S = 1, W = 2, k = 2), protocol and a selection of capacity cap, at step 5. */
+static kv_status hand_setup(int cap, kv_oracle **o, kv_protocol **p, kv_selection *sel, kv_oracle_out *res) {
+    KV_TRY(kv_oracle_create(&hand_L, 1.0f, 1, 2, 2, 0, o));
+    KV_TRY(kv_protocol_create(&hand_L, 1, 2, 2, p));
+    KV_TRY(kv_selection_alloc(sel, 1, 1, cap, 6, 6));
+    return kv_oracle_step(*o, 5, hand_q, res);
+}
+
 int test_protocol_hand_case(void) {
-    float K[6] = {0, 1, 2, 3, 0.5f, 0}, V[6] = {1, 2, 3, 4, 5, 6}, Q[12] = {0};
-    Q[0 * 6 + 5] = 1; Q[1 * 6 + 5] = -1; /* [Hq][T][D], only t = 5 used */
-    kv_layer L = {.Hq = 2, .Hkv = 1, .T = 6, .D = 1, .q = Q, .k = K, .v = V};
     kv_oracle *o;
     kv_protocol *p;
-    CHECK_OK(kv_oracle_create(&L, 1.0f, 1, 2, 2, 0, &o));
-    CHECK_OK(kv_protocol_create(&L, 1, 2, 2, &p));
     kv_selection sel;
-    CHECK_OK(kv_selection_alloc(&sel, 1, 1, 2, 6, 6));
-    float q[2] = {1, -1};
     kv_oracle_out res;
-    CHECK_OK(kv_oracle_step(o, 5, q, &res));
+    float *q = hand_q;
+    CHECK_OK(hand_setup(2, &o, &p, &sel, &res));
     /* head 0 by hand: Z = e^0+e^1+e^2+e^3+e^.5+e^0, thr = 2 */
     double Z0 = 1 + exp(1) + exp(2) + exp(3) + exp(0.5) + 1;
     CHECK_CLOSE(res.m[0], 3.0, 0, 0);
@@ -117,18 +123,13 @@ int test_protocol_hand_case(void) {
 }
 
 int test_protocol_rejects_contract_breaks(void) {
-    float K[6] = {0, 1, 2, 3, 0.5f, 0}, V[6] = {1, 2, 3, 4, 5, 6}, Q[12] = {0};
-    kv_layer L = {.Hq = 2, .Hkv = 1, .T = 6, .D = 1, .q = Q, .k = K, .v = V};
     kv_oracle *o;
     kv_protocol *p;
-    CHECK_OK(kv_oracle_create(&L, 1.0f, 1, 2, 2, 0, &o));
-    CHECK_OK(kv_protocol_create(&L, 1, 2, 2, &p));
     kv_selection sel;
-    CHECK_OK(kv_selection_alloc(&sel, 1, 1, 6, 6, 6));
-    float q[2] = {1, -1};
     kv_oracle_out res;
     kv_step_metric rows[2];
-    CHECK_OK(kv_oracle_step(o, 5, q, &res));
+    float *q = hand_q;
+    CHECK_OK(hand_setup(6, &o, &p, &sel, &res));
     struct { int n, idx[4]; const char *needle; } cases[] = {
         {1, {4}, "outside the retrievable region [1, 4)"}, /* local window */
         {1, {0}, "outside the retrievable region"},       /* sink */
