@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 #include "../kernels/kv_common.h"
+#include "../retrievers/kv_retriever.h"
+#include "../datasets/kv_trace.h"
 
 enum { KV_TEST_PASS = 0, KV_TEST_FAIL = 1, KV_TEST_SKIP = 2 };
 enum { KV_NEEDS_GPU = 1, KV_NEEDS_SUBPROCESS = 2, KV_NEEDS_PYTHON = 4 };
@@ -56,5 +58,23 @@ int kv_test_have_gpu(void);
 
 /* A small valid-looking trace (layer L3) with a NaN in v (test_loader.c). */
 void kv_test_write_nan_trace(const char *path);
+
+/* A retriever driven over a layer (tests/driver.c). open: create method
+ * `name` with np "name=value" params, shape from L (scale 1/sqrt(32), seed
+ * 11), build on [0, P); selection capacity k (T for variable budgets).
+ * step: append positions up to t, then search step t into d->sel. */
+typedef struct {
+    const kv_method *m;
+    void *st;
+    kv_shape sh;
+    const kv_layer *L;
+    int n;            /* positions handed over so far */
+    float *kr, *vr, *qr;
+    kv_selection sel;
+} kv_test_driver;
+kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
+                              int P, int sink, int local, int k);
+kv_status kv_test_driver_step(kv_test_driver *d, int t, int k);
+void kv_test_driver_close(kv_test_driver *d);
 
 #endif

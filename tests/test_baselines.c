@@ -18,15 +18,6 @@
 #include "kv_test.h"
 
 /* ---- a small driver: one method over one in-memory layer ---- */
-typedef struct {
-    const kv_method *m;
-    void *st;
-    kv_shape sh;
-    const kv_layer *L;
-    int n;            /* positions handed over so far */
-    float *kr, *vr, *qr;
-    kv_selection sel;
-} tb_drv;
 
 static kv_status tb_synth(int T, int P, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L) {
     kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = Hq, .kv_heads = Hkv, .dim = D, .layers = 1,
@@ -41,68 +32,6 @@ static kv_status tb_synth(int T, int P, int Hq, int Hkv, int D, uint64_t seed, k
     kv_synth_rows(s, 0, T, L->q, L->k, L->v);
     kv_synth_destroy(s);
     return KV_OK;
-}
-
-/* Creates method `name` with the given "name=value" assignments and builds
- * it on positions [0, P) of L. */
-static kv_status tb_open(tb_drv *d, const char *name, const char *const *params, int np, const kv_layer *L, int P,
-                         int sink, int local, int k) {
-    memset(d, 0, sizeof *d);
-    d->m = kv_method_find(name);
-    if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method %s is not registered", name);
-    d->L = L;
-    int D = L->D, T = L->T;
-    d->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = D, .group = L->Hq / L->Hkv,
-                       .max_tokens = T, .prefill_len = P, .softmax_scale = 0.17677669f, .sink = sink,
-                       .local = local, .seed = 11};
-    kv_param_set ps;
-    kv_params_init(&ps, d->m->params);
-    for (int i = 0; i < np; i++) KV_TRY(kv_params_set(&ps, name, params[i]));
-    int lists = d->m->per_kv_head ? L->Hkv : L->Hq, cap = d->m->variable_budget ? T : k;
-    KV_TRY(kv_selection_alloc(&d->sel, lists, L->Hkv, cap, T, T));
-    size_t fs = sizeof(float);
-    float *pk = malloc((size_t)L->Hkv * P * D * fs), *pv = malloc((size_t)L->Hkv * P * D * fs),
-          *pq = malloc((size_t)L->Hq * P * D * fs);
-    d->kr = malloc((size_t)L->Hkv * D * fs);
-    d->vr = malloc((size_t)L->Hkv * D * fs);
-    d->qr = malloc((size_t)L->Hq * D * fs);
-    kv_status st = (!pk || !pv || !pq || !d->kr || !d->vr || !d->qr) ? KV_ERR_NOMEM : KV_OK;
-    for (int g = 0; g < L->Hkv && st == KV_OK; g++) {
-        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * fs);
-        memcpy(pv + (size_t)g * P * D, L->v + (size_t)g * T * D, (size_t)P * D * fs);
-    }
-    for (int h = 0; h < L->Hq && st == KV_OK; h++)
-        memcpy(pq + (size_t)h * P * D, L->q + (size_t)h * T * D, (size_t)P * D * fs);
-    kv_prefill pre = {.n = P, .k = pk, .v = pv, .q = pq};
-    if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
-    if (st == KV_OK) st = d->m->build(d->st, &pre);
-    d->n = P;
-    free(pk); free(pv); free(pq);
-    return st;
-}
-
-/* Appends positions up to t (inclusive) and searches step t into d->sel. */
-static kv_status tb_step(tb_drv *d, int t, int k) {
-    const kv_layer *L = d->L;
-    int D = L->D, T = L->T;
-    size_t fs = sizeof(float);
-    for (; d->n <= t; d->n++) {
-        for (int g = 0; g < L->Hkv; g++) {
-            memcpy(d->kr + (size_t)g * D, L->k + ((size_t)g * T + d->n) * D, D * fs);
-            memcpy(d->vr + (size_t)g * D, L->v + ((size_t)g * T + d->n) * D, D * fs);
-        }
-        for (int h = 0; h < L->Hq; h++) memcpy(d->qr + (size_t)h * D, L->q + ((size_t)h * T + d->n) * D, D * fs);
-        KV_TRY(d->m->append(d->st, d->n, d->kr, d->vr, d->qr));
-    }
-    kv_selection_reset(&d->sel);
-    return d->m->search(d->st, t, d->qr, k, &d->sel);
-}
-
-static void tb_close(tb_drv *d) {
-    if (d->st) d->m->destroy(d->st);
-    kv_selection_free(&d->sel);
-    free(d->kr); free(d->vr); free(d->qr);
-    memset(d, 0, sizeof *d);
 }
 
 static const float *key_of(const kv_layer *L, int g, int t) { return L->k + ((size_t)g * L->T + t) * L->D; }
@@ -158,15 +87,15 @@ int test_pqcache_codes_are_nearest(void) {
     kv_layer L;
     CHECK_OK(tb_synth(700, 400, 4, 2, 32, 3, &L));
     const char *ps[] = {"M=4", "b=5", "iters=3"};
-    tb_drv dr;
-    CHECK_OK(tb_open(&dr, "pqcache", ps, 3, &L, 400, 4, 16, 24));
+    kv_test_driver dr;
+    CHECK_OK(kv_test_driver_open(&dr, "pqcache", ps, 3, &L, 400, 4, 16, 24));
     kv_pq_view v;
     kv_pqcache_view(dr.st, &v);
     CHECK(v.M == 4 && v.C == 32 && v.dsub == 8, "view M %d C %d dsub %d", v.M, v.C, v.dsub);
     size_t csz = (size_t)2 * v.M * v.dsub * v.C * sizeof(float);
     float *c0 = malloc(csz);
     memcpy(c0, v.cent, csz);
-    CHECK_OK(tb_step(&dr, 690, 24));
+    CHECK_OK(kv_test_driver_step(&dr, 690, 24));
     kv_pqcache_view(dr.st, &v);
     CHECK(v.n == 691, "positions seen %d", v.n);
     CHECK(memcmp(c0, v.cent, csz) == 0, "centroids changed during decode without recluster");
@@ -175,15 +104,15 @@ int test_pqcache_codes_are_nearest(void) {
             for (int m = 0; m < v.M; m++)
                 CHECK_NEAREST(key_of(&L, g, t) + m * v.dsub, v.cent + ((size_t)g * v.M + m) * v.dsub * v.C, v.C, v.dsub,
                               v.codes[((size_t)g * L.T + t) * v.M + m], "kv head %d position %d sub %d", g, t, m);
-    tb_close(&dr);
+    kv_test_driver_close(&dr);
 
     /* recluster=100: the centroids move after 100 appended keys and every code follows them */
     const char *pr[] = {"M=4", "b=5", "iters=3", "recluster=100"};
-    CHECK_OK(tb_open(&dr, "pqcache", pr, 4, &L, 400, 4, 16, 24));
-    CHECK_OK(tb_step(&dr, 498, 24)); /* 99 appended */
+    CHECK_OK(kv_test_driver_open(&dr, "pqcache", pr, 4, &L, 400, 4, 16, 24));
+    CHECK_OK(kv_test_driver_step(&dr, 498, 24)); /* 99 appended */
     kv_pqcache_view(dr.st, &v);
     CHECK(memcmp(c0, v.cent, csz) == 0, "same seed and data: the prefill centroids must match");
-    CHECK_OK(tb_step(&dr, 499, 24)); /* the 100th */
+    CHECK_OK(kv_test_driver_step(&dr, 499, 24)); /* the 100th */
     kv_pqcache_view(dr.st, &v);
     CHECK(memcmp(c0, v.cent, csz) != 0, "recluster=100 left the centroids unchanged after 100 appends");
     for (int g = 0; g < 2; g++)
@@ -192,7 +121,7 @@ int test_pqcache_codes_are_nearest(void) {
                 CHECK_NEAREST(key_of(&L, g, t) + m * v.dsub, v.cent + ((size_t)g * v.M + m) * v.dsub * v.C, v.C, v.dsub,
                               v.codes[((size_t)g * L.T + t) * v.M + m], "reclustered: kv head %d position %d sub %d",
                               g, t, m);
-    tb_close(&dr);
+    kv_test_driver_close(&dr);
     free(c0);
     kv_layer_free(&L);
     return KV_TEST_PASS;
@@ -262,12 +191,12 @@ int test_pqcache_adc_matches_direct(void) {
     kv_layer L;
     CHECK_OK(tb_synth(700, 400, 4, 2, 32, 8, &L));
     const char *ps[] = {"M=4", "b=4", "iters=3"};
-    tb_drv dr;
+    kv_test_driver dr;
     int k = 24, sink = 4, local = 16;
-    CHECK_OK(tb_open(&dr, "pqcache", ps, 3, &L, 400, sink, local, k));
+    CHECK_OK(kv_test_driver_open(&dr, "pqcache", ps, 3, &L, 400, sink, local, k));
     double *agg = malloc((size_t)L.T * sizeof(double)), *sc = malloc((size_t)L.T * sizeof(double));
     for (int t = 450; t < 700; t += 83) {
-        CHECK_OK(tb_step(&dr, t, k));
+        CHECK_OK(kv_test_driver_step(&dr, t, k));
         kv_pq_view v;
         kv_pqcache_view(dr.st, &v);
         int lo = sink, hi = t + 1 - local, nr = hi - lo;
@@ -305,7 +234,7 @@ int test_pqcache_adc_matches_direct(void) {
         }
     }
     free(agg); free(sc);
-    tb_close(&dr);
+    kv_test_driver_close(&dr);
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
@@ -407,10 +336,10 @@ int test_quest_selects_top_pages(void) {
            *sorted = malloc((size_t)T * sizeof(double));
     int *chosen = malloc((size_t)T * sizeof(int));
     for (int pool = 0; pool < 3; pool++) {
-        tb_drv dr;
-        CHECK_OK(tb_open(&dr, "quest", &pools[pool], 1, &L, P, sink, local, k));
+        kv_test_driver dr;
+        CHECK_OK(kv_test_driver_open(&dr, "quest", &pools[pool], 1, &L, P, sink, local, k));
         for (int t = P; t < T; t += 37) {
-            CHECK_OK(tb_step(&dr, t, k));
+            CHECK_OK(kv_test_driver_step(&dr, t, k));
             int hi = t + 1 - local, npages = (t + 1 - sink) / page;
             int ncand = (hi - sink + page - 1) / page < npages ? (hi - sink + page - 1) / page : npages;
             int kp = k / page;
@@ -469,7 +398,7 @@ int test_quest_selects_top_pages(void) {
                       dr.sel.n_extra[g]);
             }
         }
-        tb_close(&dr);
+        kv_test_driver_close(&dr);
     }
     free(score); free(bound); free(sorted); free(chosen);
     kv_layer_free(&L);
@@ -480,11 +409,11 @@ int test_quest_partial_page_is_extra(void) {
     kv_layer L;
     int T = 700, P = 400, sink = 4, local = 5, page = 16, k = 48;
     CHECK_OK(tb_synth(T, P, 4, 2, 32, 43, &L));
-    tb_drv dr;
-    CHECK_OK(tb_open(&dr, "quest", NULL, 0, &L, P, sink, local, k));
+    kv_test_driver dr;
+    CHECK_OK(kv_test_driver_open(&dr, "quest", NULL, 0, &L, P, sink, local, k));
     int seen = 0;
     for (int t = P; t < P + 48; t++) {
-        CHECK_OK(tb_step(&dr, t, k));
+        CHECK_OK(kv_test_driver_step(&dr, t, k));
         int hi = t + 1 - local, pstart = sink + (t + 1 - sink) / page * page;
         int want = hi > pstart ? hi - pstart : 0;
         seen += want > 0;
@@ -503,7 +432,7 @@ int test_quest_partial_page_is_extra(void) {
             }
     }
     CHECK(seen > 0, "no step had a partial page in the region");
-    tb_close(&dr);
+    kv_test_driver_close(&dr);
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
@@ -603,8 +532,8 @@ int test_magicpig_returns_colliding_keys(void) {
     int T = 900, P = 600, sink = 4, local = 16, D = 32, minc = 3;
     CHECK_OK(tb_synth(T, P, 4, 2, D, 47, &L));
     const char *ps[] = {"K=6", "L=30", "min_collisions=3"};
-    tb_drv dr;
-    CHECK_OK(tb_open(&dr, "magicpig", ps, 3, &L, P, sink, local, 24));
+    kv_test_driver dr;
+    CHECK_OK(kv_test_driver_open(&dr, "magicpig", ps, 3, &L, P, sink, local, 24));
     kv_mp_view v;
     kv_magicpig_view(dr.st, &v);
     int K = v.K, NT = v.L, KL = K * NT;
@@ -620,7 +549,7 @@ int test_magicpig_returns_colliding_keys(void) {
     uint16_t qc[30];
     int any_in = 0, any_out = 0;
     for (int t = P; t < T; t += 149) {
-        CHECK_OK(tb_step(&dr, t, 24));
+        CHECK_OK(kv_test_driver_step(&dr, t, 24));
         kv_magicpig_view(dr.st, &v);
         int hi = t + 1 - local;
         for (int h = 0; h < 4; h++) {
@@ -671,7 +600,7 @@ int test_magicpig_returns_colliding_keys(void) {
         }
     }
     CHECK(any_in && any_out, "degenerate case: returned some %d, left out some %d", any_in, any_out);
-    tb_close(&dr);
+    kv_test_driver_close(&dr);
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
@@ -696,14 +625,14 @@ int test_baselines_param_variants(void) {
     kv_layer L;
     CHECK_OK(tb_synth(T, 400, 4, 2, 32, 53, &L));
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        tb_drv a, b;
+        kv_test_driver a, b;
         int local = cases[ci].local, P = cases[ci].P;
-        CHECK_OK(tb_open(&a, cases[ci].method, cases[ci].params, cases[ci].np, &L, P, sink, local, k));
-        CHECK_OK(tb_open(&b, cases[ci].method, cases[ci].params, cases[ci].np, &L, P, sink, local, k));
+        CHECK_OK(kv_test_driver_open(&a, cases[ci].method, cases[ci].params, cases[ci].np, &L, P, sink, local, k));
+        CHECK_OK(kv_test_driver_open(&b, cases[ci].method, cases[ci].params, cases[ci].np, &L, P, sink, local, k));
         int nonempty = 0;
         for (int t = P; t < T; t += 13) {
-            CHECK_OK(tb_step(&a, t, k));
-            CHECK_OK(tb_step(&b, t, k));
+            CHECK_OK(kv_test_driver_step(&a, t, k));
+            CHECK_OK(kv_test_driver_step(&b, t, k));
             int hi = t + 1 - local;
             if (hi <= sink) continue;
             for (int l = 0; l < a.sel.n_lists; l++) {
@@ -728,8 +657,8 @@ int test_baselines_param_variants(void) {
         }
         CHECK(nonempty, "case %zu (%s): never selected anything", ci, cases[ci].method);
         CHECK(a.m->memory_bytes(a.st) > 0, "case %zu: memory_bytes is 0", ci);
-        tb_close(&a);
-        tb_close(&b);
+        kv_test_driver_close(&a);
+        kv_test_driver_close(&b);
     }
     /* a bad M is refused with the reason */
     kv_shape sh = {.num_q_heads = 4, .num_kv_heads = 2, .head_dim = 32, .group = 2, .max_tokens = 10,

@@ -161,63 +161,37 @@ int test_protocol_rejects_contract_breaks(void) {
 /* ---- conformance: every registered method ---- */
 typedef struct { int n_steps, lists, cap; int32_t *idx; int *count; } sel_log;
 
-/* Drives method m over layer L from P to T, logging selections of steps
- * P + j*stride; with check=1, verifies the budget, the region and that no
- * index repeats. */
+/* Drives method m over layer L (tests/driver.c), logging selections of
+ * steps P + j*stride; with check=1, verifies the budget, the region and
+ * that no index repeats. */
 static kv_status drive(const kv_method *m, const kv_layer *L, int P, int k, int stride, sel_log *log, int check) {
-    kv_shape sh = {.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = L->D, .group = L->Hq / L->Hkv,
-                   .max_tokens = L->T, .prefill_len = P, .softmax_scale = 0.125f, .sink = 4, .local = 16, .seed = 3};
-    kv_param_set ps;
-    kv_params_init(&ps, m->params);
-    int D = L->D, T = L->T;
-    size_t fs = sizeof(float);
-    float *pk = malloc((size_t)L->Hkv * P * D * fs), *pv = malloc((size_t)L->Hkv * P * D * fs),
-          *pq = malloc((size_t)L->Hq * P * D * fs), *kr = malloc((size_t)L->Hkv * D * fs),
-          *vr = malloc((size_t)L->Hkv * D * fs), *qr = malloc((size_t)L->Hq * D * fs);
-    for (int g = 0; g < L->Hkv; g++) {
-        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * fs);
-        memcpy(pv + (size_t)g * P * D, L->v + (size_t)g * T * D, (size_t)P * D * fs);
-    }
-    for (int h = 0; h < L->Hq; h++) memcpy(pq + (size_t)h * P * D, L->q + (size_t)h * T * D, (size_t)P * D * fs);
-    kv_prefill pre = {.n = P, .k = pk, .v = pv, .q = pq};
-    void *st = NULL;
-    kv_selection sel;
-    int lists = m->per_kv_head ? L->Hkv : L->Hq, cap = m->variable_budget ? T : k;
-    kv_status rc = kv_selection_alloc(&sel, lists, L->Hkv, cap, T, T);
-    if (rc == KV_OK) rc = m->create(&sh, &ps, &st);
-    if (rc == KV_OK) rc = m->build(st, &pre);
-    log->lists = lists; log->cap = cap; log->n_steps = 0;
-    for (int t = P; t < T && rc == KV_OK; t++) {
-        for (int g = 0; g < L->Hkv; g++) {
-            memcpy(kr + g * D, L->k + ((size_t)g * T + t) * D, D * fs);
-            memcpy(vr + g * D, L->v + ((size_t)g * T + t) * D, D * fs);
-        }
-        for (int h = 0; h < L->Hq; h++) memcpy(qr + h * D, L->q + ((size_t)h * T + t) * D, D * fs);
-        rc = m->append(st, t, kr, vr, qr);
-        if (rc != KV_OK || (t - P) % stride) continue;
-        kv_selection_reset(&sel);
-        rc = m->search(st, t, qr, k, &sel);
+    kv_test_driver d;
+    int sink = 4, local = 16;
+    kv_status rc = kv_test_driver_open(&d, m->name, NULL, 0, L, P, sink, local, k);
+    const kv_selection *sel = &d.sel;
+    log->lists = sel->n_lists; log->cap = sel->cap; log->n_steps = 0;
+    for (int t = P; t < L->T && rc == KV_OK; t += stride) {
+        rc = kv_test_driver_step(&d, t, k);
         int s = log->n_steps++;
-        for (int l = 0; l < lists && rc == KV_OK; l++) {
-            log->count[s * lists + l] = sel.count[l];
-            memcpy(log->idx + ((size_t)s * lists + l) * cap, sel.idx + (size_t)l * sel.cap, sel.count[l] * sizeof(int32_t));
+        for (int l = 0; l < sel->n_lists && rc == KV_OK; l++) {
+            log->count[s * sel->n_lists + l] = sel->count[l];
+            memcpy(log->idx + ((size_t)s * sel->n_lists + l) * sel->cap, sel->idx + (size_t)l * sel->cap,
+                   sel->count[l] * sizeof(int32_t));
             if (!check) continue;
-            if (!m->variable_budget && sel.count[l] > k)
-                rc = kv_fail(KV_ERR_INTERNAL, "%s: %d indices > k=%d at step %d", m->name, sel.count[l], k, t);
-            for (int j = 0; j < sel.count[l] && rc == KV_OK; j++) {
-                int i = sel.idx[(size_t)l * sel.cap + j];
-                if (i < sh.sink || i >= t + 1 - sh.local)
-                    rc = kv_fail(KV_ERR_INTERNAL, "%s: index %d outside [%d, %d) at step %d", m->name, i, sh.sink,
-                                 t + 1 - sh.local, t);
+            if (!m->variable_budget && sel->count[l] > k)
+                rc = kv_fail(KV_ERR_INTERNAL, "%s: %d indices > k=%d at step %d", m->name, sel->count[l], k, t);
+            for (int j = 0; j < sel->count[l] && rc == KV_OK; j++) {
+                int i = sel->idx[(size_t)l * sel->cap + j];
+                if (i < sink || i >= t + 1 - local)
+                    rc = kv_fail(KV_ERR_INTERNAL, "%s: index %d outside [%d, %d) at step %d", m->name, i, sink,
+                                 t + 1 - local, t);
                 for (int j2 = 0; j2 < j && rc == KV_OK; j2++)
-                    if (sel.idx[(size_t)l * sel.cap + j2] == i)
+                    if (sel->idx[(size_t)l * sel->cap + j2] == i)
                         rc = kv_fail(KV_ERR_INTERNAL, "%s: index %d twice at step %d", m->name, i, t);
             }
         }
     }
-    if (st) m->destroy(st);
-    kv_selection_free(&sel);
-    free(pk); free(pv); free(pq); free(kr); free(vr); free(qr);
+    kv_test_driver_close(&d);
     return rc;
 }
 

@@ -1,0 +1,69 @@
+/* driver.c: the one loop every method test drives a retriever with, as
+ * cli/run.c does: build on the prefill [0, P), then append each position in
+ * order and search. Tests own their data; this only hands it over. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_test.h"
+
+/* Creates method `name` with the given "name=value" assignments and builds
+ * it on positions [0, P) of L. */
+kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L, int P,
+                         int sink, int local, int k) {
+    memset(d, 0, sizeof *d);
+    d->m = kv_method_find(name);
+    if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method %s is not registered", name);
+    d->L = L;
+    int D = L->D, T = L->T;
+    d->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = D, .group = L->Hq / L->Hkv,
+                       .max_tokens = T, .prefill_len = P, .softmax_scale = 0.17677669f, .sink = sink,
+                       .local = local, .seed = 11};
+    kv_param_set ps;
+    kv_params_init(&ps, d->m->params);
+    for (int i = 0; i < np; i++) KV_TRY(kv_params_set(&ps, name, params[i]));
+    int lists = d->m->per_kv_head ? L->Hkv : L->Hq, cap = d->m->variable_budget ? T : k;
+    KV_TRY(kv_selection_alloc(&d->sel, lists, L->Hkv, cap, T, T));
+    size_t fs = sizeof(float);
+    float *pk = malloc((size_t)L->Hkv * P * D * fs), *pv = malloc((size_t)L->Hkv * P * D * fs),
+          *pq = malloc((size_t)L->Hq * P * D * fs);
+    d->kr = malloc((size_t)L->Hkv * D * fs);
+    d->vr = malloc((size_t)L->Hkv * D * fs);
+    d->qr = malloc((size_t)L->Hq * D * fs);
+    kv_status st = (!pk || !pv || !pq || !d->kr || !d->vr || !d->qr) ? KV_ERR_NOMEM : KV_OK;
+    for (int g = 0; g < L->Hkv && st == KV_OK; g++) {
+        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * fs);
+        if (L->v) memcpy(pv + (size_t)g * P * D, L->v + (size_t)g * T * D, (size_t)P * D * fs);
+    }
+    for (int h = 0; h < L->Hq && st == KV_OK; h++)
+        memcpy(pq + (size_t)h * P * D, L->q + (size_t)h * T * D, (size_t)P * D * fs);
+    kv_prefill pre = {.n = P, .k = pk, .v = L->v ? pv : NULL, .q = pq};
+    if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
+    if (st == KV_OK) st = d->m->build(d->st, &pre);
+    d->n = P;
+    free(pk); free(pv); free(pq);
+    return st;
+}
+
+/* Appends positions up to t (inclusive) and searches step t into d->sel. */
+kv_status kv_test_driver_step(kv_test_driver *d, int t, int k) {
+    const kv_layer *L = d->L;
+    int D = L->D, T = L->T;
+    size_t fs = sizeof(float);
+    for (; d->n <= t; d->n++) {
+        for (int g = 0; g < L->Hkv; g++) {
+            memcpy(d->kr + (size_t)g * D, L->k + ((size_t)g * T + d->n) * D, D * fs);
+            if (L->v) memcpy(d->vr + (size_t)g * D, L->v + ((size_t)g * T + d->n) * D, D * fs);
+        }
+        for (int h = 0; h < L->Hq; h++) memcpy(d->qr + (size_t)h * D, L->q + ((size_t)h * T + d->n) * D, D * fs);
+        KV_TRY(d->m->append(d->st, d->n, d->kr, L->v ? d->vr : NULL, d->qr));
+    }
+    kv_selection_reset(&d->sel);
+    return d->m->search(d->st, t, d->qr, k, &d->sel);
+}
+
+void kv_test_driver_close(kv_test_driver *d) {
+    if (d->st) d->m->destroy(d->st);
+    kv_selection_free(&d->sel);
+    free(d->kr); free(d->vr); free(d->qr);
+    memset(d, 0, sizeof *d);
+}
