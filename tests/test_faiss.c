@@ -54,41 +54,22 @@ static void fixture_free(fixture *f) { free(f->k); free(f->q); }
 typedef struct { int steps, k; int32_t *idx; int *count; } run_log;
 
 static kv_status drive(const kv_method *m, const char *const *params, const fixture *f, int k, int stride, run_log *log) {
-    int Hq = f->Hq, Hkv = f->Hkv, D = f->D, T = f->T, P = f->P;
-    kv_shape sh = {.num_q_heads = Hq, .num_kv_heads = Hkv, .head_dim = D, .group = Hq / Hkv, .max_tokens = T,
-                   .prefill_len = P, .softmax_scale = 0.125f, .sink = f->S, .local = f->W, .seed = 7};
-    *log = (run_log){.steps = (T - P + stride - 1) / stride, .k = k};
+    int Hq = f->Hq, np = 0;
+    *log = (run_log){.steps = (f->T - f->P + stride - 1) / stride, .k = k};
     log->idx = calloc((size_t)log->steps * Hq * k, sizeof(int32_t));
     log->count = calloc((size_t)log->steps * Hq, sizeof(int));
-    kv_param_set ps;
-    kv_params_init(&ps, m->params);
-    for (const char *const *p = params; p && *p; p++) KV_TRY(kv_params_set(&ps, m->name, *p));
-    float *pk = malloc((size_t)Hkv * P * D * sizeof(float)), *pq = malloc((size_t)Hq * P * D * sizeof(float));
-    float *kr = malloc((size_t)Hkv * D * sizeof(float)), *qr = malloc((size_t)Hq * D * sizeof(float));
-    for (int g = 0; g < Hkv; g++) memcpy(pk + (size_t)g * P * D, f->k + (size_t)g * T * D, (size_t)P * D * sizeof(float));
-    for (int h = 0; h < Hq; h++) memcpy(pq + (size_t)h * P * D, f->q + (size_t)h * T * D, (size_t)P * D * sizeof(float));
-    kv_prefill pre = {.n = P, .k = pk, .q = pq};
-    kv_selection sel;
-    void *st = NULL;
-    kv_status rc = kv_selection_alloc(&sel, Hq, Hkv, k, T, T);
-    if (rc == KV_OK) rc = m->create(&sh, &ps, &st);
-    if (rc == KV_OK) rc = m->build(st, &pre);
-    for (int t = P, s = 0; t < T && rc == KV_OK; t++) {
-        for (int g = 0; g < Hkv; g++) memcpy(kr + g * D, f->k + ((size_t)g * T + t) * D, D * sizeof(float));
-        for (int h = 0; h < Hq; h++) memcpy(qr + h * D, f->q + ((size_t)h * T + t) * D, D * sizeof(float));
-        rc = m->append(st, t, kr, NULL, qr);
-        if (rc != KV_OK || (t - P) % stride) continue;
-        kv_selection_reset(&sel);
-        rc = m->search(st, t, qr, k, &sel);
+    while (params && params[np]) np++;
+    kv_layer L = {.Hq = Hq, .Hkv = f->Hkv, .T = f->T, .D = f->D, .q = f->q, .k = f->k};
+    kv_test_driver d;
+    kv_status rc = kv_test_driver_open(&d, m->name, params, np, &L, f->P, f->S, f->W, k);
+    for (int t = f->P, s = 0; t < f->T && rc == KV_OK; t += stride, s++) {
+        rc = kv_test_driver_step(&d, t, k);
         for (int h = 0; h < Hq && rc == KV_OK; h++) {
-            log->count[s * Hq + h] = sel.count[h];
-            memcpy(log->idx + ((size_t)s * Hq + h) * k, sel.idx + (size_t)h * sel.cap, sel.count[h] * sizeof(int32_t));
+            log->count[s * Hq + h] = d.sel.count[h];
+            memcpy(log->idx + ((size_t)s * Hq + h) * k, d.sel.idx + (size_t)h * d.sel.cap, d.sel.count[h] * sizeof(int32_t));
         }
-        s++;
     }
-    if (st) m->destroy(st);
-    kv_selection_free(&sel);
-    free(pk); free(pq); free(kr); free(qr);
+    kv_test_driver_close(&d);
     return rc;
 }
 
