@@ -23,7 +23,7 @@ C_SRCS := $(wildcard kernels/*.c datasets/*.c retrievers/*.c cli/*.c)
 ifneq ($(and $(NVCC),$(wildcard kernels/*.cu)),)
   HAVE_CUDA := 1
   CU_SRCS := $(wildcard kernels/*.cu)
-  C_SRCS := $(filter-out kernels/gpu_stub.c,$(C_SRCS))
+  C_SRCS := $(filter-out kernels/%stub.c,$(C_SRCS))
   NVCCFLAGS ?= -O3 -lineinfo
   NVCCFLAGS += -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
                -Xcompiler -Wall -MMD -MP

@@ -31,14 +31,17 @@
 #include "../kernels/topk.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
+#include "results.h"
 
 #define BENCH_SEG 65536
 #define BENCH_CHUNK 2048
 #define BENCH_MAX_LENGTHS 32
 
 static const char bench_help[] =
-    "usage: kvbench bench --method exact --tokens 16384,131072,1048576 [options]\n"
-    "  --method M        method to time (only exact has a bench so far)\n"
+    "usage: kvbench bench --method LIST --tokens 16384,131072,1048576 [options]\n"
+    "  --method LIST     methods to time, comma-separated (every method on the CPU; on a GPU, exact and\n"
+    "                    the methods with CUDA kernels)\n"
+    "  --param [M.]N=V   set a method parameter, as in kvbench run; repeatable\n"
     "  --tokens LIST     context lengths, comma-separated (default 16384,131072,1048576)\n"
     "  --q-heads N       query heads (default 16)\n"
     "  --kv-heads N      kv heads (default 8)\n"
@@ -53,7 +56,9 @@ static const char bench_help[] =
     "the bytes the stage must move, the achieved GB/s and, on a GPU, the percentage of the copy bandwidth.\n";
 
 typedef struct {
-    const char *method, *csv;
+    const char *methods, *csv;
+    const char *params[64];
+    int n_params;
     int tokens[BENCH_MAX_LENGTHS], n_tokens;
     int Hq, Hkv, D, k, reps, warmup, seed;
     kv_device_choice device;
@@ -63,7 +68,7 @@ static const char *const stage_names[4] = {"score", "topk", "attention", "exact"
 
 static int parse_bench(int argc, char **argv, bench_opts *o) {
     static const struct option opts[] = {
-        {"method", 1, 0, 'm'}, {"tokens", 1, 0, 't'}, {"q-heads", 1, 0, 'q'}, {"kv-heads", 1, 0, 'K'},
+        {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'}, {"tokens", 1, 0, 't'}, {"q-heads", 1, 0, 'q'}, {"kv-heads", 1, 0, 'K'},
         {"dim", 1, 0, 'd'}, {"k", 1, 0, 'k'}, {"reps", 1, 0, 'r'}, {"warmup", 1, 0, 'w'}, {"seed", 1, 0, 's'},
         {"device", 1, 0, 'D'}, {"csv", 1, 0, 'c'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10};
@@ -73,7 +78,11 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     for (int c; (c = getopt_long(argc, argv, "h", opts, &li)) != -1;) {
         int bad = 0;
         switch (c) {
-        case 'm': o->method = optarg; break;
+        case 'm': o->methods = optarg; break;
+        case 'p':
+            if (o->n_params >= 64) return kv_usage_error("bench", "too many --param options (64 at most)");
+            o->params[o->n_params++] = optarg;
+            break;
         case 't':
             o->n_tokens = kv_parse_int_list(optarg, o->tokens, BENCH_MAX_LENGTHS);
             bad = o->n_tokens < 0;
@@ -96,10 +105,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                                   : c == 't' ? " (expected comma-separated positive integers)" : "");
     }
     if (optind < argc) return kv_usage_error("bench", "unexpected argument '%s'", argv[optind]);
-    if (!o->method) return kv_usage_error("bench", "--method is required (kvbench list shows the methods)");
-    if (!kv_method_find(o->method)) return kv_usage_error("bench", "--method: unknown method '%s'", o->method);
-    if (strcmp(o->method, "exact"))
-        return kv_usage_error("bench", "--method %s: no bench for this method yet (only exact)", o->method);
+    if (!o->methods) return kv_usage_error("bench", "--method is required (kvbench list shows the methods)");
     if (o->Hq % o->Hkv) return kv_usage_error("bench", "--q-heads %d is not a multiple of --kv-heads %d", o->Hq, o->Hkv);
     if (o->D % 2) return kv_usage_error("bench", "--dim must be even (the generator applies RoPE), found %d", o->D);
     return -1;
@@ -240,14 +246,118 @@ static double stage_bytes(const bench_opts *o, int T, int which, int kv_bytes) {
     }
 }
 
+/* The exact method's four stages of one length, as rows. */
+static kv_status bench_exact(const bench_opts *o, const bench_data *bd, const float *q, int use_gpu,
+                             kv_gpu_stages *out) {
+    kv_gpu_timing tm[4];
+    if (use_gpu) {
+        kv_gpu_bench_spec spec = {.Hq = o->Hq, .Hkv = o->Hkv, .n = bd->T, .D = o->D, .k = o->k, .reps = o->reps,
+                                  .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D)};
+        kv_gpu_bench_out r;
+        KV_TRY(kv_gpu_bench_run(&spec, bd->K, bd->V, q, &r));
+        tm[0] = r.score; tm[1] = r.topk; tm[2] = r.attn; tm[3] = r.exact;
+        fprintf(stderr, "bench: %d tokens: exact = score launch with the top-k's histogram and tile maxima %.1f us "
+                        "(plain scores %.1f) + top-k launch %.1f us (medians)\n",
+                bd->T, r.exact_scores.med_us, r.score.med_us, r.exact.med_us - r.exact_scores.med_us);
+        out->l2_bytes = r.l2_bytes;
+        out->flush_bytes = r.flush_bytes;
+    } else {
+        KV_TRY(cpu_time(o, bd, q, tm));
+    }
+    out->n = 4;
+    for (int w = 0; w < 4; w++)
+        out->stage[w] = (kv_gpu_stage){stage_names[w], tm[w], stage_bytes(o, bd->T, w, use_gpu ? 2 : 4)};
+    snprintf(out->bytes_note, sizeof out->bytes_note,
+             "score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention = scores + "
+             "V + o; exact = K + q + indices (the scores need not reach memory)", use_gpu ? 2 : 4);
+    return KV_OK;
+}
+
+static kv_shape bench_shape(const bench_opts *o, int T, int use_gpu) {
+    return (kv_shape){.num_q_heads = o->Hq, .num_kv_heads = o->Hkv, .head_dim = o->D, .group = o->Hq / o->Hkv,
+                      .max_tokens = T, .prefill_len = T, .softmax_scale = 1.0f / sqrtf((float)o->D),
+                      .seed = (uint64_t)o->seed, .use_gpu = use_gpu};
+}
+
+/* Any method on the CPU, through its vtable: build from the first T-1
+ * keys (timed once), append the last position, then time search(T-1) as
+ * the protocol calls it (retrievable region [0, T)). Bytes: the index
+ * (memory_bytes), which a search reads at most. */
+static kv_status bench_cpu_method(const bench_opts *o, const bench_data *bd, const float *q, kv_method_run *r,
+                                  kv_gpu_stages *out) {
+    int T = bd->T, D = o->D, H = o->Hkv, reps = o->reps < 5 ? o->reps : 5;
+    kv_shape sh = bench_shape(o, T, 0);
+    sh.prefill_len = T - 1;
+    float *kl = kv_malloc((size_t)H * D * sizeof(float), "bench last key"), *vl = kv_malloc((size_t)H * D * 4, "bench last value");
+    float *pk = kv_malloc((size_t)H * (T - 1) * D * sizeof(float), "bench prefill keys");
+    float ts[8];
+    kv_status st = (!kl || !vl || !pk) ? KV_ERR_NOMEM : KV_OK;
+    void *state = NULL;
+    kv_selection sel = {0};
+    if (st == KV_OK) {
+        for (int h = 0; h < H; h++) {
+            memcpy(pk + (size_t)h * (T - 1) * D, bd->hk + (size_t)h * T * D, (size_t)(T - 1) * D * 4);
+            memcpy(kl + (size_t)h * D, bd->hk + ((size_t)h * T + T - 1) * D, (size_t)D * 4);
+            memcpy(vl + (size_t)h * D, bd->hv + ((size_t)h * T + T - 1) * D, (size_t)D * 4);
+        }
+        st = r->m->create(&sh, &r->ps, &state);
+    }
+    double t0 = kv_now();
+    if (st == KV_OK) st = r->m->build(state, &(kv_prefill){.n = T - 1, .k = pk});
+    double build_us = 1e6 * (kv_now() - t0);
+    if (st == KV_OK) st = r->m->append(state, T - 1, kl, vl, q);
+    int lists = r->m->per_kv_head ? H : o->Hq, cap = r->m->variable_budget ? T : o->k;
+    if (st == KV_OK) st = kv_selection_alloc(&sel, lists, H, cap, T, T);
+    for (int i = 0; i < 1 + reps && st == KV_OK; i++) { /* the first run is the warm-up */
+        kv_selection_reset(&sel);
+        t0 = kv_now();
+        st = r->m->search(state, T - 1, q, o->k, &sel);
+        if (i) ts[i - 1] = (float)(1e6 * (kv_now() - t0));
+    }
+    if (st == KV_OK) {
+        double idx = (double)r->m->memory_bytes(state);
+        out->n = 2;
+        out->stage[0] = (kv_gpu_stage){"build", {build_us, build_us}, idx};
+        out->stage[1] = (kv_gpu_stage){"search", {kv_percentile_inplace(ts, (size_t)reps, 0.5),
+                                                  kv_percentile_inplace(ts, (size_t)reps, 0.9)}, idx};
+        snprintf(out->bytes_note, sizeof out->bytes_note, "build and search = the index (memory_bytes, %.0f B "
+                 "per token and kv head); build is one run", idx / ((double)T * H));
+    }
+    if (state) r->m->destroy(state);
+    kv_selection_free(&sel);
+    free(kl); free(vl); free(pk);
+    return st;
+}
+
+static kv_status bench_method(const bench_opts *o, const bench_data *bd, const float *q, int use_gpu,
+                              kv_method_run *r, kv_gpu_stages *out) {
+    memset(out, 0, sizeof *out);
+    if (!strcmp(r->m->name, "exact")) return bench_exact(o, bd, q, use_gpu, out);
+    if (!use_gpu) return bench_cpu_method(o, bd, q, r, out);
+    if (!r->m->bench_gpu)
+        return kv_fail(KV_ERR_INPUT, "bench --method %s: this method has no GPU bench (its CUDA path is missing); "
+                                     "--device cpu times its C reference", r->m->name);
+    kv_gpu_bench_spec spec = {.Hq = o->Hq, .Hkv = o->Hkv, .n = bd->T, .D = o->D, .k = o->k, .reps = o->reps,
+                              .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D)};
+    kv_shape sh = bench_shape(o, bd->T, 1);
+    return r->m->bench_gpu(&sh, &r->ps, &spec, bd->K, q, out);
+}
+
 int cmd_bench(int argc, char **argv) {
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc >= 0) return rc;
+    kv_method_run runs[16];
+    int n_runs = 0;
+    if ((rc = kv_pick_methods("bench", o.methods, o.params, o.n_params, runs, 16, &n_runs)) >= 0) return rc;
     kv_gpu_info gi;
     int use_gpu;
     kv_status st = kv_resolve_device(o.device, &gi, &use_gpu);
     if (st != KV_OK) return kv_report(st);
+    for (int i = 0; i < n_runs && use_gpu; i++)
+        if (strcmp(runs[i].m->name, "exact") && !runs[i].m->bench_gpu)
+            return kv_usage_error("bench", "--method %s has no GPU bench (no CUDA kernels); --device cpu times its "
+                                           "C reference", runs[i].m->name);
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
@@ -257,12 +367,12 @@ int cmd_bench(int argc, char **argv) {
         if ((st = kv_gpu_copy_bandwidth((size_t)1 << 30, 20, &copy)) != KV_OK) return kv_report(st);
         fprintf(stderr, "kvbench %s (%s): bench %s, Hq=%d Hkv=%d D=%d k=%d, float16 K and V; device %s (driver %d, "
                         "runtime %d, %d SMs); %d reps after %d warm-up\n",
-                KVBENCH_VERSION, kv_git_sha(), o.method, o.Hq, o.Hkv, o.D, o.k, gi.name, gi.driver_version,
+                KVBENCH_VERSION, kv_git_sha(), o.methods, o.Hq, o.Hkv, o.D, o.k, gi.name, gi.driver_version,
                 gi.runtime_version, gi.sm_count, o.reps, o.warmup);
     } else {
         fprintf(stderr, "kvbench %s (%s): bench %s, Hq=%d Hkv=%d D=%d k=%d on the CPU (%s): the C reference, %d "
                         "OpenMP threads, wall clock, at most 5 reps after 1 warm-up\n",
-                KVBENCH_VERSION, kv_git_sha(), o.method, o.Hq, o.Hkv, o.D, o.k,
+                KVBENCH_VERSION, kv_git_sha(), o.methods, o.Hq, o.Hkv, o.D, o.k,
                 gi.reason[0] ? gi.reason : "--device cpu", threads);
     }
     FILE *csv = NULL;
@@ -272,16 +382,16 @@ int cmd_bench(int argc, char **argv) {
     }
     if (csv)
         fprintf(csv, "method,device,tokens,q_heads,kv_heads,dim,k,stage,median_us,p90_us,bytes,gbps,pct_copy,"
-                     "copy_gbps,fits_l2,reps\n");
-    printf("%s bench on %s%s\n", o.method, use_gpu ? gi.name : "the CPU (C reference, wall clock)",
+                     "copy_gbps,fits_l2,reps,params\n");
+    printf("%s bench on %s%s\n", o.methods, use_gpu ? gi.name : "the CPU (C reference, wall clock)",
            use_gpu ? "" : ": no GPU timings");
     if (use_gpu) printf("copy bandwidth (cudaMemcpy device-to-device, read + write): %.0f GB/s\n", copy);
-    printf("%9s  %-9s %11s %11s %10s %8s %7s  %s\n", "tokens", "stage", "median_us", "p90_us", "MB", "GB/s",
-           use_gpu ? "%copy" : "", "note");
+    printf("%-10s %9s  %-11s %11s %11s %10s %8s %7s  %s\n", "method", "tokens", "stage", "median_us", "p90_us", "MB",
+           "GB/s", use_gpu ? "%copy" : "", "note");
     size_t l2 = 0, flush = 0;
+    char notes[16][512] = {{0}};
     for (int li = 0; li < o.n_tokens && st == KV_OK; li++) {
         bench_data bd = {.o = &o, .T = o.tokens[li]};
-        kv_gpu_timing tm[4];
         float *q = kv_malloc((size_t)o.Hq * o.D * sizeof(float), "bench queries");
         double g0 = kv_now();
         st = q ? gen_query(&o, q) : KV_ERR_NOMEM;
@@ -295,48 +405,36 @@ int cmd_bench(int argc, char **argv) {
         }
         if (st == KV_OK) st = gen_data(&bd);
         fprintf(stderr, "bench: %d tokens generated in %.1f s\n", bd.T, kv_now() - g0);
-        if (st == KV_OK && use_gpu) {
-            kv_gpu_bench_spec spec = {.Hq = o.Hq, .Hkv = o.Hkv, .n = bd.T, .D = o.D, .k = o.k, .reps = o.reps,
-                                      .warmup = o.warmup, .scale = 1.0f / sqrtf((float)o.D)};
-            kv_gpu_bench_out out;
-            st = kv_gpu_bench_run(&spec, bd.K, bd.V, q, &out);
-            tm[0] = out.score; tm[1] = out.topk; tm[2] = out.attn; tm[3] = out.exact;
-            if (st == KV_OK)
-                fprintf(stderr, "bench: %d tokens: exact = score launch with the top-k's histogram and tile maxima "
-                                "%.1f us (plain scores %.1f) + top-k launch %.1f us (medians)\n",
-                        bd.T, out.exact_scores.med_us, out.score.med_us, out.exact.med_us - out.exact_scores.med_us);
-            l2 = out.l2_bytes; flush = out.flush_bytes;
-        } else if (st == KV_OK) {
-            st = cpu_time(&o, &bd, q, tm);
+        for (int mi = 0; mi < n_runs && st == KV_OK; mi++) {
+            kv_gpu_stages sg;
+            st = bench_method(&o, &bd, q, use_gpu, &runs[mi], &sg);
+            if (st != KV_OK) break;
+            snprintf(notes[mi], sizeof notes[mi], "%s", sg.bytes_note);
+            if (sg.l2_bytes) { l2 = sg.l2_bytes; flush = sg.flush_bytes; }
+            for (int w = 0; w < sg.n; w++) {
+                const kv_gpu_stage *g = &sg.stage[w];
+                double gbs = g->bytes / (g->t.med_us * 1e-6) / 1e9;
+                if (use_gpu)
+                    printf("%-10s %9d  %-11s %11.1f %11.1f %10.1f %8.0f %6.1f%%\n", runs[mi].m->name, bd.T, g->name,
+                           g->t.med_us, g->t.p90_us, g->bytes / 1e6, gbs, 100 * gbs / copy);
+                else
+                    printf("%-10s %9d  %-11s %11.1f %11.1f %10.1f %8.1f\n", runs[mi].m->name, bd.T, g->name,
+                           g->t.med_us, g->t.p90_us, g->bytes / 1e6, gbs);
+                if (csv)
+                    fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d,\"%s\"\n",
+                            runs[mi].m->name, use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, o.k, g->name,
+                            g->t.med_us, g->t.p90_us, g->bytes, gbs, use_gpu ? 100 * gbs / copy : 0.0, copy,
+                            use_gpu && (double)o.Hkv * bd.T * o.D * 2 <= (double)l2,
+                            use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5), runs[mi].params);
+            }
+            fflush(stdout);
         }
-        for (int w = 0; w < 4 && st == KV_OK; w++) {
-            double bytes = stage_bytes(&o, bd.T, w, use_gpu ? 2 : 4), gbs = bytes / (tm[w].med_us * 1e-6) / 1e9;
-            double kvb = (double)o.Hkv * bd.T * o.D * (use_gpu ? 2 : 4);
-            int fits = use_gpu && (w == 1 ? (double)o.Hq * bd.T * 4 : kvb) <= (double)l2;
-            char note[128] = "";
-            if (fits) snprintf(note, sizeof note, "%s fit in L2 (%.0f MB); flushed before each rep",
-                               w == 1 ? "scores" : w == 2 ? "V" : "K", (w == 1 ? o.Hq * 4.0 * bd.T : kvb) / 1e6);
-            if (use_gpu)
-                printf("%9d  %-9s %11.1f %11.1f %10.1f %8.0f %6.1f%%  %s\n", bd.T, stage_names[w], tm[w].med_us,
-                       tm[w].p90_us, bytes / 1e6, gbs, 100 * gbs / copy, note);
-            else
-                printf("%9d  %-9s %11.1f %11.1f %10.1f %8.1f %7s  %s\n", bd.T, stage_names[w], tm[w].med_us,
-                       tm[w].p90_us, bytes / 1e6, gbs, "", "");
-            if (csv)
-                fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d\n", o.method,
-                        use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, o.k, stage_names[w], tm[w].med_us,
-                        tm[w].p90_us, bytes, gbs, use_gpu ? 100 * gbs / copy : 0.0, copy, fits,
-                        use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5));
-        }
-        fflush(stdout);
         kv_gpu_keys_destroy(bd.K);
         kv_gpu_keys_destroy(bd.V);
         free(bd.hk); free(bd.hv); free(q);
     }
-    if (st == KV_OK)
-        printf("bytes: score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention ="
-               " scores + V + o; exact = K + q + indices (the scores need not reach memory)%s\n",
-               use_gpu ? 2 : 4, use_gpu ? "" : "");
+    for (int mi = 0; mi < n_runs && st == KV_OK; mi++)
+        printf("bytes, %s: %s\n", runs[mi].m->name, notes[mi]);
     if (st == KV_OK && use_gpu)
         printf("L2 is %.0f MB; every timed repetition follows a read of a %.0f MB buffer, so each stage reads its "
                "inputs from HBM, as in decode where the other layers evict them\n", l2 / 1e6, flush / 1e6);

@@ -44,6 +44,12 @@ typedef struct {
     size_t n;
 } kv_overall;
 
+/* Resolves --method LIST into runs[0..*n_runs) (at most max) with their
+ * --param assignments applied (cli/methods.c); returns -1 when done, else
+ * the exit code of the usage error it printed for command `cmd`. */
+int kv_pick_methods(const char *cmd, const char *list, const char *const *params, int n_params, kv_method_run *runs,
+                    int max, int *n_runs);
+
 kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n);
 void kv_overall_compute(const kv_method_run *r, kv_overall *o);
 /* Writes the run directory atomically: DIR.tmp.<pid>, then rename to DIR. */

@@ -92,52 +92,6 @@ static int parse_run(int argc, char **argv, run_opts *o) {
     return -1; /* parsed: go on */
 }
 
-/* Resolves the method list and applies --param assignments. */
-static int setup_methods(const run_opts *o, kv_method_run *runs, int *n_runs) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", o->methods);
-    int n = 0;
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        const kv_method *m = kv_method_find(tok);
-        if (!m) return kv_usage_error("run", "--method: unknown method '%s' (kvbench list shows them)", tok);
-        if (n >= MAX_METHODS) return kv_usage_error("run", "--method: at most %d methods", MAX_METHODS);
-        for (int i = 0; i < n; i++)
-            if (runs[i].m == m) return kv_usage_error("run", "--method: '%s' listed twice", tok);
-        memset(&runs[n], 0, sizeof runs[n]);
-        runs[n].m = m;
-        kv_params_init(&runs[n].ps, m->params);
-        n++;
-    }
-    for (int p = 0; p < o->n_params; p++) {
-        const char *a = o->params[p], *eq = strchr(a, '='), *dot = strchr(a, '.');
-        int applied = 0;
-        if (dot && (!eq || dot < eq)) { /* method.name=value */
-            for (int i = 0; i < n; i++)
-                if (strlen(runs[i].m->name) == (size_t)(dot - a) && !strncmp(runs[i].m->name, a, dot - a)) {
-                    kv_status st = kv_params_set(&runs[i].ps, runs[i].m->name, dot + 1);
-                    if (st != KV_OK) return kv_report(st);
-                    applied = 1;
-                }
-            if (!applied) return kv_usage_error("run", "--param %s: method '%.*s' is not in --method", a, (int)(dot - a), a);
-            continue;
-        }
-        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
-        for (int i = 0; i < n; i++)
-            for (const kv_param_spec *s = runs[i].m->params; s && s->name; s++)
-                if (strlen(s->name) == nl && !strncmp(s->name, a, nl)) {
-                    kv_status st = kv_params_set(&runs[i].ps, runs[i].m->name, a);
-                    if (st != KV_OK) return kv_report(st);
-                    applied = 1;
-                }
-        if (!applied) {
-            kv_status st = kv_params_set(&runs[0].ps, runs[0].m->name, a); /* lists the accepted names */
-            if (st != KV_OK) return kv_report(st);
-        }
-    }
-    for (int i = 0; i < n; i++) kv_params_format(&runs[i].ps, runs[i].params, sizeof runs[i].params);
-    *n_runs = n;
-    return -1;
-}
 
 static void default_out(const kv_trace_info *in, const char *layer, char *out, size_t cap) {
     const char *base = strrchr(in->path, '/');
@@ -250,7 +204,7 @@ int cmd_run(int argc, char **argv) {
     if (rc >= 0) return rc;
     kv_method_run runs[MAX_METHODS];
     int n_runs = 0;
-    if ((rc = setup_methods(&o, runs, &n_runs)) >= 0) return rc;
+    if ((rc = kv_pick_methods("run", o.methods, o.params, o.n_params, runs, MAX_METHODS, &n_runs)) >= 0) return rc;
 
     kv_run_meta meta = {.k = o.k, .sink = o.sink, .local = o.local, .stride = o.stride, .max_steps = o.max_steps,
                         .window = o.window, .seed = (uint64_t)o.seed};

@@ -24,71 +24,92 @@ __global__ void kv_flush_kernel(const uint4 *p, size_t n, unsigned *sink) {
     if (x == 0x9e3779b9u) *sink = x; /* keeps the loads; practically never taken */
 }
 
-struct kv_bench_ctx {
-    kv_cuda_dev dev;
-    const kv_gpu_bench_spec *s;
-    const kv_gpu_keys *K, *V;
-    float *q, *S, *m, *Z, *o;
-    int32_t *idx;
-    uint4 *flush;
-    unsigned *sink;
-    size_t flush_n;
-    kv_topk_ws tk;
-    kv_pv_ws pv;
-    cudaStream_t st;
-    cudaEvent_t *ev;
-    int nev;
-    float *ms;
-};
+}  // namespace
 
-kv_status kv_bench_flush(kv_bench_ctx *c) {
-    kv_flush_kernel<<<2 * c->dev.sm_count, 1024, 0, c->st>>>(c->flush, c->flush_n, c->sink);
+kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup) {
+    *t = kv_bench_timer{};
+    t->reps = reps < 1 ? 1 : reps;
+    t->warmup = warmup < 0 ? 0 : warmup;
+    KV_TRY(kv_cuda_dev_query(&t->dev));
+    size_t fb = 3 * t->dev.l2_bytes;
+    if (fb < ((size_t)128 << 20)) fb = (size_t)128 << 20;
+    t->flush_n = fb / sizeof(uint4);
+    KV_CUDA_ALLOC(t->flush, fb, 0, "the L2 flush buffer");
+    KV_CUDA_ALLOC(t->sink, sizeof(unsigned), 0, "the L2 flush sink");
+    KV_CUDA_TRY(cudaMemset(t->flush, 0x5a, fb));
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&t->st, cudaStreamNonBlocking));
+    t->ev = (cudaEvent_t *)kv_calloc((size_t)2 * t->reps, sizeof(cudaEvent_t), "bench events");
+    t->ms = (float *)kv_malloc((size_t)t->reps * sizeof(float), "bench times");
+    if (!t->ev || !t->ms) return KV_ERR_NOMEM;
+    for (int i = 0; i < 2 * t->reps; i++) {
+        KV_CUDA_TRY(cudaEventCreate(&t->ev[i]));
+        t->nev = i + 1;
+    }
+    KV_CUDA_TRY(cudaDeviceSynchronize());
+    return KV_OK;
+}
+
+void kv_bench_timer_free(kv_bench_timer *t) {
+    if (t->st) cudaStreamSynchronize(t->st);
+    for (int i = 0; i < t->nev; i++) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    free(t->ms);
+    cudaFree(t->flush);
+    cudaFree(t->sink);
+    if (t->st) cudaStreamDestroy(t->st);
+    *t = kv_bench_timer{};
+}
+
+kv_status kv_bench_flush(kv_bench_timer *t) {
+    kv_flush_kernel<<<2 * t->dev.sm_count, 1024, 0, t->st>>>(t->flush, t->flush_n, t->sink);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
 
+kv_status kv_bench_timer_stats(kv_bench_timer *t, kv_gpu_timing *out) {
+    KV_CUDA_TRY(cudaStreamSynchronize(t->st));
+    for (int r = 0; r < t->reps; r++) KV_CUDA_TRY(cudaEventElapsedTime(&t->ms[r], t->ev[2 * r], t->ev[2 * r + 1]));
+    out->med_us = 1e3 * kv_percentile_inplace(t->ms, (size_t)t->reps, 0.5);
+    out->p90_us = 1e3 * kv_percentile_inplace(t->ms, (size_t)t->reps, 0.9);
+    return KV_OK;
+}
+
+namespace {
+
+struct kv_bench_ctx {
+    kv_bench_timer tm;
+    const kv_gpu_bench_spec *s;
+    const kv_gpu_keys *K, *V;
+    float *q, *S, *m, *Z, *o;
+    int32_t *idx;
+    kv_topk_ws tk;
+    kv_pv_ws pv;
+};
+
 kv_status kv_bench_stage(kv_bench_ctx *c, int which) {
     const kv_gpu_bench_spec *s = c->s;
+    const kv_cuda_dev *dev = &c->tm.dev;
+    cudaStream_t st = c->tm.st;
     const int kk = s->k < s->n ? s->k : s->n;
     switch (which) {
     case 0:
-        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, NULL, &c->dev, c->st);
+        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, NULL, dev, st);
     case 1:
-        return kv_topk_launch(&c->tk, c->S, s->n, 0, s->n, s->Hq, s->k, 0, NULL, 1, c->idx, NULL, kk, NULL, c->st);
+        return kv_topk_launch(&c->tk, c->S, s->n, 0, s->n, s->Hq, s->k, 0, NULL, 1, c->idx, NULL, kk, NULL, st);
     case 2:
-        return kv_pv_launch(&c->pv, c->S, s->n, s->n, &c->V->a, c->m, c->Z, c->o, &c->dev, c->st);
+        return kv_pv_launch(&c->pv, c->S, s->n, s->n, &c->V->a, c->m, c->Z, c->o, dev, st);
     case 4: { /* the exact search's score launch alone, with the extras it computes for the top-k */
         kv_score_extras x = {c->tk.hist, 0, s->n, c->tk.tmax, c->tk.tmax_ld, 0, -1};
-        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &x, &c->dev, c->st);
+        return kv_scores_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &x, dev, st);
     }
     default:
-        return kv_exact_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &c->tk, s->k, c->idx, &c->dev,
-                               c->st);
+        return kv_exact_launch(&c->K->a, c->q, s->Hq, s->scale, 0, s->n, c->S, s->n, &c->tk, s->k, c->idx, dev, st);
     }
-}
-
-kv_status kv_bench_time(kv_bench_ctx *c, int which, kv_gpu_timing *out) {
-    const int reps = c->s->reps;
-    for (int w = 0; w < c->s->warmup; w++) {
-        KV_TRY(kv_bench_flush(c));
-        KV_TRY(kv_bench_stage(c, which));
-    }
-    for (int r = 0; r < reps; r++) {
-        KV_TRY(kv_bench_flush(c));
-        KV_CUDA_TRY(cudaEventRecord(c->ev[2 * r], c->st));
-        KV_TRY(kv_bench_stage(c, which));
-        KV_CUDA_TRY(cudaEventRecord(c->ev[2 * r + 1], c->st));
-    }
-    KV_CUDA_TRY(cudaStreamSynchronize(c->st));
-    for (int r = 0; r < reps; r++) KV_CUDA_TRY(cudaEventElapsedTime(&c->ms[r], c->ev[2 * r], c->ev[2 * r + 1]));
-    out->med_us = 1e3 * kv_percentile_inplace(c->ms, (size_t)reps, 0.5);
-    out->p90_us = 1e3 * kv_percentile_inplace(c->ms, (size_t)reps, 0.9);
-    return KV_OK;
 }
 
 kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
     const kv_gpu_bench_spec *s = c->s;
-    KV_TRY(kv_cuda_dev_query(&c->dev));
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
     const size_t n = (size_t)s->n, kk = (size_t)(s->k < s->n ? s->k : s->n);
     KV_CUDA_ALLOC(c->q, (size_t)s->Hq * s->D * sizeof(float), 0, "bench queries");
     KV_CUDA_ALLOC(c->S, (size_t)s->Hq * n * sizeof(float), 0, "bench scores");
@@ -96,35 +117,19 @@ kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
     KV_CUDA_ALLOC(c->m, (size_t)s->Hq * (2 + s->D) * sizeof(float), 0, "bench attention outputs");
     c->Z = c->m + s->Hq;
     c->o = c->Z + s->Hq;
-    size_t fb = 3 * c->dev.l2_bytes;
-    if (fb < ((size_t)128 << 20)) fb = (size_t)128 << 20;
-    c->flush_n = fb / sizeof(uint4);
-    KV_CUDA_ALLOC(c->flush, fb, 0, "the L2 flush buffer");
-    KV_CUDA_ALLOC(c->sink, sizeof(unsigned), 0, "the L2 flush sink");
-    KV_CUDA_TRY(cudaMemset(c->flush, 0x5a, fb));
-    KV_TRY(kv_topk_ws_create(&c->tk, s->Hq, s->n, &c->dev));
-    KV_TRY(kv_pv_ws_create(&c->pv, s->Hq, s->Hkv, s->D, &c->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
-    c->ev = (cudaEvent_t *)kv_calloc((size_t)2 * s->reps, sizeof(cudaEvent_t), "bench events");
-    c->ms = (float *)kv_malloc((size_t)s->reps * sizeof(float), "bench times");
-    if (!c->ev || !c->ms) return KV_ERR_NOMEM;
-    for (int i = 0; i < 2 * s->reps; i++) {
-        KV_CUDA_TRY(cudaEventCreate(&c->ev[i]));
-        c->nev = i + 1;
-    }
+    KV_TRY(kv_topk_ws_create(&c->tk, s->Hq, s->n, &c->tm.dev));
+    KV_TRY(kv_pv_ws_create(&c->pv, s->Hq, s->Hkv, s->D, &c->tm.dev));
     KV_CUDA_TRY(cudaMemcpy(c->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     KV_CUDA_TRY(cudaDeviceSynchronize());
     KV_TRY(kv_bench_stage(c, 0)); /* real scores for the top-k and attention stages */
-    KV_TRY(kv_bench_time(c, 0, &out->score));
-    KV_TRY(kv_bench_time(c, 1, &out->topk));
-    KV_TRY(kv_bench_time(c, 2, &out->attn));
-    KV_TRY(kv_bench_time(c, 3, &out->exact));
-    KV_TRY(kv_bench_time(c, 4, &out->exact_scores));
+    kv_gpu_timing *dst[5] = {&out->score, &out->topk, &out->attn, &out->exact, &out->exact_scores};
+    for (int i = 0; i < 5; i++) /* stage i: score, topk, attention, exact, exact's score launch */
+        KV_TRY(kv_bench_time(&c->tm, [&]() { return kv_bench_stage(c, i); }, dst[i]));
     /* stage 4 left its histograms in the top-k workspace, which the top-k would otherwise clean */
-    KV_CUDA_TRY(cudaMemsetAsync(c->tk.hist, 0, (size_t)s->Hq * KV_HIST_BINS * sizeof(unsigned), c->st));
-    KV_CUDA_TRY(cudaStreamSynchronize(c->st));
-    out->l2_bytes = c->dev.l2_bytes;
-    out->flush_bytes = fb;
+    KV_CUDA_TRY(cudaMemsetAsync(c->tk.hist, 0, (size_t)s->Hq * KV_HIST_BINS * sizeof(unsigned), c->tm.st));
+    KV_CUDA_TRY(cudaStreamSynchronize(c->tm.st));
+    out->l2_bytes = c->tm.dev.l2_bytes;
+    out->flush_bytes = c->tm.flush_n * sizeof(uint4);
     return KV_OK;
 }
 
@@ -138,14 +143,10 @@ extern "C" kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_k
     kv_bench_ctx c = {};
     c.s = s; c.K = K; c.V = V;
     kv_status st = kv_bench_go(&c, q, out);
-    if (c.st) cudaStreamSynchronize(c.st);
-    for (int i = 0; i < c.nev; i++) cudaEventDestroy(c.ev[i]);
-    free(c.ev);
-    free(c.ms);
-    cudaFree(c.q); cudaFree(c.S); cudaFree(c.idx); cudaFree(c.m); cudaFree(c.flush); cudaFree(c.sink);
+    kv_bench_timer_free(&c.tm);
+    cudaFree(c.q); cudaFree(c.S); cudaFree(c.idx); cudaFree(c.m);
     kv_topk_ws_destroy(&c.tk);
     kv_pv_ws_destroy(&c.pv);
-    if (c.st) cudaStreamDestroy(c.st);
     return st;
 }
 

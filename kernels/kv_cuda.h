@@ -143,4 +143,39 @@ kv_status kv_pv_launch(kv_pv_ws *w, const float *S, long long ld, int n, const k
 kv_status kv_exact_launch(const kv_dev_kv *K, const float *q, int Hq, float scale, int lo, int n, float *S,
                           long long ld, kv_topk_ws *tk, int k, int32_t *idx, const kv_cuda_dev *dev, cudaStream_t st);
 
+/* ---- stage timing for benchmarks (bench.cu) ---- */
+/* A stream, a flush buffer of >= 3x L2 (read before every repetition, so a
+ * stage never finds its inputs in L2) and 2*reps CUDA events. */
+typedef struct {
+    kv_cuda_dev dev;
+    cudaStream_t st;
+    uint4 *flush;
+    size_t flush_n;
+    unsigned *sink;
+    cudaEvent_t *ev;
+    int nev, reps, warmup;
+    float *ms;
+} kv_bench_timer;
+kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup);
+void kv_bench_timer_free(kv_bench_timer *t);
+kv_status kv_bench_flush(kv_bench_timer *t);
+/* Median and p90 of the repetitions' event times. */
+kv_status kv_bench_timer_stats(kv_bench_timer *t, kv_gpu_timing *out);
+/* Times `launch` (a callable returning kv_status, launching on t->st):
+ * warm-up runs, then reps runs each preceded by a flush, CUDA events around
+ * exactly the launch. */
+template <class F> kv_status kv_bench_time(kv_bench_timer *t, F &&launch, kv_gpu_timing *out) {
+    for (int w = 0; w < t->warmup; w++) {
+        KV_TRY(kv_bench_flush(t));
+        KV_TRY(launch());
+    }
+    for (int r = 0; r < t->reps; r++) {
+        KV_TRY(kv_bench_flush(t));
+        KV_CUDA_TRY(cudaEventRecord(t->ev[2 * r], t->st));
+        KV_TRY(launch());
+        KV_CUDA_TRY(cudaEventRecord(t->ev[2 * r + 1], t->st));
+    }
+    return kv_bench_timer_stats(t, out);
+}
+
 #endif

@@ -101,6 +101,23 @@ typedef struct {
  * in L2; CUDA events around each stage; median and p90 over reps. */
 kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
                            kv_gpu_bench_out *out);
+/* Per-stage timings of one method's search (kvbench bench --method M, the
+ * retriever's bench_gpu hook): each stage timed like the exact stages above
+ * (kv_bench_timer in kv_cuda.h: L2 flushed before every repetition, CUDA
+ * events, median and p90), with the bytes it must move at least. */
+#define KV_GPU_MAX_STAGES 8
+typedef struct {
+    const char *name;  /* static string, e.g. "collision" */
+    kv_gpu_timing t;
+    double bytes;      /* bytes the stage must read + write at least */
+} kv_gpu_stage;
+typedef struct {
+    int n;                               /* stages filled */
+    kv_gpu_stage stage[KV_GPU_MAX_STAGES];
+    char bytes_note[512];                /* how the bytes were counted (per key), printed under the table */
+    size_t l2_bytes, flush_bytes;
+} kv_gpu_stages;
+
 /* Device-to-device cudaMemcpy of `bytes`, median of reps: GB/s counting
  * bytes read plus bytes written. */
 kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs);

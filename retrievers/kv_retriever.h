@@ -18,6 +18,7 @@
 #include <stdio.h>
 
 #include "../kernels/kv_common.h"
+#include "../kernels/kv_gpu.h"
 
 #define KV_RETRIEVER_ABI 1
 #define KV_MAX_PARAMS 24
@@ -88,7 +89,7 @@ typedef struct {
     int n;              /* positions 0..n-1 */
     const float *k;     /* [Hkv][n][D] */
     const float *v;     /* [Hkv][n][D] or NULL */
-    const float *q;     /* [Hq][n][D] */
+    const float *q;     /* [Hq][n][D] or NULL (kvbench bench hands none) */
 } kv_prefill;
 
 typedef struct kv_method {
@@ -111,6 +112,15 @@ typedef struct kv_method {
     void (*destroy)(void *state);
     /* Optional: extra lines for `kvbench list --verbose` (derived constants). */
     void (*describe)(FILE *f);
+    /* Optional: `kvbench bench --method M` on a GPU. Builds the method's
+     * index from keys K ([Hkv][>= n][D], on the device, float16; positions
+     * 0..n-1 all indexed, shape->prefill_len = n) and times each stage of
+     * one search for queries q ([Hq][D], host) with budget spec->k, each with
+     * kv_bench_time (kernels/kv_cuda.h), filling out->stage[] with the
+     * bytes each stage must move and out->bytes_note with how they were
+     * counted. Without it the GPU bench of the method is refused. */
+    kv_status (*bench_gpu)(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
+                           const kv_gpu_keys *K, const float *q, kv_gpu_stages *out);
 } kv_method;
 
 /* ---- registry (retrievers/registry.c) ---- */

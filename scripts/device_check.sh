@@ -4,11 +4,12 @@
 # kvbench bench and the PyTorch peer at the same lengths, a GPU-vs-CPU
 # `kvbench run` on a synthetic trace, then the full test suite; full logs
 # under $OUT (at most 8 files), and a short side-by-side table printed LAST.
-#   OUT=/tmp/out scripts/device_check.sh            (TOKENS=... to change the lengths)
+#   OUT=/tmp/out scripts/device_check.sh   (TOKENS=..., METHODS=... to change the lengths, methods)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-device-check}
-TOKENS=${TOKENS:-16384,131072,1048576}
+TOKENS=${TOKENS:-16384,131072,262144,1048576}
+METHODS=${METHODS:-exact,pariskv,pqcache,quest,magicpig}
 mkdir -p "$OUT"
 T0=$SECONDS
 step() { echo "== [$((SECONDS - T0))s] $*"; }
@@ -25,19 +26,25 @@ step "GPU tests (KVBENCH_REQUIRE_GPU=1)"
 timeout 180 make --no-print-directory test-gpu 2>&1 | tee "$OUT/tests.log" | grep -v '^KVBENCH'
 GPU_TESTS=$?
 
-step "kvbench bench"
-timeout 180 ./kvbench bench --method exact --tokens "$TOKENS" --csv "$OUT/bench_kvbench.csv" 2>&1 | tee -a "$OUT/bench.log"
-
-step "PyTorch peer"
-PYTHONUNBUFFERED=1 timeout 150 python3 scripts/bench_torch.py --tokens "$TOKENS" --csv "$OUT/bench_torch.csv" 2>&1 |
-    tee -a "$OUT/bench.log"
+step "kvbench bench, then the PyTorch peer, per method"
+echo "method,device,tokens,q_heads,kv_heads,dim,k,stage,median_us,p90_us,bytes,gbps,pct_copy,copy_gbps,fits_l2,reps,params" |
+    tee "$OUT/bench_kvbench.csv" >"$OUT/bench_torch.csv"
+for m in ${METHODS//,/ }; do
+    timeout 200 ./kvbench bench --method "$m" --tokens "$TOKENS" --csv /tmp/kvb-bench-$m.csv 2>&1 | tee -a "$OUT/bench.log"
+    tail -n +2 /tmp/kvb-bench-$m.csv >>"$OUT/bench_kvbench.csv" 2>/dev/null
+    if [ -f scripts/torch_ref/$m.py ]; then
+        PYTHONUNBUFFERED=1 timeout 200 python3 scripts/torch_ref/$m.py --tokens "$TOKENS" --csv /tmp/kvb-torch-$m.csv 2>&1 |
+            tee -a "$OUT/bench.log"
+        tail -n +2 /tmp/kvb-torch-$m.csv >>"$OUT/bench_torch.csv" 2>/dev/null
+    fi
+done
 
 step "kvbench run: GPU vs CPU on a synthetic trace (32K tokens, stride 64)"
 TR=/tmp/kvb-check-32k.h5
 {
     ./kvbench synth --out $TR --tokens 32768 --prefill 16384 &&
-    timeout 60 ./kvbench run --trace $TR --method exact,streaming --stride 64 --device gpu --out /tmp/kvb-run-gpu --force &&
-    timeout 150 ./kvbench run --trace $TR --method exact,streaming --stride 64 --device cpu --out /tmp/kvb-run-cpu --force &&
+    timeout 60 ./kvbench run --trace $TR --method $METHODS,streaming --stride 64 --device gpu --out /tmp/kvb-run-gpu --force &&
+    timeout 150 ./kvbench run --trace $TR --method $METHODS,streaming --stride 64 --device cpu --out /tmp/kvb-run-cpu --force &&
     python3 - <<'EOF'
 import json
 g, c = (json.load(open(f"/tmp/kvb-run-{d}/summary.json")) for d in ("gpu", "cpu"))
@@ -67,15 +74,20 @@ python3 - "$OUT/bench_kvbench.csv" "$OUT/bench_torch.csv" <<'EOF' | tee "$OUT/su
 import csv, sys
 def load(p):
     try:
-        return {(int(r["tokens"]), r["stage"]): r for r in csv.DictReader(open(p))}
+        return {(r["method"], int(r["tokens"]), r["stage"]): r for r in csv.DictReader(open(p))}
     except OSError:
         return {}
 kv, th = load(sys.argv[1]), load(sys.argv[2])
-print(f"{'tokens':>8} {'stage':<9} | {'kvbench_us':>10} {'GB/s':>6} {'%copy':>6} | {'torch_us':>9} {'GB/s':>6} "
-      f"{'%copy':>6} | {'speedup':>7}")
-for key in sorted(kv, key=lambda x: (x[0], ["score", "topk", "attention", "exact"].index(x[1]))):
+order = {}  # methods and their stages in the order kvbench printed them
+for m, _, stage in kv:
+    if stage not in order.setdefault(m, []):
+        order[m].append(stage)
+print(f"{'method':<9} {'tokens':>8} {'stage':<10} | {'kvbench_us':>10} {'GB/s':>6} {'%copy':>6} | {'torch_us':>9} "
+      f"{'GB/s':>6} {'%copy':>6} | {'speedup':>7}")
+for key in sorted(kv, key=lambda x: (list(order).index(x[0]), x[1], order[x[0]].index(x[2]))):
     a, b = kv[key], th.get(key)
-    line = f"{key[0]:>8} {key[1]:<9} | {float(a['median_us']):>10.1f} {float(a['gbps']):>6.0f} {float(a['pct_copy']):>5.1f}%"
+    line = (f"{key[0]:<9} {key[1]:>8} {key[2]:<10} | {float(a['median_us']):>10.1f} {float(a['gbps']):>6.0f} "
+            f"{float(a['pct_copy']):>5.1f}%")
     if b:
         line += (f" | {float(b['median_us']):>9.1f} {float(b['gbps']):>6.0f} {float(b['pct_copy']):>5.1f}% | "
                  f"{float(b['median_us']) / float(a['median_us']):>6.2f}x")
