@@ -5,7 +5,6 @@
 
 #include "kv_gpu.h"
 
-#define KV_NO_CUDA "this kvbench was built without CUDA (nvcc was not found at build time)"
 
 int kv_gpu_compiled(void) { return 0; }
 

@@ -25,6 +25,9 @@ typedef struct {
 /* Never fails: any error from cudaGetDeviceCount means "no GPU" and its
  * name becomes info->reason. */
 void kv_gpu_probe(kv_gpu_info *info);
+/* What every entry point of a build without nvcc reports (the *_stub.c files). */
+#define KV_NO_CUDA "this kvbench was built without CUDA (nvcc was not found at build time)"
+
 /* 1 when this binary was compiled with CUDA kernels. */
 int kv_gpu_compiled(void);
 
