@@ -12,20 +12,22 @@
 struct kv_oracle {
     const kv_layer *L;
     float scale;
-    int sink, local, k, G;
+    int sink, local, k, G, split;
     kv_oracle_out res;
     float *scores;  /* CPU: [Hq][T], the current step's rows */
     float *scratch; /* CPU: [Hq][T], one row per head so heads run in parallel */
     kv_gpu_attn *gpu;
 };
 
-kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int use_gpu,
+kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out) {
     kv_oracle *o = kv_calloc(1, sizeof *o, "oracle");
     if (!o) return KV_ERR_NOMEM;
-    o->L = L; o->scale = scale; o->sink = sink; o->local = local; o->k = k; o->G = L->Hq / L->Hkv;
+    o->L = L; o->scale = scale; o->sink = sink; o->local = local; o->k = k; o->G = L->Hq / L->Hkv; o->split = split;
     o->res.m = kv_malloc(3 * (size_t)L->Hq * sizeof(float), "oracle results");
-    if (!o->res.m) { free(o); return KV_ERR_NOMEM; }
+    o->res.ntop_pre = kv_malloc(2 * (size_t)L->Hq * sizeof(int), "oracle top-k origin counts");
+    if (!o->res.m || !o->res.ntop_pre) { free(o->res.m); free(o->res.ntop_pre); free(o); return KV_ERR_NOMEM; }
+    o->res.ntop_gen = o->res.ntop_pre + L->Hq;
     o->res.Z = o->res.m + L->Hq;
     o->res.thr = o->res.Z + L->Hq;
     if (L->v && !(o->res.o_full = kv_malloc((size_t)L->Hq * L->D * sizeof(float), "oracle output"))) {
@@ -57,7 +59,13 @@ static void step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     o->res.m[h] = m;
     o->res.Z[h] = (float)Z;
     int lo = o->sink, hi = t + 1 - o->local, kk = o->k < hi - lo ? o->k : hi - lo;
-    o->res.thr[h] = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch + (size_t)h * T) : INFINITY;
+    float thr = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch + (size_t)h * T) : INFINITY;
+    int npre = 0, ngen = 0;
+    for (int i = lo; i < hi; i++)
+        if (s[i] >= thr) *(i < o->split ? &npre : &ngen) += 1;
+    o->res.thr[h] = thr;
+    o->res.ntop_pre[h] = npre;
+    o->res.ntop_gen[h] = ngen;
     if (!L->v) return;
     double acc[1024];
     for (int d = 0; d < D; d++) acc[d] = 0;
@@ -74,7 +82,7 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
     if (o->gpu) {
         int lo = o->sink, hi = t + 1 - o->local;
         KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, o->k, o->res.m, o->res.Z, o->res.thr,
-                                o->res.o_full));
+                                o->res.o_full, o->split, o->res.ntop_pre));
     } else {
 #pragma omp parallel for schedule(static)
         for (int h = 0; h < L->Hq; h++) step_head_cpu(o, t, h, q);
@@ -98,6 +106,7 @@ void kv_oracle_destroy(kv_oracle *o) {
     if (!o) return;
     if (o->gpu) kv_gpu_attn_destroy(o->gpu);
     free(o->res.m);
+    free(o->res.ntop_pre);
     free(o->res.o_full);
     free(o->scores);
     free(o->scratch);

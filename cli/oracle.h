@@ -3,7 +3,11 @@
  * step t it gives: m = max_i s_i and Z = sum_i exp(s_i - m) over [0, t];
  * thr = the kk-th largest s_i of the retrievable region [S, t+1-W)
  * (kk = min(k, region size)); o_full = sum_i softmax_i v_i (when the trace
- * has values); and, on request, s_i at any list of indices. CPU: C
+ * has values); ntop_pre / ntop_gen = how many scores of the region at
+ * positions < split / >= split are >= thr (the top-k's members by key
+ * origin: split is the prefill length, so "generated" keys are those
+ * appended after the retrievers built their index); and, on request, s_i
+ * at any list of indices. CPU: C
  * reference (float scores from kernels/score_ref.c, double softmax sums).
  * GPU: the layer is uploaded once and every O(t) reduction runs on the
  * device; only the O(k) per-head results come back. */
@@ -17,9 +21,10 @@ typedef struct kv_oracle kv_oracle;
 typedef struct {
     float *m, *Z, *thr; /* [Hq] */
     float *o_full;      /* [Hq][D], or NULL when the layer has no values */
+    int *ntop_pre, *ntop_gen; /* [Hq] */
 } kv_oracle_out;
 
-kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int use_gpu,
+kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out);
 /* Computes step t for queries q [Hq][D]; fills `res` (buffers owned by the oracle). */
 kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res);

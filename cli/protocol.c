@@ -6,7 +6,12 @@
  * duplicates. Scores of the attended set come from the oracle (the same
  * numbers its threshold was taken from), so a tie is judged consistently
  * on CPU and GPU. o_att applies the softmax over the attended logits
- * (plus the method's log-weights on selected tokens) to V, in double. */
+ * (plus the method's log-weights on selected tokens) to V, in double.
+ * The recall split by key origin divides the hits at positions < split
+ * (the prefill, indexed at build) and >= split (keys generated during
+ * decoding) by the oracle's count of top-k members of each origin, so a
+ * method whose index goes stale on decode-time keys shows it in
+ * recall_gen directly. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +22,7 @@ enum { F_REGION = 1, F_SEL = 2, F_EXTRA = 4 };
 
 struct kv_protocol {
     const kv_layer *L;
-    int sink, local, k, G;
+    int sink, local, k, G, split;
     int cap;           /* per-head capacity of the attended lists */
     int32_t *att;      /* [Hq][cap] attended indices */
     uint8_t *flag;     /* [Hq][cap] */
@@ -44,10 +49,10 @@ static kv_status grow(kv_protocol *p, int cap) {
     return KV_OK;
 }
 
-kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, kv_protocol **out) {
+kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int split, kv_protocol **out) {
     kv_protocol *p = kv_calloc(1, sizeof *p, "protocol");
     if (!p) return KV_ERR_NOMEM;
-    p->L = L; p->sink = sink; p->local = local; p->k = k; p->G = L->Hq / L->Hkv;
+    p->L = L; p->sink = sink; p->local = local; p->k = k; p->G = L->Hq / L->Hkv; p->split = split;
     p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
     p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
     p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
@@ -163,13 +168,14 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
     KV_TRY(kv_oracle_gather(o, p->att, p->count, p->cap, p->score));
     for (int h = 0; h < L->Hq; h++) {
         size_t base = (size_t)h * p->cap;
-        int hits = 0, hits_sel = 0, n_sel = 0, n_extra = 0;
+        int hits = 0, hits_sel = 0, n_sel = 0, n_extra = 0, hits_pre = 0;
         double mass = 0, lmax = -INFINITY;
         for (int c = 0; c < p->count[h]; c++) {
             uint8_t f = p->flag[base + c];
             float s = p->score[base + c];
             int good = (f & F_REGION) && s >= ores->thr[h];
             hits += good && (f & (F_SEL | F_EXTRA));
+            hits_pre += good && (f & (F_SEL | F_EXTRA)) && p->att[base + c] < p->split;
             hits_sel += good && (f & F_SEL);
             n_sel += (f & F_SEL) != 0;
             n_extra += (f & F_EXTRA) && !(f & F_SEL) && (f & F_REGION);
@@ -181,6 +187,10 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         r->step = t; r->head = h; r->n_sel = n_sel; r->n_extra = n_extra;
         r->recall = (float)(hits < kk ? hits : kk) / (float)kk;
         r->recall_sel = (float)(hits_sel < kk ? hits_sel : kk) / (float)kk;
+        int np = ores->ntop_pre[h], ng = ores->ntop_gen[h], hits_gen = hits - hits_pre;
+        r->recall_pre = np > 0 ? (float)(hits_pre < np ? hits_pre : np) / (float)np : NAN;
+        r->recall_gen = ng > 0 ? (float)(hits_gen < ng ? hits_gen : ng) / (float)ng : NAN;
+        r->gen_share = np + ng > 0 ? (float)ng / (float)(np + ng) : NAN;
         r->mass = (float)(mass / ores->Z[h]);
         r->outerr = NAN;
         if (L->v && ores->o_full) {

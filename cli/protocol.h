@@ -14,6 +14,9 @@ typedef struct {
     float recall;      /* hits of selected U extra in the region / min(k, |region|) */
     float recall_sel;  /* the same over the selected indices alone */
     float cand_recall; /* over the method's coarse candidates; NAN if it has none */
+    float recall_pre;  /* recall over the top-k members at positions < split (keys of the prefill) */
+    float recall_gen;  /* ... at positions >= split (generated after the index was built); NAN if none */
+    float gen_share;   /* the fraction of the top-k members that are generated keys */
     float mass;        /* full-softmax probability of the attended set */
     float outerr;      /* |o_att - o_full| / |o_full|; NAN without values */
     int n_sel;         /* distinct selected indices */
@@ -22,7 +25,9 @@ typedef struct {
 
 typedef struct kv_protocol kv_protocol;
 
-kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, kv_protocol **out);
+/* split: the first position of the generated keys (the prefill length),
+ * for the recall split by key origin. */
+kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int split, kv_protocol **out);
 /* Scores step t of `method` (whose search filled `sel`) against the
  * oracle's step result; writes Hq rows to `rows`. Errors (KV_ERR_INTERNAL)
  * when the method broke the contract: an index outside the region, a

@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,19 +28,28 @@ kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n) {
     return KV_OK;
 }
 
-typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90; } window_stats;
+typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90, recall_pre, recall_gen, gen_share; } window_stats;
+
+/* Mean of a float member over rows[lo, hi), skipping NANs; NAN if none. */
+static double nanmean(const kv_step_metric *rows, size_t lo, size_t hi, size_t off) {
+    double s = 0;
+    size_t n = 0;
+    for (size_t i = lo; i < hi; i++) {
+        float x = *(const float *)((const char *)&rows[i] + off);
+        if (!isnan(x)) { s += x; n++; }
+    }
+    return n ? s / n : NAN;
+}
 
 /* Means and percentiles over rows[lo, hi); scratch holds hi-lo floats. */
 static void stats(const kv_step_metric *rows, size_t lo, size_t hi, float *scratch, window_stats *w) {
-    size_t n = hi - lo, no = 0;
-    double sr = 0, sm = 0, so = 0;
-    for (size_t i = lo; i < hi; i++) {
-        sr += rows[i].recall; sm += rows[i].mass;
-        if (!isnan(rows[i].outerr)) { so += rows[i].outerr; no++; }
-    }
-    w->recall = n ? sr / n : NAN;
-    w->mass = n ? sm / n : NAN;
-    w->outerr = no ? so / no : NAN;
+    size_t n = hi - lo;
+    w->recall = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall));
+    w->mass = nanmean(rows, lo, hi, offsetof(kv_step_metric, mass));
+    w->outerr = nanmean(rows, lo, hi, offsetof(kv_step_metric, outerr));
+    w->recall_pre = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_pre));
+    w->recall_gen = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_gen));
+    w->gen_share = nanmean(rows, lo, hi, offsetof(kv_step_metric, gen_share));
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].recall;
     w->recall_p10 = kv_percentile_inplace(scratch, n, 0.10);
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].mass;
@@ -69,6 +79,7 @@ void kv_overall_compute(const kv_method_run *r, kv_overall *o) {
     window_stats w;
     stats(r->rows, 0, n, scratch, &w);
     o->recall = w.recall; o->mass = w.mass; o->outerr = w.outerr;
+    o->recall_pre = w.recall_pre; o->recall_gen = w.recall_gen; o->gen_share = w.gen_share;
     o->recall_p10 = w.recall_p10; o->mass_p10 = w.mass_p10; o->outerr_p90 = w.outerr_p90;
     for (int i = 0; i < r->n_steps; i++) scratch[i] = (float)(r->search_s[i] * 1e6);
     o->search_p90_us = kv_percentile_inplace(scratch, (size_t)r->n_steps, 0.90);
@@ -134,6 +145,9 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
         fprintf(f, ", \"recall_p10\": "); json_num(f, o.recall_p10);
         fprintf(f, ", \"recall_selected\": "); json_num(f, o.recall_sel);
         fprintf(f, ", \"candidate_recall\": "); json_num(f, o.cand_recall);
+        fprintf(f, ",\n     \"recall_prefill_keys\": "); json_num(f, o.recall_pre);
+        fprintf(f, ", \"recall_generated_keys\": "); json_num(f, o.recall_gen);
+        fprintf(f, ", \"generated_share_of_topk\": "); json_num(f, o.gen_share);
         fprintf(f, ", \"mass\": "); json_num(f, o.mass);
         fprintf(f, ", \"mass_p10\": "); json_num(f, o.mass_p10);
         fprintf(f, ", \"output_error\": "); json_num(f, o.outerr);
@@ -158,7 +172,7 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
     FILE *f = fopen(path, "w");
     if (!f) return kv_fail(KV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     fprintf(f, "method,params,window,step_start,step_end,recall_mean,recall_p10,mass_mean,mass_p10,outerr_mean,"
-               "outerr_p90,n\n");
+               "outerr_p90,recall_prefill_keys,recall_generated_keys,generated_share,n\n");
     int P = mt->info->prefill_len;
     for (int i = 0; i < n_runs; i++) {
         const kv_method_run *r = &runs[i];
@@ -172,8 +186,12 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
             stats(r->rows, lo, hi, scratch, &s);
             fprintf(f, "%s,\"%s\",%d,%d,%d,%.6f,%.6f,%.6f,%.6f,", r->m->name, r->params, w, P + w * mt->window,
                     P + (w + 1) * mt->window, s.recall, s.recall_p10, s.mass, s.mass_p10);
-            if (isnan(s.outerr)) fprintf(f, ",,%zu\n", hi - lo);
-            else fprintf(f, "%.6f,%.6f,%zu\n", s.outerr, s.outerr_p90, hi - lo);
+            if (isnan(s.outerr)) fprintf(f, ",,");
+            else fprintf(f, "%.6f,%.6f,", s.outerr, s.outerr_p90);
+            double by[3] = {s.recall_pre, s.recall_gen, s.gen_share};
+            for (int b = 0; b < 3; b++)
+                if (isnan(by[b])) fputc(',', f); else fprintf(f, "%.6f,", by[b]);
+            fprintf(f, "%zu\n", hi - lo);
             lo = hi;
         }
         free(scratch);
@@ -186,7 +204,8 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
 static kv_status write_steps(const char *path, const kv_method_run *runs, int n_runs) {
     FILE *f = fopen(path, "w");
     if (!f) return kv_fail(KV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    fprintf(f, "method,step,head,recall,recall_selected,candidate_recall,mass,outerr,n_selected,n_extra\n");
+    fprintf(f, "method,step,head,recall,recall_selected,candidate_recall,mass,outerr,n_selected,n_extra,"
+               "recall_prefill_keys,recall_generated_keys\n");
     for (int i = 0; i < n_runs; i++)
         for (size_t j = 0; j < runs[i].n_rows; j++) {
             const kv_step_metric *m = &runs[i].rows[j];
@@ -194,7 +213,9 @@ static kv_status write_steps(const char *path, const kv_method_run *runs, int n_
             if (isnan(m->cand_recall)) fputc(',', f); else fprintf(f, "%.6f,", m->cand_recall);
             fprintf(f, "%.6f,", m->mass);
             if (isnan(m->outerr)) fputc(',', f); else fprintf(f, "%.6g,", m->outerr);
-            fprintf(f, "%d,%d\n", m->n_sel, m->n_extra);
+            fprintf(f, "%d,%d,", m->n_sel, m->n_extra);
+            if (isnan(m->recall_pre)) fputc(',', f); else fprintf(f, "%.6f,", m->recall_pre);
+            if (isnan(m->recall_gen)) fputc('\n', f); else fprintf(f, "%.6f\n", m->recall_gen);
         }
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) return kv_fail(KV_ERR_IO, "%s: write failed", path);
@@ -234,13 +255,13 @@ void kv_results_print(FILE *f, const kv_run_meta *mt, const kv_method_run *runs,
     fprintf(f, "\n%s  layer %s  T=%d P=%d  k=%d sink=%d local=%d  steps=%d  device=%s\n", mt->info->path, mt->layer,
             mt->info->num_tokens, mt->info->prefill_len, mt->k, mt->sink, mt->local, mt->steps_evaluated,
             mt->use_gpu ? mt->gpu.name : "cpu");
-    fprintf(f, "%-12s %8s %8s %8s %8s %8s %8s %8s %8s %10s %10s\n", "method", "recall", "rec_p10", "rec_sel", "mass",
-            "mass_p10", "out_err", "budget", "extra", "search_us", "index_MB");
+    fprintf(f, "%-12s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %10s %10s\n", "method", "recall", "rec_p10", "rec_sel",
+            "rec_pre", "rec_gen", "mass", "mass_p10", "out_err", "budget", "extra", "search_us", "index_MB");
     for (int i = 0; i < n_runs; i++) {
         kv_overall o;
         kv_overall_compute(&runs[i], &o);
-        fprintf(f, "%-12s %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.1f %8.1f %10.1f %10.2f\n", runs[i].m->name, o.recall,
-                o.recall_p10, o.recall_sel, o.mass, o.mass_p10, o.outerr, o.n_sel, o.n_extra, o.search_med_us,
-                runs[i].index_bytes / 1e6);
+        fprintf(f, "%-12s %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f %8.1f %8.1f %10.1f %10.2f\n", runs[i].m->name,
+                o.recall, o.recall_p10, o.recall_sel, o.recall_pre, o.recall_gen, o.mass, o.mass_p10, o.outerr, o.n_sel,
+                o.n_extra, o.search_med_us, runs[i].index_bytes / 1e6);
     }
 }

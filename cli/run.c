@@ -253,8 +253,9 @@ int cmd_run(int argc, char **argv) {
     kv_oracle *orc = NULL;
     kv_protocol *proto = NULL;
     st = build_all(&L, in->prefill_len, o.k, runs, n_runs, &sh);
-    if (st == KV_OK) st = kv_oracle_create(&L, in->softmax_scale, o.sink, o.local, o.k, meta.use_gpu, &orc);
-    if (st == KV_OK) st = kv_protocol_create(&L, o.sink, o.local, o.k, &proto);
+    if (st == KV_OK)
+        st = kv_oracle_create(&L, in->softmax_scale, o.sink, o.local, o.k, in->prefill_len, meta.use_gpu, &orc);
+    if (st == KV_OK) st = kv_protocol_create(&L, o.sink, o.local, o.k, in->prefill_len, &proto);
     if (st == KV_OK) st = run_loop(&L, &o, in->prefill_len, runs, n_runs, orc, proto, &meta);
     for (int i = 0; i < n_runs; i++)
         if (runs[i].state) runs[i].index_bytes = runs[i].m->memory_bytes(runs[i].state);

@@ -509,6 +509,24 @@ __global__ void kv_gather_kernel(const float *S, const uint32_t *pos, float *out
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = S[pos[i]];
 }
 constexpr int KV_GATHER_CHUNK = 1 << 20;
+
+/* cnt[h] += #{i in [lo, split): S[h][i] >= thr[h]}, cnt[Hq + h] += the same over [split, hi). */
+__global__ void kv_count_top_kernel(const float *S, long long ld, const float *thr, int lo, int split, int hi,
+                                    unsigned *cnt, int Hq) {
+    const int h = blockIdx.y;
+    const float th = thr[h];
+    unsigned a = 0, b = 0;
+    for (int i = lo + blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += gridDim.x * blockDim.x)
+        if (S[h * ld + i] >= th) (i < split ? a : b)++;
+    for (int o = 16; o; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (a) atomicAdd(&cnt[h], a);
+        if (b) atomicAdd(&cnt[Hq + h], b);
+    }
+}
 }  // namespace
 
 struct kv_gpu_attn {
@@ -517,6 +535,7 @@ struct kv_gpu_attn {
     kv_gpu_keys *K, *V;
     float *q, *S, *res, *hq, *hres, *gout, *hout;
     uint32_t *gpos, *hpos;
+    unsigned *cnt, *hcnt; /* [2][Hq]: top-k members by key origin */
     kv_topk_ws tk;
     kv_pv_ws pv;
     cudaStream_t st;
@@ -536,6 +555,8 @@ static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const fl
     KV_CUDA_ALLOC(a->res, nres * sizeof(float), 0, "oracle results");
     KV_CUDA_ALLOC(a->gpos, (size_t)KV_GATHER_CHUNK * sizeof(uint32_t), 0, "oracle gather positions");
     KV_CUDA_ALLOC(a->gout, (size_t)KV_GATHER_CHUNK * sizeof(float), 0, "oracle gather output");
+    KV_CUDA_ALLOC(a->cnt, (size_t)2 * Hq * sizeof(unsigned), 0, "oracle top-k origin counts");
+    KV_CUDA_ALLOC(a->hcnt, (size_t)2 * Hq * sizeof(unsigned), 1, "oracle top-k origin counts staging");
     KV_TRY(kv_topk_ws_create(&a->tk, Hq, T, &a->dev));
     KV_TRY(kv_pv_ws_create(&a->pv, Hq, Hkv, D, &a->dev));
     KV_CUDA_ALLOC(a->hq, (size_t)Hq * D * sizeof(float), 1, "oracle query staging");
@@ -566,7 +587,7 @@ extern "C" kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half,
 }
 
 extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, int lo, int hi, int k,
-                                      float *m, float *Z, float *thr, float *o_full) {
+                                      float *m, float *Z, float *thr, float *o_full, int split, int *ntop) {
     const int Hq = a->Hq, D = a->D, n = t + 1;
     if (t < 0 || t >= a->T) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: step %d outside [0, %d)", t, a->T);
     if (lo < 0) lo = 0;
@@ -579,6 +600,14 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
     if (kk > 0)
         KV_TRY(kv_topk_launch(&a->tk, a->S, a->T, lo, hi - lo, Hq, kk, 0, &x, 0, NULL, NULL, 0, a->res + 2 * Hq,
                               a->st));
+    if (kk > 0 && ntop) {
+        KV_CUDA_TRY(cudaMemsetAsync(a->cnt, 0, (size_t)2 * Hq * sizeof(unsigned), a->st));
+        int bx = (hi - lo + 255) / 256, cap = (2 * a->dev.sm_count + Hq - 1) / Hq;
+        dim3 grid(bx < cap ? bx : (cap < 1 ? 1 : cap), Hq);
+        kv_count_top_kernel<<<grid, 256, 0, a->st>>>(a->S, a->T, a->res + 2 * Hq, lo, split, hi, a->cnt, Hq);
+        KV_LAUNCH_CHECK();
+        KV_CUDA_TRY(cudaMemcpyAsync(a->hcnt, a->cnt, (size_t)2 * Hq * sizeof(unsigned), cudaMemcpyDeviceToHost, a->st));
+    }
     KV_TRY(kv_pv_launch(&a->pv, a->S, a->T, n, a->V ? &a->V->a : NULL, a->res, a->res + Hq, a->res + 3 * Hq, &a->dev,
                         a->st));
     const size_t nres = (size_t)3 * Hq + (a->V ? (size_t)Hq * D : 0);
@@ -590,6 +619,7 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
         thr[h] = kk > 0 ? a->hres[2 * Hq + h] : INFINITY;
     }
     if (a->V && o_full) memcpy(o_full, a->hres + 3 * Hq, (size_t)Hq * D * sizeof(float));
+    for (int i = 0; ntop && i < 2 * Hq; i++) ntop[i] = kk > 0 ? (int)a->hcnt[i] : 0;
     a->n_last = n;
     return KV_OK;
 }
@@ -627,8 +657,8 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     if (a->st) cudaStreamSynchronize(a->st);
     kv_gpu_keys_destroy(a->K);
     kv_gpu_keys_destroy(a->V);
-    cudaFree(a->q); cudaFree(a->S); cudaFree(a->res); cudaFree(a->gpos); cudaFree(a->gout);
-    cudaFreeHost(a->hq); cudaFreeHost(a->hres); cudaFreeHost(a->hpos); cudaFreeHost(a->hout);
+    cudaFree(a->q); cudaFree(a->S); cudaFree(a->res); cudaFree(a->gpos); cudaFree(a->gout); cudaFree(a->cnt);
+    cudaFreeHost(a->hq); cudaFreeHost(a->hres); cudaFreeHost(a->hpos); cudaFreeHost(a->hout); cudaFreeHost(a->hcnt);
     kv_topk_ws_destroy(&a->tk);
     kv_pv_ws_destroy(&a->pv);
     if (a->st) cudaStreamDestroy(a->st);

@@ -21,8 +21,9 @@ kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const floa
 }
 
 kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, int lo, int hi, int k, float *m,
-                           float *Z, float *thr, float *o_full) {
+                           float *Z, float *thr, float *o_full, int split, int *ntop) {
     (void)a; (void)t; (void)q; (void)scale; (void)lo; (void)hi; (void)k; (void)m; (void)Z; (void)thr; (void)o_full;
+    (void)split; (void)ntop;
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 

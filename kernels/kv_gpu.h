@@ -38,9 +38,11 @@ typedef struct kv_gpu_attn kv_gpu_attn;
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
                              kv_gpu_attn **out);
 /* Step t, queries q [Hq][D] (host): per head m, Z, thr (k-th largest of
- * [lo, hi)) and o_full [Hq][D] (skipped when V is NULL), all to host. */
+ * [lo, hi)) and o_full [Hq][D] (skipped when V is NULL), all to host; ntop
+ * (nullable, [2][Hq]): how many scores of [lo, split) and of [split, hi)
+ * are >= thr (the top-k's members by key origin). */
 kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, int lo, int hi, int k, float *m,
-                           float *Z, float *thr, float *o_full);
+                           float *Z, float *thr, float *o_full, int split, int *ntop);
 /* Scores of the last step at idx[h*cap + j], j < count[h], to host out. */
 kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *count, int cap, float *out);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);

@@ -42,7 +42,8 @@ python3 - "$out" <<'PY'
 import csv, json, os, sys
 out = sys.argv[1]
 cols = ["trace", "layer", "model", "num_tokens", "prefill_len", "k", "method", "params", "device", "recall",
-        "recall_p10", "recall_selected", "candidate_recall", "mass", "mass_p10", "output_error", "output_error_p90",
+        "recall_p10", "recall_selected", "candidate_recall", "recall_prefill_keys", "recall_generated_keys",
+        "generated_share_of_topk", "mass", "mass_p10", "output_error", "output_error_p90",
         "mean_selected", "mean_extra", "index_bytes_per_token", "build_seconds", "search_us_median", "search_us_p90"]
 rows = []
 for d in sorted(os.listdir(out)):

@@ -154,8 +154,8 @@ static int oracle_case(kv_rng *r, uint64_t seed, int Hq, int Hkv, int T, int D, 
     float scale = 1.0f / sqrtf((float)D);
     int sink = 4, local = 64;
     kv_oracle *oc = NULL, *og = NULL;
-    CHECK_OK(kv_oracle_create(&L, scale, sink, local, k, 0, &oc));
-    CHECK_OK(kv_oracle_create(&L, scale, sink, local, k, 1, &og));
+    CHECK_OK(kv_oracle_create(&L, scale, sink, local, k, T / 3, 0, &oc));
+    CHECK_OK(kv_oracle_create(&L, scale, sink, local, k, T / 3, 1, &og));
     CHECK(!strcmp(kv_oracle_device(og), "gpu"), "the GPU oracle runs on %s", kv_oracle_device(og));
     int steps[] = {10, 70, 300, T / 2, T - 2, T - 1};
     for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
@@ -170,6 +170,9 @@ static int oracle_case(kv_rng *r, uint64_t seed, int Hq, int Hkv, int T, int D, 
             CHECK_CLOSE(b.Z[h], a.Z[h], 0, 1e-5);
             CHECK(a.thr[h] == b.thr[h], "t %d head %d: thr %.9g, CPU %.9g, seed %llu", t, h, b.thr[h], a.thr[h],
                   (unsigned long long)seed);
+            CHECK(a.ntop_pre[h] == b.ntop_pre[h] && a.ntop_gen[h] == b.ntop_gen[h],
+                  "t %d head %d: top-k by origin %d + %d, CPU %d + %d", t, h, b.ntop_pre[h], b.ntop_gen[h],
+                  a.ntop_pre[h], a.ntop_gen[h]);
             if (with_v)
                 for (int d = 0; d < D; d++) CHECK_CLOSE(b.o_full[(size_t)h * D + d], a.o_full[(size_t)h * D + d], 1e-5, 1e-5);
         }

@@ -45,8 +45,8 @@ static float hand_q[2] = {1, -1}; /* the queries of step 5 */
 
 /* The oracle (S = 1, W = 2, k = 2), protocol and a selection of capacity cap, at step 5. */
 static kv_status hand_setup(int cap, kv_oracle **o, kv_protocol **p, kv_selection *sel, kv_oracle_out *res) {
-    KV_TRY(kv_oracle_create(&hand_L, 1.0f, 1, 2, 2, 0, o));
-    KV_TRY(kv_protocol_create(&hand_L, 1, 2, 2, p));
+    KV_TRY(kv_oracle_create(&hand_L, 1.0f, 1, 2, 2, 3, 0, o)); /* split 3: positions 3.. are "generated" */
+    KV_TRY(kv_protocol_create(&hand_L, 1, 2, 2, 3, p));
     KV_TRY(kv_selection_alloc(sel, 1, 1, cap, 6, 6));
     return kv_oracle_step(*o, 5, hand_q, res);
 }
@@ -67,6 +67,11 @@ int test_protocol_hand_case(void) {
     CHECK_CLOSE(res.o_full[0], of0, 1e-6, 1e-6);
     /* head 1 (q = -1): scores are minus the keys; region scores -1 -2 -3: top-2 {1, 2}, thr = -2 */
     CHECK_CLOSE(res.thr[1], -2.0, 0, 0);
+    /* by key origin (split 3): head 0's top-2 {3, 2} is one generated, one prefill; head 1's {1, 2} both prefill */
+    CHECK(res.ntop_pre[0] == 1 && res.ntop_gen[0] == 1, "head 0: %d prefill, %d generated", res.ntop_pre[0],
+          res.ntop_gen[0]);
+    CHECK(res.ntop_pre[1] == 2 && res.ntop_gen[1] == 0, "head 1: %d prefill, %d generated", res.ntop_pre[1],
+          res.ntop_gen[1]);
 
     script_n = 2; script_idx[0] = 1; script_idx[1] = 3; script_logw[0] = script_logw[1] = 0;
     kv_selection_reset(&sel);
@@ -81,6 +86,10 @@ int test_protocol_hand_case(void) {
     double oa = (1 * 1 + exp(1) * 2 + exp(3) * 4 + exp(0.5) * 5 + 1 * 6) / wa;
     CHECK_CLOSE(rows[0].outerr, fabs(oa - of0) / fabs(of0), 1e-6, 1e-5);
     CHECK(rows[0].n_sel == 2 && rows[0].n_extra == 0 && isnan(rows[0].cand_recall), "counts");
+    CHECK(rows[0].recall_pre == 0.0f && rows[0].recall_gen == 1.0f, "head 0 by origin: %g %g", rows[0].recall_pre,
+          rows[0].recall_gen); /* found 3 (generated), missed 2 (prefill) */
+    CHECK(rows[1].recall_pre == 0.5f && isnan(rows[1].recall_gen), "head 1 by origin: %g %g", rows[1].recall_pre,
+          rows[1].recall_gen);
     /* head 1 shares the list (per kv head): {1, 3} holds 1 of its top-2 {1, 2} */
     CHECK_CLOSE(rows[1].recall, 0.5, 0, 0);
     double Z1 = 1 + exp(-1) + exp(-2) + exp(-3) + exp(-0.5) + 1;
@@ -106,6 +115,8 @@ int test_protocol_hand_case(void) {
     CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
     CHECK_CLOSE(rows[0].recall, 1.0, 0, 0);
     CHECK_CLOSE(rows[0].recall_sel, 0.5, 0, 0);
+    CHECK(rows[0].recall_pre == 1.0f && rows[0].recall_gen == 1.0f, "by origin with extra: %g %g",
+          rows[0].recall_pre, rows[0].recall_gen);
     CHECK(rows[0].n_extra == 1 && rows[0].n_sel == 1, "extra %d sel %d", rows[0].n_extra, rows[0].n_sel);
     CHECK_CLOSE(rows[0].mass, (Z0 - exp(1)) / Z0, 1e-6, 1e-6);
 
