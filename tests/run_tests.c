@@ -58,6 +58,7 @@ extern char kv_test_reason[512];
     X(gpu_oom_is_an_error, KV_NEEDS_GPU)                   \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
+    X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \
     X(results_atomic_on_failure, KV_NEEDS_SUBPROCESS)      \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)

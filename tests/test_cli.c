@@ -43,6 +43,9 @@ int test_cli_errors(void) {
         {"synth --out /nonexistent-dir/x.h5 --tokens 100", 1, "cannot create"},
         {"synth --out x.h5 --q-heads 3 --kv-heads 2", 2, "not a multiple"},
         {"slice --in " DEMO " --out x.h5 --tokens 99999999", 2, "exceeds"},
+        {"bench --method nope", 2, "unknown method 'nope'"},
+        {"bench --method pariskv --param pariskv.beta=7", 2, "expected a value in [0, 1], found 7"},
+        {"bench --tokens 100", 2, "--method is required"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = sh("cd %s && %s%s %s", tmp, B[0] == '/' ? "" : "$OLDPWD/", B, cases[i].args);
@@ -52,6 +55,46 @@ int test_cli_errors(void) {
     }
     CHECK(sh("%s run --help", B) == 0 && strstr(out, "usage: kvbench run"), "run --help");
     CHECK(sh("%s list", B) == 0 && strstr(out, "exact") && strstr(out, "streaming") && strstr(out, "random"), "list");
+    return KV_TEST_PASS;
+}
+
+/* kvbench bench on the CPU for several methods: a row per (method, length,
+ * stage), positive times, and the exact score stage's bytes as counted here
+ * (K and q read as float32, float32 scores written). */
+int test_cli_bench_cpu(void) {
+    const char *B = kv_test_bin();
+    char csv[600];
+    snprintf(csv, sizeof csv, "%s/bench.csv", kv_test_tmpdir());
+    CHECK(sh("%s bench --method exact,pariskv,quest --tokens 1024,2048 --device cpu --q-heads 4 --kv-heads 2 --dim 64 "
+             "--reps 2 --warmup 0 --param pariskv.beta=0.3 --csv %s", B, csv) == 0, "bench failed: %s", err);
+    FILE *f = fopen(csv, "r");
+    CHECK(f, "no CSV at %s", csv);
+    char line[2048];
+    int rows = 0, exact = 0, other = 0, bad = 0, beta = 0;
+    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,device,tokens,", 21), "CSV header: %s", line);
+    while (fgets(line, sizeof line, f)) {
+        char method[32], stage[32];
+        int T;
+        double med, bytes;
+        if (sscanf(line, "%31[^,],cpu,%d,4,2,64,100,%31[^,],%lf,%*f,%lf", method, &T, stage, &med, &bytes) != 5) {
+            bad++;
+            continue;
+        }
+        rows++;
+        bad += !(med > 0) || !(bytes > 0);
+        if (!strcmp(method, "exact")) {
+            exact++;
+            if (!strcmp(stage, "score")) bad += bytes != 2.0 * T * 64 * 4 + 4 * 64 * 4 + 4.0 * T * 4;
+        } else {
+            other++;
+            bad += strcmp(stage, "build") && strcmp(stage, "search");
+            beta += !strcmp(method, "pariskv") && strstr(line, "beta=0.3") != NULL;
+        }
+    }
+    fclose(f);
+    CHECK(rows == 16 && exact == 8 && other == 8 && !bad, "%d rows (%d exact, %d others), %d bad", rows, exact, other,
+          bad);
+    CHECK(beta == 4, "pariskv rows carry beta=0.3 in params: %d of 4", beta);
     return KV_TEST_PASS;
 }
 
