@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""plot_drift.py: recall@k and output error per decode window, from kvbench
-run directories (drift.csv + summary.json), one line per method with its
-p10 band (recall) / p90 band (output error). Talks to kvbench only through
-its result files.
+"""plot_drift.py: recall@k, recall on the generated keys (the top-k
+members generated after the index was built, the drift panel) and output
+error per decode window, from kvbench run directories (drift.csv +
+summary.json), one line per method with its p10 band (recall) / p90 band
+(output error). Talks to kvbench only through its result files.
 
 usage: scripts/plot_drift.py RESULT_DIR [RESULT_DIR ...] -o drift.png [--title T]
 Several directories (e.g. one per layer or per trace) become one row of
@@ -26,13 +27,15 @@ def load(run_dir):
     series = {}
     with open(drift_path, newline="") as f:
         for row in csv.DictReader(f):
-            s = series.setdefault(row["method"], {k: [] for k in ("x", "r", "r10", "e", "e90")})
+            s = series.setdefault(row["method"], {k: [] for k in ("x", "r", "r10", "e", "e90", "g")})
             mid = 0.5 * (float(row["step_start"]) + float(row["step_end"]))
             s["x"].append(mid)
             s["r"].append(float(row["recall_mean"]))
             s["r10"].append(float(row["recall_p10"]))
             s["e"].append(float(row["outerr_mean"]) if row["outerr_mean"] else float("nan"))
             s["e90"].append(float(row["outerr_p90"]) if row["outerr_p90"] else float("nan"))
+            g = row.get("recall_generated_keys")
+            s["g"].append(float(g) if g else float("nan"))
     return summary, series
 
 
@@ -50,7 +53,7 @@ def main():
         sys.exit("plot_drift.py: matplotlib is not installed (make pydeps installs it into .venv)")
 
     runs = [load(d) for d in args.runs]
-    fig, axes = plt.subplots(len(runs), 2, figsize=(11, 3.6 * len(runs)), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 3, figsize=(16, 3.6 * len(runs)), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (summary, series) in enumerate(runs):
         tr, pr = summary["trace"], summary["protocol"]
@@ -60,15 +63,18 @@ def main():
             ax = axes[row][0]
             ax.plot(s["x"], s["r"], color=c, label=method)
             ax.fill_between(s["x"], s["r10"], s["r"], color=c, alpha=0.15, linewidth=0)
-            ax = axes[row][1]
+            axes[row][1].plot(s["x"], s["g"], color=c, label=method)
+            ax = axes[row][2]
             ax.plot(s["x"], s["e"], color=c, label=method)
             ax.fill_between(s["x"], s["e"], s["e90"], color=c, alpha=0.15, linewidth=0)
-        a0, a1 = axes[row]
+        a0, ag, a1 = axes[row]
         a0.set_ylabel(f'recall@{pr["k"]} (mean, band to p10)')
         a0.set_ylim(-0.02, 1.02)
+        ag.set_ylabel("recall on generated keys (mean)")
+        ag.set_ylim(-0.02, 1.02)
         a1.set_ylabel("output error |o-o*|/|o*| (mean, band to p90)")
         a1.set_yscale("log")
-        for a in (a0, a1):
+        for a in (a0, ag, a1):
             a.set_xlabel("decode position t")
             a.grid(alpha=0.3)
             a.set_title(label, fontsize=9)
