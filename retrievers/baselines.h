@@ -25,6 +25,10 @@ void kv_pq_assign(const float *x, int n, int ld, int d, const float *cent, int C
  * (zeros when not warm). */
 kv_status kv_pq_kmeans(const float *x, int n, int ld, int d, int C, int iters, uint64_t seed, int warm, float *cent,
                        uint8_t *codes, int code_ld);
+/* The cold start's points: pick[c] for c < C, C distinct indices of [0, n)
+ * from a generator seeded by `seed` (c % n when n < C); shared with the GPU
+ * k-means so both start from the same centroids. */
+void kv_pq_init_picks(int n, int C, uint64_t seed, int32_t *pick);
 /* Lookup table of one query: lut[m*C + c] = <q_m, centroid c of sub-vector m>,
  * cent = [M][dsub][C] (the transposed centroids of the M sub-vectors). */
 void kv_pq_lut(const float *q, const float *cent, int M, int C, int dsub, float *lut);
@@ -47,7 +51,7 @@ typedef struct {
     int page, npages;       /* full pages summarised; page j covers [sink + j*page, sink + (j+1)*page) */
     const float *kmin, *kmax; /* [Hkv][max_pages][D] */
     int max_pages;
-} kv_quest_view;
+} kv_quest_view;           /* kmin/kmax NULL on the GPU path (kernels/quest_gpu.h reads them back) */
 void kv_quest_view_of(const void *state, kv_quest_view *out);
 
 /* ---- MagicPIG (retrievers/magicpig.c) ---- */
@@ -70,7 +74,8 @@ typedef struct {
     int K, L, n;
     const float *proj;      /* [D][K*L] */
     const float *mean;      /* [Hkv][D]: the centre subtracted from every key */
-    const uint16_t *codes;  /* [Hkv][L][T] */
+    const uint16_t *codes;  /* [Hkv][L][T]; NULL on the GPU path */
+    struct kv_mp_gpu *gpu;  /* the device index on the GPU path (kernels/magicpig_gpu.h), else NULL */
 } kv_mp_view;
 void kv_magicpig_view(const void *state, kv_mp_view *out);
 

@@ -39,11 +39,21 @@
  * - memory_bytes: hash codes (uint16 per table per key: 2L bytes; K*L bits
  *   would pack tighter), key norms (float32 per key), the projection and the
  *   centres. The centred key copy is the KV cache itself (theirs keeps it in
- *   CPU memory too) and is not counted. */
+ *   CPU memory too) and is not counted.
+ *
+ * GPU path (shape->use_gpu; kernels/magicpig.cu): the centre is computed
+ * here as on the CPU, and the centred keys, norms and codes live on the
+ * device only; build and append hash on the device (keys uploaded), search
+ * runs query hashing, the collision count, compaction and the log-weights
+ * there and copies back each head's variable-size list. The kernels sum in
+ * the reference's order without FMA, so codes, norms and candidate lists
+ * are the CPU's exactly and log-weights agree to float rounding (the
+ * double acos/pow/log of CUDA and glibc may differ in their last bits). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/magicpig_gpu.h"
 #include "../kernels/score.h"
 #include "baselines.h"
 
@@ -62,6 +72,7 @@ typedef struct {
     uint16_t *qcodes;   /* [Hq][L] */
     uint16_t *cnt;      /* [Hq][T] */
     float *qn;          /* [Hq][D] normalised queries */
+    kv_mp_gpu *dev;     /* GPU path: the index on the device (ck, knorm, codes, scratch unused on the host) */
 } mp_state;
 
 static const kv_param_spec mp_params[] = {
@@ -120,6 +131,7 @@ static void mp_free(mp_state *s) {
     if (!s) return;
     free(s->proj); free(s->mean); free(s->ck); free(s->knorm); free(s->codes); free(s->acc); free(s->qcodes);
     free(s->cnt); free(s->qn);
+    kv_mp_gpu_destroy(s->dev);
     free(s);
 }
 
@@ -136,6 +148,17 @@ static kv_status mp_create(const kv_shape *sh, const kv_param_set *ps, void **ou
            D = (size_t)sh->head_dim;
     s->proj = kv_malloc(D * s->KL * sizeof(float), "magicpig projection");
     s->mean = kv_calloc(Hkv * D, sizeof(float), "magicpig key centres");
+    if (sh->use_gpu) { /* the index and all scratch live on the device */
+        kv_status st = s->proj && s->mean ? KV_OK : KV_ERR_NOMEM;
+        if (st == KV_OK) {
+            kv_mp_projection(sh->seed + (uint64_t)kv_param_int(ps, "seed"), sh->head_dim, K, L, s->proj);
+            st = kv_mp_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, K, L, s->proj,
+                                  &s->dev);
+        }
+        if (st != KV_OK) { mp_free(s); return st; }
+        *out = s;
+        return KV_OK;
+    }
     s->ck = kv_malloc(Hkv * T * D * sizeof(float), "magicpig centred keys");
     s->knorm = kv_malloc(Hkv * T * sizeof(float), "magicpig key norms");
     s->codes = kv_calloc(Hkv * L * T, sizeof(uint16_t), "magicpig hash codes");
@@ -206,6 +229,12 @@ static kv_status mp_build(void *st, const kv_prefill *pre) {
         free(acc);
     }
     int cnt = n > lo ? n - lo : 0, blocks = (cnt + 3) / 4, failed = 0;
+    if (s->dev) {
+        KV_TRY(kv_mp_gpu_set_mean(s->dev, s->mean));
+        if (cnt) KV_TRY(kv_mp_gpu_index(s->dev, lo, cnt, pre->k + (size_t)lo * D, n));
+        s->n = n;
+        return KV_OK;
+    }
     long total = (long)Hkv * blocks;
 #pragma omp parallel reduction(| : failed)
     {
@@ -228,7 +257,8 @@ static kv_status mp_append(void *st, int t, const float *k, const float *v, cons
     (void)v; (void)q;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "magicpig: append of position %d, expected %d", t, s->n);
-    if (t >= s->sh.sink)
+    if (t >= s->sh.sink && s->dev) KV_TRY(kv_mp_gpu_index(s->dev, t, 1, k, 1));
+    else if (t >= s->sh.sink)
         for (int g = 0; g < s->sh.num_kv_heads; g++) mp_index(s, g, t, 1, k + (size_t)g * s->sh.head_dim, 0, s->acc);
     s->n++;
     return KV_OK;
@@ -240,6 +270,7 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, L = s->L, lo = sh->sink, hi = t + 1 - sh->local;
     (void)k; /* variable budget: every candidate is attended */
     if (hi <= lo) return KV_OK;
+    if (s->dev) return kv_mp_gpu_search(s->dev, q, lo, hi, s->minc, sel->idx, sel->logw, sel->cap, sel->count);
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < sh->num_q_heads; h++) {
         int g = h / sh->group;
@@ -278,7 +309,25 @@ static void mp_destroy(void *st) { mp_free(st); }
 
 void kv_magicpig_view(const void *st, kv_mp_view *out) {
     const mp_state *s = st;
-    *out = (kv_mp_view){.K = s->K, .L = s->L, .n = s->n, .proj = s->proj, .mean = s->mean, .codes = s->codes};
+    *out = (kv_mp_view){.K = s->K, .L = s->L, .n = s->n, .proj = s->proj, .mean = s->mean, .codes = s->codes,
+                        .gpu = s->dev};
+}
+
+/* kvbench bench on a GPU: the projection of the same seed as create(), the
+ * index of all n positions (centre = their mean, computed on the device),
+ * then the per-stage timings of kernels/magicpig.cu. */
+static kv_status mp_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                              const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+    int k = kv_param_int(ps, "K"), L = kv_param_int(ps, "L"), minc = kv_param_int(ps, "min_collisions");
+    if (minc > L)
+        return kv_fail(KV_ERR_INPUT, "--param min_collisions for method magicpig: %d is above L=%d (no key could qualify)",
+                       minc, L);
+    float *proj = kv_malloc((size_t)sh->head_dim * k * L * sizeof(float), "magicpig projection");
+    if (!proj) return KV_ERR_NOMEM;
+    kv_mp_projection(sh->seed + (uint64_t)kv_param_int(ps, "seed"), sh->head_dim, k, L, proj);
+    kv_status st = kv_mp_gpu_bench(spec, k, L, minc, proj, K, q, out);
+    free(proj);
+    return st;
 }
 
 const kv_method kv_method_magicpig = {
@@ -290,6 +339,7 @@ const kv_method kv_method_magicpig = {
     .per_kv_head = 0,
     .variable_budget = 1,
     .uses_logw = 1,
+    .has_gpu = 1,
     .params = mp_params,
     .create = mp_create,
     .build = mp_build,
@@ -297,4 +347,5 @@ const kv_method kv_method_magicpig = {
     .search = mp_search,
     .memory_bytes = mp_memory,
     .destroy = mp_destroy,
+    .bench_gpu = mp_bench_gpu,
 };

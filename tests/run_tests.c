@@ -56,6 +56,17 @@ extern char kv_test_reason[512];
     X(gpu_oracle_matches_cpu, KV_NEEDS_GPU)                \
     X(gpu_exact_matches_cpu, KV_NEEDS_GPU)                 \
     X(gpu_oom_is_an_error, KV_NEEDS_GPU)                   \
+    X(pariskv_gpu_encode_matches_cpu, KV_NEEDS_GPU)        \
+    X(pariskv_gpu_search_matches_cpu, KV_NEEDS_GPU)        \
+    X(pariskv_gpu_bucket_topk, KV_NEEDS_GPU)               \
+    X(pariskv_gpu_retriever_matches_cpu, KV_NEEDS_GPU)     \
+    X(magicpig_gpu_codes_match_cpu, KV_NEEDS_GPU)          \
+    X(magicpig_gpu_matches_cpu, KV_NEEDS_GPU)              \
+    X(pqcache_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)        \
+    X(pqcache_gpu_adc_matches_cpu, KV_NEEDS_GPU)           \
+    X(pqcache_gpu_retriever_matches_cpu, KV_NEEDS_GPU)     \
+    X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
+    X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
