@@ -81,7 +81,17 @@
  * 144; the released code's bf16 weights make it 112), which memory_bytes
  * counts, plus the per-head tables; with rerank=exact also the 4D bytes
  * of the full-precision key it reads. The raw keys of the update buffer
- * are KV cache, not index, and are not counted. */
+ * are KV cache, not index, and are not counted.
+ *
+ * GPU path (shape->use_gpu; kernels/pariskv.cu, glue in pariskv_gpu.c):
+ * with centroids=analytic, rotation=srht, normalize=1, rerank=rsqip (any
+ * m, pool, tiers, lloyd, beta, rho, update) the index lives on the device
+ * only (its layout there is subspace-major ids, see pariskv.cu), prefill
+ * and every folded update batch are encoded there, and a search runs all
+ * rows on the device and copies back the lists and candidates; the update
+ * buffer stays on the host and travels with its batch. Its results equal
+ * this CPU path's (tests/test_pariskv_gpu.c). The other ablation values
+ * run on the CPU path even under --device gpu. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +132,9 @@ typedef struct {
     float *cent, *cnorm; /* kmeans: [Hkv][B][nc][m], [Hkv][B][nc] */
     float *pend;      /* [Hkv][update][D] buffered raw keys */
     float *keys;      /* rerank=exact: [Hkv][T][D] */
+    kv_pariskv_gpu *gpu; /* GPU path: the index lives on the device (kernels/pariskv.cu) */
+    int32_t *gout, *gcand; /* GPU path: host [rows][k_cap] lists, [rows][T] candidates */
+    int gk_cap;
     int nthreads;
     pk_scratch *scr;
 } pk_state;
@@ -166,6 +179,8 @@ static void pk_destroy(void *st) {
     kv_pariskv_codec_free(&s->cx);
     free(s->ids); free(s->code); free(s->w); free(s->counts); free(s->cent); free(s->cnorm);
     free(s->pend); free(s->keys);
+    kv_pariskv_gpu_destroy(s->gpu);
+    free(s->gout); free(s->gcand);
     for (int i = 0; s->scr && i < s->nthreads; i++) scratch_free(&s->scr[i]);
     free(s->scr);
     free(s);
@@ -192,11 +207,20 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->sh.seed = seed;
     int Hkv = sh->num_kv_heads, T = sh->max_tokens, D = sh->head_dim, nb = s->cx.nb, dp = s->cx.dp;
     size_t nt = (size_t)Hkv * T;
+    int pend_n = s->update < T ? s->update : T;
+    if (sh->use_gpu && kv_pariskv_gpu_ok(ps, D)) { /* the index lives on the device; the update buffer on the host */
+        kv_pariskv_gpu_cfg cfg = kv_pariskv_gpu_config(&s->cx, sh, s->pool_mean, pend_n);
+        if ((st = kv_pariskv_gpu_create(&cfg, &s->gpu)) != KV_OK) { pk_destroy(s); return st; }
+        s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
+        s->gcand = kv_malloc((size_t)cfg.rows * T * sizeof(int32_t), "pariskv candidates");
+        if (!s->pend || !s->gcand) { pk_destroy(s); return KV_ERR_NOMEM; }
+        *out = s;
+        return KV_OK;
+    }
     s->ids = kv_malloc(nt * nb, "pariskv centroid ids");
     s->code = kv_malloc(nt * s->cx.code_bytes, "pariskv codes");
     s->w = kv_malloc(nt * nb * sizeof(float), "pariskv weights");
     s->counts = kv_calloc((size_t)Hkv * nb * s->nc, sizeof(int32_t), "pariskv centroid counts");
-    int pend_n = s->update < T ? s->update : T;
     s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
     int fail = !s->ids || !s->code || !s->w || !s->counts || !s->pend;
     if (s->kmeans) {
@@ -372,7 +396,8 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
         for (int g = 0; g < Hkv; g++)
             memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
     if (s->kmeans) KV_TRY(kmeans_train(s, pre));
-    if (P > S) KV_TRY(encode_range(s, S, P, pre->k + (size_t)S * D, (size_t)P * D));
+    if (P > S && s->gpu) KV_TRY(kv_pariskv_gpu_encode_host(s->gpu, S, P, pre->k + (size_t)S * D, (size_t)P * D));
+    else if (P > S) KV_TRY(encode_range(s, S, P, pre->k + (size_t)S * D, (size_t)P * D));
     s->n_seen = s->pend_start = P;
     s->n_idx = P > S ? P : S;
     return KV_OK;
@@ -392,7 +417,9 @@ static kv_status pk_append(void *st, int t, const float *k, const float *v, cons
     if (slot + 1 < U) return KV_OK;
     /* the buffer is full: fold it into the index (positions of the sink are never searched) */
     int a = s->pend_start > s->sh.sink ? s->pend_start : s->sh.sink;
-    if (a <= t) KV_TRY(encode_range(s, a, t + 1, s->pend + (size_t)(a - s->pend_start) * D, (size_t)U * D));
+    const float *src = s->pend + (size_t)(a - s->pend_start) * D;
+    if (a <= t && s->gpu) KV_TRY(kv_pariskv_gpu_encode_host(s->gpu, a, t + 1, src, (size_t)U * D));
+    else if (a <= t) KV_TRY(encode_range(s, a, t + 1, src, (size_t)U * D));
     s->pend_start = t + 1;
     if (t + 1 > s->n_idx) s->n_idx = t + 1;
     return KV_OK;
@@ -437,9 +464,7 @@ static int search_one(pk_state *s, pk_scratch *c, int g, int t, int k, int *n_ca
         for (int b = 0; b < nb; b++) sc += c->wt[b * nc + ids[b]];
         c->score[i] = (uint16_t)sc;
     }
-    int C = (int)ceil((double)n * beta), kn = k < n ? k : n;
-    if (C < kn) C = kn;
-    if (C > n) C = n;
+    int C = kv_pariskv_candidates(n, beta, k);
     C = kv_pariskv_bucket_topk(c->score, n, (s->multi ? KV_PARISKV_TIERS : 1) * nb, C, c->cand, c->hist);
     if (s->rerank == RERANK_RSQIP) kv_pariskv_query_lut(cx, c->qt, c->lut);
     for (int j = 0; j < C; j++) {
@@ -458,11 +483,57 @@ static int search_one(pk_state *s, pk_scratch *c, int g, int t, int k, int *n_ca
     return got;
 }
 
+/* The GPU path's search: every row (kv head, or query head with pool=none)
+ * on the device in one pass; lists and candidates copied into sel. */
+static kv_status search_gpu(pk_state *s, int t, const float *q, int k, kv_selection *sel) {
+    const kv_shape *sh = &s->sh;
+    int lo = sh->sink, hi = t + 1 - sh->local, end = s->n_idx < hi ? s->n_idx : hi, n = end - lo;
+    if (n <= 0 || k <= 0) return KV_OK;
+    double beta = s->beta, rho = s->rho, ab, ar;
+    kv_pariskv_adaptive_ratios(n, &ab, &ar);
+    kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = s->n_idx, .C = kv_pariskv_candidates(n, beta > 0 ? beta : ab, k),
+                                .k = k, .multi = s->multi, .rho = rho > 0 ? rho : ar};
+    int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
+    if (k > s->gk_cap) {
+        free(s->gout);
+        s->gk_cap = 0;
+        if (!(s->gout = kv_malloc((size_t)rows * k * sizeof(int32_t), "pariskv GPU lists"))) return KV_ERR_NOMEM;
+        s->gk_cap = k;
+    }
+    KV_TRY(kv_pariskv_gpu_search(s->gpu, q, &step, s->gout, s->gcand, sh->max_tokens));
+    int got = k < step.C ? k : step.C, nc = step.C;
+    if (got > sel->cap) got = sel->cap;
+    if (nc > sel->cand_cap) nc = sel->cand_cap;
+    for (int r = 0; r < rows; r++)
+        for (int h = r * nh; h < (r + 1) * nh; h++) {
+            memcpy(sel->idx + (size_t)h * sel->cap, s->gout + (size_t)r * k, (size_t)got * sizeof(int32_t));
+            sel->count[h] = got;
+            memcpy(sel->cand + (size_t)h * sel->cand_cap, s->gcand + (size_t)r * sh->max_tokens, (size_t)nc * sizeof(int32_t));
+            sel->n_cand[h] = nc;
+        }
+    return KV_OK;
+}
+
+/* The region's tokens not yet indexed (update buffer) are attended densely. */
+static void report_extra(const pk_state *s, int lo, int hi, kv_selection *sel) {
+    int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
+    if (ne > sel->extra_cap) ne = sel->extra_cap;
+    for (int g = 0; g < s->sh.num_kv_heads && ne > 0; g++) {
+        for (int j = 0; j < ne; j++) sel->extra[(size_t)g * sel->extra_cap + j] = e0 + j;
+        sel->n_extra[g] = ne;
+    }
+}
+
 static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     pk_state *s = st;
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, G = sh->group, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
+    if (s->gpu) {
+        KV_TRY(search_gpu(s, t, q, k, sel));
+        report_extra(s, lo, hi, sel);
+        return KV_OK;
+    }
     int jobs = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, failed = 0;
     /* threads only pay off on long regions (a parallel region costs more than a short search) */
 #pragma omp parallel for schedule(dynamic) reduction(| : failed) if ((long)jobs * (hi - lo) >= 65536)
@@ -490,13 +561,7 @@ static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection 
         }
     }
     if (failed) return kv_fail(KV_ERR_NOMEM, "pariskv: out of host memory for top-k scratch");
-    /* the region's tokens not yet indexed (update buffer) are attended densely */
-    int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
-    if (ne > sel->extra_cap) ne = sel->extra_cap;
-    for (int g = 0; g < sh->num_kv_heads && ne > 0; g++) {
-        for (int j = 0; j < ne; j++) sel->extra[(size_t)g * sel->extra_cap + j] = e0 + j;
-        sel->n_extra[g] = ne;
-    }
+    report_extra(s, lo, hi, sel);
     return KV_OK;
 }
 
@@ -523,6 +588,8 @@ static void pk_describe(FILE *f) {
         fputc('\n', f);
     }
     fprintf(f, "%-12s   index bytes per key and kv head: B + D'/2 + 4B (D=128, m=8: 144)\n", "");
+    fprintf(f, "%-12s   GPU path: centroids=analytic rotation=srht normalize=1 rerank=rsqip (other values run on the CPU)\n",
+            "");
 }
 
 const kv_method kv_method_pariskv = {
@@ -531,7 +598,7 @@ const kv_method kv_method_pariskv = {
     .summary = "ParisKV: SRHT + sign-centroid collision voting, then RSQ-IP rerank from 4-bit codes",
     .paper = "ParisKV (papers/pariskv.txt 4.1-4.2, app. B)",
     .per_kv_head = 0,
-    .has_gpu = 0,
+    .has_gpu = 1,
     .params = pariskv_params,
     .create = pk_create,
     .build = pk_build,
@@ -540,4 +607,5 @@ const kv_method kv_method_pariskv = {
     .memory_bytes = pk_memory,
     .destroy = pk_destroy,
     .describe = pk_describe,
+    .bench_gpu = kv_pariskv_bench_gpu,
 };

@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "../kernels/kv_common.h"
+#include "../kernels/pariskv_gpu.h"
+#include "kv_retriever.h"
 
 #define KV_PARISKV_LEVELS 8 /* 3-bit magnitude */
 #define KV_PARISKV_TIERS 6
@@ -84,5 +86,19 @@ int kv_pariskv_bucket_topk(const uint16_t *score, int n, int max_score, int c, i
 /* The released code's length-adaptive (candidate beta, collision rho) by
  * the retrieval-zone length n. */
 void kv_pariskv_adaptive_ratios(int n, double *beta, double *rho);
+
+/* ---- the CUDA path's glue (pariskv_gpu.c) ---- */
+/* 1 when these parameters run on the GPU path (centroids=analytic,
+ * rotation=srht, normalize=1, rerank=rsqip; any m, pool, tiers, lloyd,
+ * beta, rho, update) for head dim D (32 <= D' <= 256); the others stay on the CPU. */
+int kv_pariskv_gpu_ok(const kv_param_set *ps, int head_dim);
+/* The device index's configuration for codec cx (its signs and levels are
+ * read, not kept, by kv_pariskv_gpu_create). */
+kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_shape *sh, int pool_mean, int update);
+/* Stage I's candidate count: ceil(beta * n) raised to min(k, n), at most n. */
+int kv_pariskv_candidates(int n, double beta, int k);
+/* The method's bench_gpu hook (kv_retriever.h). */
+kv_status kv_pariskv_bench_gpu(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
+                               const kv_gpu_keys *K, const float *q, kv_gpu_stages *out);
 
 #endif

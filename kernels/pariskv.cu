@@ -1,0 +1,818 @@
+/* pariskv.cu: the CUDA path of the ParisKV retriever (issue 4, point 5;
+ * papers/pariskv.txt 4.1-4.2 and B.2), reproducing the CPU reference of
+ * retrievers/pariskv.c / pariskv_encode.c for its default codec
+ * (normalise + SRHT, analytic sign centroids, 4-bit codes, RSQ-IP rerank).
+ *
+ * Kernels, in search order:
+ *   encode     one warp per key: l2 norm (double, tree-reduced), SRHT
+ *              (signs, FWHT in shared memory, the CPU's butterflies), then
+ *              one lane per subspace: radius, sign-centroid id, 4-bit codes,
+ *              w = |k| r / alpha; per-block shared histograms of the ids
+ *              become the per-centroid counts (one atomic per bin per block).
+ *   tier       one block per (row, subspace): the row's query (group mean),
+ *              its transform, the 2^m centroid scores <q~_b, c>, each
+ *              centroid's rank and keys-before by direct counting (no sort),
+ *              and the tier bonus; counts of the indexed keys in [end, n_idx)
+ *              (the local window) are taken out first, as the CPU does.
+ *   collision  all rows (kv heads) in one launch; a block is a bucket tile
+ *              of 4096 keys, 16 keys per thread, one uint4 of ids per
+ *              subspace, the bonuses as nibbles in shared memory (8 per
+ *              word: the lanes' lookups never share a bank); scores are
+ *              uint16 [rows][Tp] by absolute position. It also writes the
+ *              tile's score histogram (fused: the bucket top-k's first
+ *              pass, so the scores are read once less).
+ *   bucket top-k  multi-block and deterministic: one block per row sums the
+ *              per-tile histograms, finds the threshold (as
+ *              kv_pariskv_bucket_topk) and turns per-tile counts into each
+ *              tile's output offset and its share of the threshold ties
+ *              (ties go to the smallest positions: the first `take` ties in
+ *              index order); then each tile compacts in index order with a
+ *              block scan. The output equals the CPU's exactly.
+ *   rerank     one thread per candidate: 4-bit codes (uint4 loads) and
+ *              weights gathered, the query's 16-entry-per-coordinate table in
+ *              shared memory, accumulated in float in the CPU's order with
+ *              no contraction (__fadd_rn / __fmul_rn), so the scores are
+ *              bitwise the CPU's.
+ *   final top-k  kv_topk_launch (topk.cu) over the candidates' scores: larger
+ *              first, smaller candidate (so smaller position) among equals.
+ * Index layout on the device (chosen for coalesced reads): centroid ids
+ * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
+ * consecutive keys reads consecutive bytes (the collision kernel reads each
+ * key's B ids once); codes uint8 [Hkv][Tp][D'/2] and weights float
+ * [Hkv][Tp][B] token-major, so a gathered candidate is two contiguous
+ * 64-byte runs (D = 128, m = 8); counts int32 [Hkv][B][2^m]. Tp = T rounded
+ * up to 16 (aligned uint4 access). D' <= 256. Exactness: everything but the key norm follows the CPU's float
+ * operations in the CPU's order; the key norm's double sum is tree-reduced,
+ * which can differ from the CPU's sequential double sum only in the last
+ * double bit, so the float norm agrees except with probability ~1e-9 per
+ * key (the tests compare ids and codes exactly, weights to 1e-5).
+ * Streams: every copy and launch of a handle goes on its own non-blocking
+ * stream (which does not wait for the legacy default stream), and create
+ * ends with a device synchronisation. The bench's `search` stage is the
+ * device work of one search (the query already uploaded, nothing copied
+ * back); the retriever's search adds the query upload and the copy-back of
+ * the lists and candidates. */
+#include <string.h>
+
+#include "kv_cuda.h"
+#include "pariskv_gpu.h"
+#include "topk.h"
+
+namespace {
+
+constexpr int PK_TILE = 4096;     /* keys per bucket top-k tile */
+constexpr int PK_TH = 256;        /* threads of most kernels */
+constexpr int PK_PER_TH = PK_TILE / PK_TH;
+constexpr int PK_TIERS = 6;
+
+struct pk_lv {
+    float level[8], thr[7];
+};
+
+/* Exclusive block scan of v (blockDim a multiple of 32); *total = the sum. */
+__device__ int pk_block_scan(int v, int *wsum, int *total) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) wsum[wid] = x;
+    __syncthreads();
+    if (wid == 0) {
+        int s = lane < nw ? wsum[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        wsum[lane] = s;
+    }
+    __syncthreads();
+    int before = (wid ? wsum[wid - 1] : 0) + x - v;
+    *total = wsum[nw - 1];
+    __syncthreads();
+    return before;
+}
+
+/* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies; `step`
+ * threads from `tid` take part: one warp (WARP) or the whole block. */
+template <bool WARP> __device__ __forceinline__ void pk_sync() {
+    if (WARP) __syncwarp();
+    else __syncthreads();
+}
+template <bool WARP> __device__ void pk_fwht(float *x, int n, int tid, int step) {
+    for (int h = 1; h < n; h *= 2) {
+        pk_sync<WARP>();
+        for (int p = tid; p < n / 2; p += step) {
+            int i = (p / h) * 2 * h + p % h;
+            float a = x[i], b = x[i + h];
+            x[i] = __fadd_rn(a, b);
+            x[i + h] = __fsub_rn(a, b);
+        }
+    }
+    pk_sync<WARP>();
+    float s = 1.0f / sqrtf((float)n);
+    for (int j = tid; j < n; j += step) x[j] = __fmul_rn(x[j], s);
+    pk_sync<WARP>();
+}
+
+/* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32). */
+__global__ void pk_encode_kernel(const void *src, int half, long long gstride, int a, int n, int D, int dp, int m,
+                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, float *w,
+                                 int *counts, long long Tp) {
+    extern __shared__ float sm[];
+    const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y, nc = 1 << m;
+    const int cb = dp / 2;
+    int *scnt = (int *)(sm + nw * dp);
+    for (int i = threadIdx.x; i < nb * nc; i += blockDim.x) scnt[i] = 0;
+    __syncthreads();
+    float *x = sm + warp * dp;
+    for (int j = blockIdx.x * nw + warp; j < n; j += gridDim.x * nw) {
+        const long long off = g * gstride + (long long)j * D;
+        double ss = 0;
+        for (int d = lane; d < dp; d += 32) {
+            float v = 0;
+            if (d < D) v = half ? __half2float(((const __half *)src)[off + d]) : ((const float *)src)[off + d];
+            x[d] = v;
+            ss = __dadd_rn(ss, __dmul_rn((double)v, (double)v));
+        }
+        for (int o = 16; o; o >>= 1) ss = __dadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+        const float norm = (float)sqrt(ss), inv = 1.0f / fmaxf(norm, 1e-8f);
+        __syncwarp();
+        for (int d = lane; d < dp; d += 32) x[d] = __fmul_rn(d < D ? __fmul_rn(x[d], inv) : 0.0f, signs[d]);
+        pk_fwht<true>(x, dp, lane, 32);
+        const long long i = a + j;
+        for (int b = lane; b < nb; b += 32) {
+            const float *xb = x + b * m;
+            float s2 = 0, alpha = 0;
+            for (int t = 0; t < m; t++) s2 = __fadd_rn(s2, __fmul_rn(xb[t], xb[t]));
+            float r = sqrtf(s2), ir = r > 0 ? 1.0f / r : 0.0f;
+            unsigned id = 0, bits = 0; /* m <= 8 coordinates: 4 code bytes at most */
+            for (int t = 0; t < m; t++) {
+                int pos = xb[t] >= 0, q = 0;
+                float au = fabsf(__fmul_rn(xb[t], ir));
+                while (q < 7 && lv.thr[q] < au) q++;
+                id |= (unsigned)pos << t;
+                bits |= (unsigned)((pos << 3) | q) << (4 * t);
+                alpha = __fadd_rn(alpha, __fmul_rn(lv.level[q], au));
+            }
+            ids[((long long)g * nb + b) * Tp + i] = (uint8_t)id;
+            uint8_t *cp = code + ((long long)g * Tp + i) * cb + b * (m / 2);
+            for (int t = 0; t < m / 2; t++) cp[t] = (uint8_t)(bits >> (8 * t));
+            w[((long long)g * Tp + i) * nb + b] = __fdiv_rn(__fmul_rn(norm, r), fmaxf(alpha, 1e-6f));
+            atomicAdd(&scnt[b * nc + id], 1);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nb * nc; e += blockDim.x)
+        if (scnt[e]) atomicAdd(&counts[(long long)g * nb * nc + e], scnt[e]);
+}
+
+/* Block (b, r): the tier bonus of every centroid of subspace b for row r. */
+__global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int m, int nb, const float *signs,
+                               const int *counts, const uint8_t *ids, long long Tp, int end, int n_idx, int n,
+                               double rho, int multi, uint8_t *wt, float *qt_out, float *qnorm_out, int *ghist,
+                               int nbins) {
+    extern __shared__ float sm[];
+    const int b = blockIdx.x, r = blockIdx.y, h0 = r * nh, g = h0 / G, nc = 1 << m, tid = threadIdx.x;
+    float *qv = sm, *csc = sm + dp;
+    int *cnt = (int *)(csc + nc);
+    __shared__ float s_norm;
+    for (int d = tid; d < dp; d += blockDim.x) {
+        float acc = 0;
+        for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
+        qv[d] = d < D ? __fdiv_rn(acc, (float)nh) : 0.0f;
+    }
+    for (int c = tid; c < nc; c += blockDim.x) cnt[c] = counts[((long long)g * nb + b) * nc + c];
+    __syncthreads();
+    if (tid == 0) { /* the CPU's sequential double sum */
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss = __dadd_rn(ss, __dmul_rn((double)qv[d], (double)qv[d]));
+        s_norm = (float)sqrt(ss);
+    }
+    for (long long i = end + tid; i < n_idx; i += blockDim.x) atomicSub(&cnt[ids[((long long)g * nb + b) * Tp + i]], 1);
+    __syncthreads();
+    const float norm = s_norm, inv = 1.0f / fmaxf(norm, 1e-8f);
+    for (int d = tid; d < dp; d += blockDim.x) qv[d] = __fmul_rn(d < D ? __fmul_rn(qv[d], inv) : 0.0f, signs[d]);
+    pk_fwht<false>(qv, dp, tid, blockDim.x);
+    if (b == 0) { /* also: the row's score histogram starts from zero (the collision kernel adds to it) */
+        for (int s = tid; s < nbins; s += blockDim.x) ghist[(long long)r * nbins + s] = 0;
+        for (int d = tid; d < dp; d += blockDim.x) qt_out[(long long)r * dp + d] = qv[d];
+        if (tid == 0) qnorm_out[r] = norm;
+    }
+    const float *qb = qv + b * m;
+    for (int c = tid; c < nc; c += blockDim.x) {
+        float s = 0;
+        for (int j = 0; j < m; j++) s = __fadd_rn(s, (c >> j) & 1 ? qb[j] : -qb[j]);
+        csc[c] = s;
+    }
+    __syncthreads();
+    unsigned *ckey = (unsigned *)csc; /* the scores' order-preserving keys, in place */
+    for (int c = tid; c < nc; c += blockDim.x) ckey[c] = kv_f2key(csc[c]);
+    __syncthreads();
+    const double frac[PK_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
+    const int nt = multi ? PK_TIERS : 1;
+    for (int c = tid; c < nc; c += blockDim.x) {
+        const unsigned kc = ckey[c];
+        long long before = 0;
+        for (int c2 = 0; c2 < nc; c2++) {
+            const unsigned k2 = ckey[c2];
+            if (k2 > kc || (k2 == kc && c2 < c)) before += cnt[c2];
+        }
+        int wv = 0;
+        for (int t = 0; t < nt; t++) wv += (double)before < ceil(__dmul_rn(__dmul_rn((double)n, rho), multi ? frac[t] : 1.0));
+        wt[((long long)r * nb + b) * nc + c] = (uint8_t)wv;
+    }
+}
+
+/* The 16 scores of [i0, i0+16) (uint4 loads when whole; outside [lo, end): 0xffff). */
+__device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int lo, int end, uint16_t v[16]) {
+    if (i0 >= lo && i0 + 16 <= end) {
+        const uint4 a = ((const uint4 *)(row + i0))[0], b = ((const uint4 *)(row + i0))[1];
+        const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 16; e++) v[e] = (uint16_t)(w[e >> 1] >> (16 * (e & 1)));
+    } else
+        for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
+}
+
+/* The block's tile histogram from each thread's 16 scores (0xffff: none):
+ * per-warp shared histograms sh[warps][nbins], then thist[r][t][.] and the
+ * row's ghist[r][.] (atomics; zeroed by the tier kernel of the search, or
+ * by the caller). */
+__device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
+                             int *ghist) {
+    const int nw = blockDim.x >> 5;
+    for (int s = threadIdx.x; s < nw * nbins; s += blockDim.x) sh[s] = 0;
+    __syncthreads();
+    int *wh = sh + (threadIdx.x >> 5) * nbins;
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+        if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
+    __syncthreads();
+    for (int s = threadIdx.x; s < nbins; s += blockDim.x) {
+        int c = 0;
+        for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
+        thist[((long long)r * ntiles + t) * nbins + s] = c;
+        if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
+    }
+}
+
+/* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
+ * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
+ * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
+ * byte table in shared memory. Also the tile's score histogram
+ * (pk_tile_hist) for the bucket top-k. */
+__global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
+                                    int base, int lo, int end, uint16_t *scores, int nbins, int ntiles, int *thist,
+                                    int *ghist) {
+    extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
+    const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
+    const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
+    for (int e = threadIdx.x; e < nwords; e += blockDim.x) stab[e] = wr[e];
+    __syncthreads();
+    const unsigned char *tb = (const unsigned char *)stab;
+    const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
+    unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
+    if (i0 < end) {
+        const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
+        for (int b = 0; b < nb; b++) {
+            const uint4 v = __ldg((const uint4 *)(ib + b * Tp));
+            const unsigned char *t = tb + b * nc;
+            const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
+                acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
+            }
+        }
+        uint16_t *out = scores + (long long)r * Tp + i0;
+        if (i0 >= lo && i0 + 16 <= end) {
+            ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
+            ((uint4 *)out)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
+        } else
+            for (int e = 0; e < 16; e++)
+                if (i0 + e >= lo && i0 + e < end) out[e] = (uint16_t)(acc[e >> 1] >> (16 * (e & 1)));
+    }
+    uint16_t v[16];
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+        v[e] = i0 + e >= lo && i0 + e < end ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
+    pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
+}
+
+/* Tile t of row r (positions base + t*TILE + [0, TILE) within [lo, end)):
+ * its histogram (the bucket top-k on scores it did not compute itself). */
+__global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles,
+                               int *thist, int *ghist) {
+    extern __shared__ int sh[]; /* [warps][nbins] */
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + blockIdx.y * ld, base + (long long)blockIdx.x * PK_TILE + threadIdx.x * PK_PER_TH, lo, end, v);
+    pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
+}
+
+/* One block per row: the threshold from the row's histogram (as
+ * kv_pariskv_bucket_topk), then each tile's output offset and share of the
+ * threshold ties (a thread per tile). */
+__global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
+                               int *thr_out) {
+    extern __shared__ int hs[]; /* [nbins] */
+    __shared__ int wsum[32], s_thr, s_take;
+    const int r = blockIdx.x;
+    const int *th = thist + (long long)r * ntiles * nbins;
+    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = ghist[(long long)r * nbins + s];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int thr = nbins - 1, above = 0;
+        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
+        s_thr = thr;
+        s_take = C - above;
+        thr_out[r] = thr;
+    }
+    __syncthreads();
+    const int thr = s_thr, take = s_take;
+    int carry_eq = 0, carry_sel = 0;
+    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
+        const int t = t0 + threadIdx.x;
+        int above = 0, eq = 0, tot;
+        if (t < ntiles) {
+            const int *tt = th + (long long)t * nbins;
+#pragma unroll 8
+            for (int s = thr + 1; s < nbins; s++) above += tt[s];
+            eq = tt[thr];
+        }
+        int eb = pk_block_scan(eq, wsum, &tot) + carry_eq;
+        carry_eq += tot;
+        int et = min(max(take - eb, 0), eq), sel = above + et;
+        int sb = pk_block_scan(sel, wsum, &tot) + carry_sel;
+        carry_sel += tot;
+        if (t < ntiles) {
+            toff[(long long)r * ntiles + t] = sb;
+            teq[(long long)r * ntiles + t] = et;
+        }
+    }
+}
+
+/* Tile t of row r: its selected positions, in index order, at the tile's offset. */
+__global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int ntiles,
+                                  const int *toff, const int *teq, const int *thr_arr, int32_t *cand,
+                                  long long cand_ld) {
+    __shared__ int wsum[32];
+    const int r = blockIdx.y, t = blockIdx.x, thr = thr_arr[r];
+    const int off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
+    const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + r * ld, i0, lo, end, v);
+    int a = 0, e = 0;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        a += v[j] != 0xffff && v[j] > thr;
+        e += v[j] == thr;
+    }
+    int tot, ex = pk_block_scan(a | (e << 16), wsum, &tot);
+    int ab = ex & 0xffff, eb = ex >> 16;
+    int32_t *out = cand + r * cand_ld + off;
+    for (int j = 0; j < PK_PER_TH; j++) {
+        if (v[j] == 0xffff) continue;
+        if (v[j] > thr) out[ab++ + min(eb, take)] = (int32_t)(i0 + j);
+        else if (v[j] == thr) {
+            if (eb < take) out[ab + eb] = (int32_t)(i0 + j);
+            eb++;
+        }
+    }
+}
+
+/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
+ * float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
+template <int M, int CW>
+__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const float *w,
+                                 const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
+                                 float *csc) {
+    constexpr int DP = 32 * CW, NB = DP / M;
+    extern __shared__ float lut[];
+    const int r = blockIdx.y, g = r * nh / G;
+    const float *q = qt + (long long)r * DP;
+    for (int e = threadIdx.x; e < DP * 16; e += blockDim.x) {
+        int cc = e >> 4, nib = e & 15;
+        lut[e] = __fmul_rn(nib & 8 ? q[cc] : -q[cc], lv.level[nib & 7]);
+    }
+    __syncthreads();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= C) return;
+    const long long i = cand[r * ld + j];
+    const uint4 *cr = (const uint4 *)(code + ((long long)g * Tp + i) * (DP / 2));
+    const float *wr = w + ((long long)g * Tp + i) * NB;
+    uint4 cw[CW];
+    float wv[NB];
+#pragma unroll
+    for (int wd = 0; wd < CW; wd++) cw[wd] = __ldg(cr + wd);
+#pragma unroll
+    for (int b = 0; b < NB; b += 4) {
+        const float4 x = __ldg((const float4 *)(wr + b));
+        wv[b] = x.x; wv[b + 1] = x.y; wv[b + 2] = x.z; wv[b + 3] = x.w;
+    }
+    float acc = 0, dot = 0;
+#pragma unroll
+    for (int wd = 0; wd < CW; wd++) {
+        const unsigned word[4] = {cw[wd].x, cw[wd].y, cw[wd].z, cw[wd].w};
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            const int cc = wd * 32 + k;
+            dot = __fadd_rn(dot, lut[cc * 16 + ((word[k >> 3] >> (4 * (k & 7))) & 15)]);
+            if ((k & (M - 1)) == M - 1) {
+                acc = __fadd_rn(acc, __fmul_rn(wv[cc / M], dot));
+                dot = 0;
+            }
+        }
+    }
+    csc[r * ld + j] = __fmul_rn(qnorm[r], acc);
+}
+
+}  // namespace
+
+struct kv_pariskv_gpu {
+    kv_pariskv_gpu_cfg c;
+    int nc, cb, G, nh, nbins, ntiles_max, stage_tokens, kmax;
+    long long Tp;
+    pk_lv lv;
+    kv_cuda_dev dev;
+    cudaStream_t st;
+    float *signs, *w, *stage, *q, *qt, *qnorm, *csc;
+    uint8_t *ids, *code, *wt;
+    int *counts, *thist, *ghist, *toff, *teq, *thr;
+    uint16_t *scores;
+    int32_t *cand, *pos, *hpos;
+    kv_topk_ws tk;
+    int last_lo, last_n, last_C; /* of the last search, for read_last */
+    float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
+};
+
+namespace {
+
+kv_status pk_alloc(kv_pariskv_gpu *p) {
+    const kv_pariskv_gpu_cfg *c = &p->c;
+    const size_t Tp = (size_t)p->Tp, R = (size_t)c->rows, H = (size_t)c->Hkv;
+    KV_TRY(kv_cuda_dev_query(&p->dev));
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_CUDA_ALLOC(p->signs, (size_t)c->dp * 4, 0, "pariskv SRHT signs");
+    KV_CUDA_ALLOC(p->ids, H * c->nb * Tp, 0, "pariskv centroid ids");
+    KV_CUDA_ALLOC(p->code, H * Tp * p->cb, 0, "pariskv 4-bit codes");
+    KV_CUDA_ALLOC(p->w, H * Tp * c->nb * 4, 0, "pariskv weights");
+    KV_CUDA_ALLOC(p->counts, H * c->nb * p->nc * 4, 0, "pariskv centroid counts");
+    KV_CUDA_ALLOC(p->stage, H * p->stage_tokens * c->D * 4, 0, "pariskv key staging");
+    KV_CUDA_ALLOC(p->q, (size_t)c->Hq * c->D * 4, 0, "pariskv queries");
+    KV_CUDA_ALLOC(p->qt, R * c->dp * 4, 0, "pariskv rotated queries");
+    KV_CUDA_ALLOC(p->qnorm, R * 4, 0, "pariskv query norms");
+    KV_CUDA_ALLOC(p->wt, R * c->nb * p->nc, 0, "pariskv tier bonuses");
+    KV_CUDA_ALLOC(p->scores, R * Tp * 2, 0, "pariskv collision scores");
+    KV_CUDA_ALLOC(p->thist, R * p->ntiles_max * p->nbins * 4, 0, "pariskv tile histograms");
+    KV_CUDA_ALLOC(p->ghist, R * p->nbins * 4, 0, "pariskv row histograms");
+    KV_CUDA_ALLOC(p->toff, R * p->ntiles_max * 4, 0, "pariskv tile offsets");
+    KV_CUDA_ALLOC(p->teq, R * p->ntiles_max * 4, 0, "pariskv tile ties");
+    KV_CUDA_ALLOC(p->thr, R * 4, 0, "pariskv thresholds");
+    KV_CUDA_ALLOC(p->cand, R * Tp * 4, 0, "pariskv candidates");
+    KV_CUDA_ALLOC(p->csc, R * Tp * 4, 0, "pariskv rerank scores");
+    KV_CUDA_ALLOC(p->pos, R * p->kmax * 4, 0, "pariskv top-k positions");
+    p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
+    if (!p->hpos) return KV_ERR_NOMEM;
+    KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
+    KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
+    KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
+    /* p->st does not wait on the legacy stream (the top-k workspace's memsets): all done before any launch */
+    KV_CUDA_TRY(cudaDeviceSynchronize());
+    return KV_OK;
+}
+
+/* Encodes positions [a, a+n) of every kv head from src (device). */
+kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstride, int a, int n, cudaStream_t st) {
+    if (n <= 0) return KV_OK;
+    const kv_pariskv_gpu_cfg *c = &p->c;
+    const int nw = 8;
+    int bx = (n + nw - 1) / nw, cap = (8 * p->dev.sm_count + c->Hkv - 1) / c->Hkv;
+    if (bx > cap) bx = cap;
+    size_t smem = (size_t)nw * c->dp * 4 + (size_t)c->nb * p->nc * 4;
+    pk_encode_kernel<<<dim3(bx, c->Hkv), nw * 32, smem, st>>>(src, half, gstride, a, n, c->D, c->dp, c->m, c->nb,
+                                                              p->signs, p->lv, p->ids, p->code, p->w, p->counts, p->Tp);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* The bucket top-k of rows of scores[r*ld + i], i in [lo, end) (base = lo
+ * rounded down to 16): C positions per row to cand[r*cand_ld + j]; the
+ * tile histograms are built here when with_hist, else the collision kernel
+ * built them. */
+kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
+                    int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
+                    int with_hist, cudaStream_t st) {
+    if (with_hist) {
+        pk_hist_kernel<<<dim3(ntiles, R), PK_TH, (size_t)(PK_TH / 32) * nbins * 4, st>>>(scores, ld, base, lo, end,
+                                                                                        nbins, ntiles, thist, ghist);
+        KV_LAUNCH_CHECK();
+    }
+    pk_scan_kernel<<<R, 1024, (size_t)nbins * 4, st>>>(thist, ghist, nbins, ntiles, C, toff, teq, thr);
+    KV_LAUNCH_CHECK();
+    pk_compact_kernel<<<dim3(ntiles, R), PK_TH, 0, st>>>(scores, ld, base, lo, end, ntiles, toff, teq, thr, cand,
+                                                         cand_ld);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* Search stages on stream st (the query already in p->q): 0 tier + collision,
+ * 1 bucket top-k, 2 rerank, 3 final top-k. */
+kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
+    const kv_pariskv_gpu_cfg *c = &p->c;
+    const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
+    const int nbins = (s->multi ? PK_TIERS : 1) * c->nb + 1, n = s->end - s->lo;
+    switch (which) {
+    case 0: {
+        size_t smem = (size_t)(c->dp + 2 * p->nc) * 4;
+        pk_tier_kernel<<<dim3(c->nb, R), PK_TH, smem, st>>>(p->q, p->G, p->nh, c->D, c->dp, c->m, c->nb, p->signs,
+                                                            p->counts, p->ids, p->Tp, s->end, s->n_idx, n, s->rho,
+                                                            s->multi, p->wt, p->qt, p->qnorm, p->ghist, nbins);
+        KV_LAUNCH_CHECK();
+        size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
+        pk_collision_kernel<<<dim3(ntiles, R), PK_TH, cs, st>>>(p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base,
+                                                                s->lo, s->end, p->scores, nbins, ntiles, p->thist,
+                                                                p->ghist);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
+    case 1:
+        return pk_bucket(p->scores, p->Tp, base, s->lo, s->end, nbins, ntiles, R, s->C, p->thist, p->ghist, p->toff,
+                         p->teq, p->thr, p->cand, p->Tp, 0, st);
+    case 2: {
+        dim3 grid((s->C + PK_TH - 1) / PK_TH, R);
+        size_t smem = (size_t)c->dp * 16 * 4;
+#define PK_RERANK(M, CW)                                                                                          \
+    pk_rerank_kernel<M, CW><<<grid, PK_TH, smem, st>>>(p->cand, p->Tp, s->C, p->code, p->w, p->qt, p->qnorm, p->lv, \
+                                                       p->G, p->nh, p->Tp, p->csc)
+#define PK_RERANK_M(CW)                        \
+    if (c->m == 8) PK_RERANK(8, CW);           \
+    else if (c->m == 4) PK_RERANK(4, CW);      \
+    else PK_RERANK(2, CW)
+        if (c->dp == 32) { PK_RERANK_M(1); }
+        else if (c->dp == 64) { PK_RERANK_M(2); }
+        else if (c->dp == 128) { PK_RERANK_M(4); }
+        else { PK_RERANK_M(8); }
+#undef PK_RERANK_M
+#undef PK_RERANK
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
+    default: {
+        const int kk = s->k < s->C ? s->k : s->C;
+        if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
+        return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
+    }
+    }
+}
+
+kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
+    int n = s->end - s->lo;
+    if (s->lo < 0 || n <= 0 || s->end > p->c.T || s->n_idx > p->c.T || s->C < 1 || s->C > n || s->k < 1)
+        return kv_fail(KV_ERR_INTERNAL, "pariskv GPU: bad search step (lo %d end %d n_idx %d C %d k %d)", s->lo, s->end,
+                       s->n_idx, s->C, s->k);
+    return KV_OK;
+}
+
+}  // namespace
+
+extern "C" kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv_gpu **out) {
+    *out = NULL;
+    const kv_pariskv_gpu_cfg *c = cfg;
+    if (c->dp < 32 || c->dp > 256 || (c->dp & (c->dp - 1)) || (c->m != 2 && c->m != 4 && c->m != 8) || c->nb * c->m != c->dp ||
+        c->D > c->dp || c->Hkv <= 0 || c->Hq % c->Hkv || (c->rows != c->Hkv && c->rows != c->Hq) || c->T <= 0)
+        return kv_fail(KV_ERR_INPUT, "pariskv GPU: unsupported shape (D %d D' %d m %d rows %d)", c->D, c->dp, c->m,
+                       c->rows);
+    kv_pariskv_gpu *p = (kv_pariskv_gpu *)kv_calloc(1, sizeof *p, "pariskv GPU state");
+    if (!p) return KV_ERR_NOMEM;
+    p->c = *c; /* pk_alloc uploads the signs; the pointers are not kept */
+    p->nc = 1 << c->m;
+    p->cb = c->dp / 2;
+    p->G = c->Hq / c->Hkv;
+    p->nh = c->rows == c->Hkv ? p->G : 1;
+    p->nbins = PK_TIERS * c->nb + 1;
+    p->Tp = ((long long)c->T + 15) & ~15LL;
+    p->ntiles_max = (int)((p->Tp + PK_TILE - 1) / PK_TILE) + 1;
+    p->stage_tokens = c->max_update > 4096 ? c->max_update : 4096;
+    if (p->stage_tokens > c->T) p->stage_tokens = c->T;
+    p->kmax = c->T < KV_GPU_TOPK_MAX ? c->T : KV_GPU_TOPK_MAX;
+    for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
+    for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];
+    kv_status st = pk_alloc(p);
+    p->c.signs = p->c.level = p->c.thr = NULL;
+    if (st != KV_OK) { kv_pariskv_gpu_destroy(p); return st; }
+    *out = p;
+    return KV_OK;
+}
+
+extern "C" void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
+    if (!p) return;
+    if (p->st) cudaStreamSynchronize(p->st);
+    void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
+                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
+    kv_topk_ws_destroy(&p->tk);
+    if (p->st) cudaStreamDestroy(p->st);
+    free(p->hpos);
+    free(p->hcsc);
+    free(p);
+}
+
+extern "C" kv_status kv_pariskv_gpu_encode_host(kv_pariskv_gpu *p, int a, int b, const float *src, size_t gstride) {
+    const int H = p->c.Hkv, D = p->c.D;
+    if (a < 0 || b > p->c.T) return kv_fail(KV_ERR_INTERNAL, "pariskv GPU: encode of [%d, %d) outside [0, %d)", a, b, p->c.T);
+    for (int c0 = a; c0 < b; c0 += p->stage_tokens) {
+        int c = b - c0 < p->stage_tokens ? b - c0 : p->stage_tokens;
+        KV_CUDA_TRY(cudaMemcpy2DAsync(p->stage, (size_t)c * D * 4, src + (size_t)(c0 - a) * D, gstride * 4,
+                                      (size_t)c * D * 4, (size_t)H, cudaMemcpyHostToDevice, p->st));
+        KV_TRY(pk_encode(p, p->stage, 0, (long long)c * D, c0, c, p->st));
+    }
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
+                                           int32_t *out, int32_t *cand, int cand_ld) {
+    KV_TRY(pk_check_step(p, s));
+    const int R = p->c.rows, kk = s->k < s->C ? s->k : s->C;
+    KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->c.Hq * p->c.D * 4, cudaMemcpyHostToDevice, p->st));
+    for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, p->st));
+    p->last_lo = s->lo;
+    p->last_n = s->end - s->lo;
+    p->last_C = s->C;
+    if (kk <= KV_GPU_TOPK_MAX)
+        KV_CUDA_TRY(cudaMemcpyAsync(p->hpos, p->pos, (size_t)R * kk * 4, cudaMemcpyDeviceToHost, p->st));
+    int32_t *hc = (int32_t *)kv_malloc((size_t)R * s->C * 4, "pariskv candidates (host)");
+    if (!hc) return KV_ERR_NOMEM;
+    kv_status st = KV_OK;
+    cudaError_t e = cudaMemcpy2DAsync(hc, (size_t)s->C * 4, p->cand, (size_t)p->Tp * 4, (size_t)s->C * 4, (size_t)R,
+                                      cudaMemcpyDeviceToHost, p->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(p->st);
+    if (e != cudaSuccess) st = kv_cuda_error(e, "copying the candidates back", __FILE__, __LINE__);
+    if (st == KV_OK && kk > KV_GPU_TOPK_MAX) { /* beyond the GPU top-k's index limit: the host ranks */
+        float *sc = (float *)kv_malloc((size_t)s->C * 4, "pariskv rerank scores (host)");
+        int32_t *ps = (int32_t *)kv_malloc((size_t)kk * 4, "pariskv top-k (host)");
+        if (!sc || !ps) st = KV_ERR_NOMEM;
+        for (int r = 0; r < R && st == KV_OK; r++) {
+            e = cudaMemcpy(sc, p->csc + (size_t)r * p->Tp, (size_t)s->C * 4, cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) { st = kv_cuda_error(e, "copying the rerank scores back", __FILE__, __LINE__); break; }
+            kv_topk_ref(sc, s->C, kk, 0, ps, NULL);
+            for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + ps[j]];
+        }
+        free(sc);
+        free(ps);
+    } else if (st == KV_OK)
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + p->hpos[(size_t)r * kk + j]];
+    const int nc = s->C < cand_ld ? s->C : cand_ld;
+    for (int r = 0; r < R && st == KV_OK && cand; r++)
+        memcpy(cand + (size_t)r * cand_ld, hc + (size_t)r * s->C, (size_t)nc * 4);
+    free(hc);
+    return st;
+}
+
+extern "C" kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
+                                               float *w, int32_t *counts) {
+    const int nb = p->c.nb, n = b - a;
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    if (ids) {
+        uint8_t *tmp = (uint8_t *)kv_malloc((size_t)nb * n, "pariskv ids (host)");
+        if (!tmp) return KV_ERR_NOMEM;
+        cudaError_t e = cudaMemcpy2D(tmp, (size_t)n, p->ids + (size_t)g * nb * p->Tp + a, (size_t)p->Tp, (size_t)n,
+                                     (size_t)nb, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < n && e == cudaSuccess; i++)
+            for (int q = 0; q < nb; q++) ids[(size_t)i * nb + q] = tmp[(size_t)q * n + i];
+        free(tmp);
+        KV_CUDA_TRY(e);
+    }
+    if (code)
+        KV_CUDA_TRY(cudaMemcpy(code, p->code + ((size_t)g * p->Tp + a) * p->cb, (size_t)n * p->cb, cudaMemcpyDeviceToHost));
+    if (w) KV_CUDA_TRY(cudaMemcpy(w, p->w + ((size_t)g * p->Tp + a) * nb, (size_t)n * nb * 4, cudaMemcpyDeviceToHost));
+    if (counts)
+        KV_CUDA_TRY(cudaMemcpy(counts, p->counts, (size_t)p->c.Hkv * nb * p->nc * 4, cudaMemcpyDeviceToHost));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, float *csc) {
+    const int R = p->c.rows;
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    if (scores && p->last_n > 0)
+        KV_CUDA_TRY(cudaMemcpy2D(scores, (size_t)p->last_n * 2, p->scores + p->last_lo, (size_t)p->Tp * 2, (size_t)p->last_n * 2,
+                                 (size_t)R, cudaMemcpyDeviceToHost));
+    if (csc && p->last_C > 0)
+        KV_CUDA_TRY(cudaMemcpy2D(csc, (size_t)p->last_C * 4, p->csc, (size_t)p->Tp * 4, (size_t)p->last_C * 4,
+                                 (size_t)R, cudaMemcpyDeviceToHost));
+    return KV_OK;
+}
+
+namespace {
+struct pk_topk_host {
+    uint16_t *s;
+    int *thist, *ghist, *toff, *teq, *thr;
+    int32_t *cand;
+    cudaStream_t st;
+};
+kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, int max_score, int c, int32_t *out) {
+    const int nbins = max_score + 1, ntiles = (n + PK_TILE - 1) / PK_TILE;
+    const long long ld = ((long long)n + 15) & ~15LL;
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking));
+    KV_CUDA_ALLOC(h->s, (size_t)R * ld * 2, 0, "test scores");
+    KV_CUDA_ALLOC(h->thist, (size_t)R * ntiles * nbins * 4, 0, "test tile histograms");
+    KV_CUDA_ALLOC(h->ghist, (size_t)R * nbins * 4, 0, "test row histograms");
+    KV_CUDA_ALLOC(h->toff, (size_t)R * ntiles * 4, 0, "test tile offsets");
+    KV_CUDA_ALLOC(h->teq, (size_t)R * ntiles * 4, 0, "test tile ties");
+    KV_CUDA_ALLOC(h->thr, (size_t)R * 4, 0, "test thresholds");
+    KV_CUDA_ALLOC(h->cand, (size_t)R * c * 4, 0, "test candidates");
+    /* on h->st: a non-blocking stream does not wait for the legacy stream's copies */
+    KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
+                                  cudaMemcpyHostToDevice, h->st));
+    KV_TRY(pk_bucket(h->s, ld, 0, 0, n, nbins, ntiles, R, c, h->thist, h->ghist, h->toff, h->teq, h->thr, h->cand, c,
+                     1, h->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(out, h->cand, (size_t)R * c * 4, cudaMemcpyDeviceToHost, h->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(h->st));
+    return KV_OK;
+}
+}  // namespace
+
+extern "C" kv_status kv_pariskv_gpu_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c,
+                                                     int32_t *out) {
+    if (R < 1 || n < 1 || c < 1 || c > n || max_score < 0 || max_score > 4095)
+        return kv_fail(KV_ERR_INPUT, "pariskv GPU bucket top-k: bad arguments (R %d n %d c %d)", R, n, c);
+    pk_topk_host h = {};
+    kv_status st = pk_topk_host_go(&h, score, R, n, max_score, c, out);
+    cudaFree(h.s); cudaFree(h.thist); cudaFree(h.ghist); cudaFree(h.toff); cudaFree(h.teq); cudaFree(h.thr); cudaFree(h.cand);
+    if (h.st) cudaStreamDestroy(h.st);
+    return st;
+}
+
+namespace {
+kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_spec *spec, const kv_gpu_keys *K,
+                      const float *q, double beta, double rho, int multi, kv_gpu_stages *out) {
+    const kv_pariskv_gpu_cfg *c = &p->c;
+    const int n = spec->n, R = c->rows;
+    KV_TRY(kv_bench_timer_init(tm, spec->reps, spec->warmup));
+    cudaStream_t st = tm->st;
+    const size_t cnt_bytes = (size_t)c->Hkv * c->nb * p->nc * 4;
+    auto encode = [&]() -> kv_status {
+        KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, cnt_bytes, st));
+        return pk_encode(p, K->a.p, K->a.half, (long long)K->a.T * K->a.D, 0, n, st);
+    };
+    KV_TRY(encode());
+    KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)c->Hq * c->D * 4, cudaMemcpyHostToDevice, st));
+    int C = (int)ceil((double)n * beta), kn = spec->k < n ? spec->k : n;
+    if (C < kn) C = kn;
+    if (C > n) C = n;
+    kv_pariskv_gpu_step s = {0, n, n, C, spec->k, multi, rho};
+    for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st)); /* real inputs for every stage */
+    KV_CUDA_TRY(cudaStreamSynchronize(st));
+    static const char *names[6] = {"encode", "collision", "bucket_topk", "rerank", "final_topk", "search"};
+    const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
+    const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 4 * Bn;
+    const double bytes[6] = {
+        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 4 * Bn),   /* key in, ids + codes + weights out */
+        row_keys * (Bn + 2),                                       /* ids in, score out */
+        row_keys * 2 + cand * 4,                                   /* scores in, candidates out */
+        cand * (cand_bytes + 4),                                   /* candidate, codes, weights in, score out */
+        cand * 4 + R * kk * 4,                                     /* scores in, positions out */
+        row_keys * Bn + cand * (cand_bytes - 4) + R * kk * 4};     /* ids, the candidates' codes + weights, top-k */
+    for (int i = 0; i < 6; i++) {
+        kv_gpu_timing t;
+        if (i == 0) KV_TRY(kv_bench_time(tm, encode, &t));
+        else if (i < 5) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, i - 1, st); }, &t));
+        else
+            KV_TRY(kv_bench_time(tm, [&]() -> kv_status {
+                for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st));
+                return KV_OK;
+            }, &t));
+        out->stage[i] = kv_gpu_stage{names[i], t, bytes[i]};
+    }
+    out->n = 6;
+    snprintf(out->bytes_note, sizeof out->bytes_note,
+             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + weights 4B "
+             "per kv-head key (%.3f us/token over %d heads); collision = ids B + score 2 (the kernel also builds the "
+             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + weights 4B + score 4; final_topk = "
+             "4 per candidate + k indices; search = ids B per key + codes+weights per candidate + k indices",
+             R, c->nb, p->cb, (int)ke, out->stage[0].t.med_us / n, c->Hkv, C);
+    out->l2_bytes = tm->dev.l2_bytes;
+    out->flush_bytes = tm->flush_n * sizeof(uint4);
+    return KV_OK;
+}
+}  // namespace
+
+extern "C" kv_status kv_pariskv_gpu_bench(const kv_pariskv_gpu_cfg *cfg, const kv_gpu_bench_spec *spec,
+                                          const kv_gpu_keys *K, const float *q, double beta, double rho, int multi,
+                                          kv_gpu_stages *out) {
+    memset(out, 0, sizeof *out);
+    if (spec->n < 1 || spec->n > K->a.T || K->a.H != cfg->Hkv || K->a.D != cfg->D || cfg->T < spec->n)
+        return kv_fail(KV_ERR_INPUT, "pariskv GPU bench: inconsistent spec (n=%d)", spec->n);
+    kv_pariskv_gpu *p = NULL;
+    KV_TRY(kv_pariskv_gpu_create(cfg, &p));
+    kv_bench_timer tm = {};
+    kv_status st = pk_bench_go(p, &tm, spec, K, q, beta, rho, multi, out);
+    kv_bench_timer_free(&tm);
+    kv_pariskv_gpu_destroy(p);
+    return st;
+}
