@@ -41,11 +41,19 @@
  *   here the protocol's sink, local window and k apply to every method.
  * - memory_bytes: codes (one byte per sub-vector per key, as stored; b bits
  *   would pack tighter) + centroids (float32), plus the key copy when
- *   reclustering. Scores and softmax accumulate in float. */
+ *   reclustering. Scores and softmax accumulate in float.
+ * - GPU path (shape->use_gpu, kernels/pqcache.cu): codes and centroids live
+ *   on the device (host mirrors kept for the view); k-means from the same
+ *   seeded picks, appended keys encoded there, search = LUT, ADC scan with
+ *   the group softmax sum, GPU top-k, indices copied back. Its k-means
+ *   assigns through a GEMM (||c||^2 - 2<x, c>), so a key almost equidistant
+ *   from two centroids may take the other one than on the CPU (see
+ *   pqcache.cu); recluster=N runs k-means on the CPU and uploads the result. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/pqcache_gpu.h"
 #include "../kernels/topk.h"
 #include "baselines.h"
 
@@ -62,6 +70,7 @@ typedef struct {
     float *lut;       /* [Hq][M][C] scratch */
     float *score;     /* [Hq][T] scratch: ADC scores of the region */
     float *agg;       /* [Hkv][T] scratch: softmax summed over the group */
+    kv_pq_gpu *gpu;   /* the device path (use_gpu); cent and codes above mirror it */
 } pq_state;
 
 static const kv_param_spec pq_params[] = {
@@ -95,22 +104,27 @@ void kv_pq_assign(const float *x, int n, int ld, int d, const float *cent, int C
     }
 }
 
+void kv_pq_init_picks(int n, int C, uint64_t seed, int32_t *pick) {
+    int np = 0;
+    if (n >= C) { /* Floyd: C distinct indices of [0, n) */
+        kv_rng r;
+        kv_rng_seed(&r, seed);
+        for (int j = n - C; j < n; j++) {
+            int v = (int)(kv_rng_uniform(&r) * (j + 1)), dup = 0;
+            for (int a = 0; a < np; a++) dup |= pick[a] == v;
+            pick[np++] = dup ? j : v;
+        }
+    } else
+        for (int c = 0; c < C; c++) pick[np++] = c % n;
+}
+
 kv_status kv_pq_kmeans(const float *x, int n, int ld, int d, int C, int iters, uint64_t seed, int warm, float *cent,
                        uint8_t *codes, int code_ld) {
     if (!warm) memset(cent, 0, (size_t)d * C * sizeof(float));
     if (n <= 0) return KV_OK;
     if (!warm) {
-        int pick[256], np = 0;
-        if (n >= C) { /* Floyd: C distinct indices of [0, n) */
-            kv_rng r;
-            kv_rng_seed(&r, seed);
-            for (int j = n - C; j < n; j++) {
-                int v = (int)(kv_rng_uniform(&r) * (j + 1)), dup = 0;
-                for (int a = 0; a < np; a++) dup |= pick[a] == v;
-                pick[np++] = dup ? j : v;
-            }
-        } else
-            for (int c = 0; c < C; c++) pick[np++] = c % n;
+        int32_t pick[256];
+        kv_pq_init_picks(n, C, seed, pick);
         for (int c = 0; c < C; c++)
             for (int j = 0; j < d; j++) cent[(size_t)j * C + c] = x[(size_t)pick[c] * ld + j];
     }
@@ -161,6 +175,7 @@ void kv_pq_adc(const float *lut, const uint8_t *codes, int code_ld, int n, int M
 
 static void pq_free(pq_state *s) {
     if (!s) return;
+    kv_pq_gpu_destroy(s->gpu);
     free(s->cent); free(s->codes); free(s->keys); free(s->lut); free(s->score); free(s->agg);
     free(s);
 }
@@ -179,16 +194,26 @@ static kv_status pq_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     size_t Hkv = (size_t)sh->num_kv_heads, Hq = (size_t)sh->num_q_heads, T = (size_t)sh->max_tokens;
     s->cent = kv_calloc(Hkv * D * s->C, sizeof(float), "pqcache centroids"); /* M * dsub = D */
     s->codes = kv_calloc(Hkv * T * M, 1, "pqcache codes");
-    s->lut = kv_malloc(Hq * M * s->C * sizeof(float), "pqcache lookup tables");
-    s->score = kv_malloc(Hq * T * sizeof(float), "pqcache scores");
-    s->agg = kv_malloc(Hkv * T * sizeof(float), "pqcache group scores");
+    if (!sh->use_gpu) { /* the GPU path scores on the device */
+        s->lut = kv_malloc(Hq * M * s->C * sizeof(float), "pqcache lookup tables");
+        s->score = kv_malloc(Hq * T * sizeof(float), "pqcache scores");
+        s->agg = kv_malloc(Hkv * T * sizeof(float), "pqcache group scores");
+    }
     if (s->recluster) s->keys = kv_malloc(Hkv * T * D * sizeof(float), "pqcache key copy");
-    if (!s->cent || !s->codes || !s->lut || !s->score || !s->agg || (s->recluster && !s->keys)) {
+    if (!s->cent || !s->codes || (!sh->use_gpu && (!s->lut || !s->score || !s->agg)) || (s->recluster && !s->keys)) {
         pq_free(s);
         return KV_ERR_NOMEM;
     }
+    if (sh->use_gpu) {
+        kv_status st = kv_pq_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, D, M, s->C, &s->gpu);
+        if (st != KV_OK) { pq_free(s); return st; }
+    }
     *out = s;
     return KV_OK;
+}
+
+static uint64_t pq_job_seed(const pq_state *s, int g, int m) {
+    return s->seed * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)g << 32) ^ (uint64_t)(m + 1) * 0xbf58476d1ce4e5b9ULL;
 }
 
 /* k-means of every (kv head, sub-vector) on keys [sink, n) held in
@@ -203,13 +228,29 @@ static kv_status pq_cluster(pq_state *s, const float *keys, size_t kstride, int 
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int job = 0; job < jobs; job++) {
         int g = job / M, m = job % M;
-        uint64_t seed = s->seed * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)g << 32) ^ (uint64_t)(m + 1) * 0xbf58476d1ce4e5b9ULL;
+        uint64_t seed = pq_job_seed(s, g, m);
         kv_status st = kv_pq_kmeans(keys + g * kstride + (size_t)lo * D + (size_t)m * ds, cnt, D, ds, C, s->iters, seed,
                                     warm, s->cent + ((size_t)g * M + m) * ds * C,
                                     s->codes + ((size_t)g * T + lo) * M + m, M);
         failed |= st != KV_OK;
     }
-    return failed ? kv_fail(KV_ERR_NOMEM, "pqcache: out of host memory for k-means") : KV_OK;
+    if (failed) return kv_fail(KV_ERR_NOMEM, "pqcache: out of host memory for k-means");
+    return s->gpu ? kv_pq_gpu_upload(s->gpu, s->cent, s->codes, lo, n) : KV_OK; /* recluster on the GPU path */
+}
+
+/* The GPU build: k-means of the prefill keys on the device, from the CPU's picks. */
+static kv_status pq_build_gpu(pq_state *s, const kv_prefill *pre) {
+    const kv_shape *sh = &s->sh;
+    int M = s->M, C = s->C, cnt = pre->n - sh->sink;
+    if (cnt <= 0) return KV_OK;
+    int32_t *picks = kv_malloc((size_t)sh->num_kv_heads * M * C * sizeof(int32_t), "pqcache k-means picks");
+    if (!picks) return KV_ERR_NOMEM;
+    for (int g = 0; g < sh->num_kv_heads; g++)
+        for (int m = 0; m < M; m++) kv_pq_init_picks(cnt, C, pq_job_seed(s, g, m), picks + ((size_t)g * M + m) * C);
+    s->clustered = 1;
+    kv_status st = kv_pq_gpu_build(s->gpu, pre->k, pre->n, sh->sink, s->iters, picks, s->cent, s->codes);
+    free(picks);
+    return st;
 }
 
 static void pq_encode_one(pq_state *s, int g, int t, const float *key) {
@@ -226,6 +267,7 @@ static kv_status pq_build(void *st, const kv_prefill *pre) {
         for (int g = 0; g < s->sh.num_kv_heads; g++)
             memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
     s->n = pre->n;
+    if (s->gpu) return pq_build_gpu(s, pre);
     return pq_cluster(s, pre->k, (size_t)pre->n * D, pre->n, 0);
 }
 
@@ -236,7 +278,18 @@ static kv_status pq_append(void *st, int t, const float *k, const float *v, cons
     if (t != s->n || t >= T) return kv_fail(KV_ERR_INTERNAL, "pqcache: append of position %d, expected %d", t, s->n);
     for (int g = 0; g < s->sh.num_kv_heads; g++) {
         if (s->keys) memcpy(s->keys + ((size_t)g * T + t) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
-        if (t >= s->sh.sink) pq_encode_one(s, g, t, k + (size_t)g * D);
+        if (t >= s->sh.sink && !s->gpu) pq_encode_one(s, g, t, k + (size_t)g * D);
+    }
+    if (s->gpu && t >= s->sh.sink) {
+        uint8_t c1[4096];
+        size_t nc = (size_t)s->sh.num_kv_heads * s->M;
+        uint8_t *c = nc <= sizeof c1 ? c1 : kv_malloc(nc, "pqcache appended codes");
+        if (!c) return KV_ERR_NOMEM;
+        kv_status st = kv_pq_gpu_encode(s->gpu, t, k, c);
+        for (int g = 0; g < s->sh.num_kv_heads && st == KV_OK; g++)
+            memcpy(s->codes + ((size_t)g * T + t) * s->M, c + (size_t)g * s->M, (size_t)s->M);
+        if (c != c1) free(c);
+        KV_TRY(st);
     }
     s->n++;
     if (s->recluster && ++s->since >= s->recluster) {
@@ -252,6 +305,7 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, M = s->M, C = s->C, G = sh->group;
     int lo = sh->sink, hi = t + 1 - sh->local, n = hi - lo;
     if (n <= 0) return KV_OK;
+    if (s->gpu) return kv_pq_gpu_search(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, sel->count, NULL, NULL);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -292,6 +346,23 @@ static size_t pq_memory(const void *st) {
 
 static void pq_destroy(void *st) { pq_free(st); }
 
+/* kvbench bench on a GPU: the build (k-means from the CPU's picks) and one
+ * search, stage by stage (kernels/pqcache.cu). */
+static kv_status pq_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                              const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+    int M = kv_param_int(ps, "M"), C = 1 << kv_param_int(ps, "b"), n = spec->n;
+    if (sh->head_dim % M)
+        return kv_fail(KV_ERR_INPUT, "--param M for method pqcache: M=%d must divide head_dim %d", M, sh->head_dim);
+    pq_state tmp = {.sh = *sh, .seed = sh->seed + (uint64_t)kv_param_int(ps, "seed")};
+    int32_t *picks = kv_malloc((size_t)sh->num_kv_heads * M * C * sizeof(int32_t), "pqcache k-means picks");
+    if (!picks) return KV_ERR_NOMEM;
+    for (int g = 0; g < sh->num_kv_heads; g++)
+        for (int m = 0; m < M; m++) kv_pq_init_picks(n, C, pq_job_seed(&tmp, g, m), picks + ((size_t)g * M + m) * C);
+    kv_status st = kv_pq_gpu_bench(spec, M, C, kv_param_int(ps, "iters"), picks, K, q, out);
+    free(picks);
+    return st;
+}
+
 void kv_pqcache_view(const void *st, kv_pq_view *out) {
     const pq_state *s = st;
     *out = (kv_pq_view){.M = s->M, .C = s->C, .dsub = s->dsub, .n = s->n, .cent = s->cent, .codes = s->codes};
@@ -303,6 +374,7 @@ const kv_method kv_method_pqcache = {
     .summary = "product quantisation (k-means per sub-vector on prefill keys), ADC scores, group softmax sum, top-k",
     .paper = "PQCache (Zhang et al., SIGMOD 2025), code HugoZHL/PQCache",
     .per_kv_head = 1,
+    .has_gpu = 1,
     .params = pq_params,
     .create = pq_create,
     .build = pq_build,
@@ -310,4 +382,5 @@ const kv_method kv_method_pqcache = {
     .search = pq_search,
     .memory_bytes = pq_memory,
     .destroy = pq_destroy,
+    .bench_gpu = pq_bench_gpu,
 };

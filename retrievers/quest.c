@@ -36,11 +36,17 @@
  *   listed in position order, pages in bound order. Bounds accumulate in
  *   float in channel order.
  * - memory_bytes: the min/max pages (2 x D float32 per page per kv head),
- *   plus the running min/max of the page being filled. */
+ *   plus the running min/max of the page being filled.
+ * - GPU path (shape->use_gpu, kernels/quest.cu): the summaries live on the
+ *   device (float32, channel-major), built and updated there; the bounds
+ *   (bitwise the CPU's), pooling and the top-k over pages run there; the
+ *   page ids come back and are expanded to tokens here by the same code, and
+ *   the extra tokens are computed here as on the CPU. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/quest_gpu.h"
 #include "../kernels/topk.h"
 #include "baselines.h"
 
@@ -56,6 +62,7 @@ typedef struct {
     float *bound;       /* [Hq][max_pages] scratch */
     float *pooled;      /* [Hkv][max_pages] scratch */
     int32_t *pages;     /* [Hq][max_pages] scratch: selected page ids */
+    kv_quest_gpu *gpu;  /* the device path (use_gpu): summaries on the device */
 } quest_state;
 
 static const kv_param_spec quest_params[] = {
@@ -76,6 +83,7 @@ float kv_quest_page_bound(const float *q, const float *kmin, const float *kmax, 
 
 static void quest_free(quest_state *s) {
     if (!s) return;
+    kv_quest_gpu_destroy(s->gpu);
     free(s->kmin); free(s->kmax); free(s->cmin); free(s->cmax); free(s->bound); free(s->pooled); free(s->pages);
     free(s);
 }
@@ -90,13 +98,21 @@ static kv_status quest_create(const kv_shape *sh, const kv_param_set *ps, void *
     s->max_pages = (span > 0 ? span / s->page : 0) + 1;
     size_t Hkv = (size_t)sh->num_kv_heads, Hq = (size_t)sh->num_q_heads, D = (size_t)sh->head_dim,
            P = (size_t)s->max_pages;
+    s->pages = kv_malloc(Hq * P * sizeof(int32_t), "quest selected pages");
+    if (sh->use_gpu) { /* summaries, bounds and pooling on the device */
+        kv_status st = s->pages ? kv_quest_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim,
+                                                      s->page, sh->sink, s->max_pages, 0, &s->gpu)
+                                : KV_ERR_NOMEM;
+        if (st != KV_OK) { quest_free(s); return st; }
+        *out = s;
+        return KV_OK;
+    }
     s->kmin = kv_malloc(Hkv * P * D * sizeof(float), "quest page minima");
     s->kmax = kv_malloc(Hkv * P * D * sizeof(float), "quest page maxima");
     s->cmin = kv_malloc(Hkv * D * sizeof(float), "quest running minima");
     s->cmax = kv_malloc(Hkv * D * sizeof(float), "quest running maxima");
     s->bound = kv_malloc(Hq * P * sizeof(float), "quest page bounds");
     s->pooled = kv_malloc(Hkv * P * sizeof(float), "quest pooled bounds");
-    s->pages = kv_malloc(Hq * P * sizeof(int32_t), "quest selected pages");
     if (!s->kmin || !s->kmax || !s->cmin || !s->cmax || !s->bound || !s->pooled || !s->pages) {
         quest_free(s);
         return KV_ERR_NOMEM;
@@ -126,7 +142,8 @@ static void quest_add(quest_state *s, int g, int t, const float *key) {
 
 static void quest_add_position(quest_state *s, int t, const float *k, size_t head_stride) {
     if (t < s->sh.sink) return;
-    for (int g = 0; g < s->sh.num_kv_heads; g++) quest_add(s, g, t, k + g * head_stride);
+    if (!s->gpu)
+        for (int g = 0; g < s->sh.num_kv_heads; g++) quest_add(s, g, t, k + g * head_stride);
     if ((t - s->sh.sink) % s->page == s->page - 1) s->npages = (t - s->sh.sink) / s->page + 1;
 }
 
@@ -135,7 +152,7 @@ static kv_status quest_build(void *st, const kv_prefill *pre) {
     int D = s->sh.head_dim;
     for (int t = 0; t < pre->n; t++) quest_add_position(s, t, pre->k + (size_t)t * D, (size_t)pre->n * D);
     s->n = pre->n;
-    return KV_OK;
+    return s->gpu ? kv_quest_gpu_build(s->gpu, pre->k, pre->n) : KV_OK;
 }
 
 static kv_status quest_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -143,6 +160,7 @@ static kv_status quest_append(void *st, int t, const float *k, const float *v, c
     (void)v; (void)q;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "quest: append of position %d, expected %d", t, s->n);
+    if (s->gpu) KV_TRY(kv_quest_gpu_append(s->gpu, t, k));
     quest_add_position(s, t, k, (size_t)s->sh.head_dim);
     s->n++;
     return KV_OK;
@@ -175,6 +193,14 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
         sel->n_extra[g] = c;
     }
     if (kp <= 0) return KV_OK;
+    if (s->gpu) { /* page ids from the device, expanded here */
+        KV_TRY(kv_quest_gpu_search(s->gpu, q, sh->softmax_scale, s->pool, ncand, kp, s->pages, NULL));
+        for (int h = 0; h < sh->num_q_heads; h++) {
+            const int32_t *pg = s->pages + (size_t)(s->pool == QUEST_POOL_NONE ? h : h / G) * kp;
+            sel->count[h] = quest_expand(s, pg, kp, hi, sel->idx + (size_t)h * sel->cap);
+        }
+        return KV_OK;
+    }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -217,6 +243,14 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
     return failed ? kv_fail(KV_ERR_NOMEM, "quest: out of host memory for top-k scratch") : KV_OK;
 }
 
+/* kvbench bench on a GPU: summaries of all pages and one search, stage by
+ * stage (kernels/quest.cu). */
+static kv_status quest_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                                 const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+    (void)sh;
+    return kv_quest_gpu_bench(spec, kv_param_int(ps, "page"), kv_param_int(ps, "pool"), K, q, out);
+}
+
 static size_t quest_memory(const void *st) {
     const quest_state *s = st;
     size_t D = (size_t)s->sh.head_dim, Hkv = (size_t)s->sh.num_kv_heads;
@@ -237,6 +271,7 @@ const kv_method kv_method_quest = {
     .summary = "pages with per-channel key min/max; top floor(k/page) pages by the bound sum max(q*max, q*min)",
     .paper = "Quest (Tang et al., ICML 2024), code mit-han-lab/Quest; pool=mean as FreeKV",
     .per_kv_head = 0,
+    .has_gpu = 1,
     .params = quest_params,
     .create = quest_create,
     .build = quest_build,
@@ -244,4 +279,5 @@ const kv_method kv_method_quest = {
     .search = quest_search,
     .memory_bytes = quest_memory,
     .destroy = quest_destroy,
+    .bench_gpu = quest_bench_gpu,
 };

@@ -1,0 +1,807 @@
+/* pqcache.cu: PQCache's CUDA path (issue 5, point 1; the CPU reference and
+ * the paper's facts are in retrievers/pqcache.c).
+ *
+ * k-means (build). Per (kv head g, sub-vector m) Lloyd from the CPU's seeded
+ * picks: assignment = one cuBLAS SGEMM per sub-vector, batched over the kv
+ * heads (S = X_m C_m, chunks of 2^18 keys), then an argmin kernel over
+ * ||c||^2 - 2<x, c> (ties to the smaller centroid); update = per-block
+ * partial sums in shared memory (double) flushed with double atomics, then
+ * mean per centroid (an empty cluster keeps its centroid, as the CPU). The
+ * sums are double as on the CPU, so equal assignments give the CPU's
+ * centroids up to the last bit of a double sum; the assignment is where the
+ * two can differ: the GEMM form rounds differently from the CPU's
+ * sum_j (x_j - c_j)^2, so a key almost equidistant from two centroids (gap
+ * ~1e-6 of |x|^2) may go to the other one, and from then on both runs may
+ * drift. On well-separated data the codes are equal (tests).
+ * Appended keys are encoded by a direct kernel that computes exactly
+ * kv_pq_assign's float sums (no contraction), so equal centroids give equal
+ * codes. recluster=N runs on the CPU (retrievers/pqcache.c) and uploads.
+ * Search. LUT kernel (bitwise kv_pq_lut: products and sums rounded as on the
+ * CPU, __fmul_rn/__fadd_rn). ADC scan, when the tuples of codes are few
+ * (C^M <= 4096: the default M = 2, b = 6): a key's group score depends on
+ * its tuple only, so (1) a histogram of the region's tuples (codes
+ * [Hkv][T][M], read once, coalesced, shared-memory atomics merged into a
+ * global histogram that step 2 zeroes again), (2) per kv head
+ * m_h = max over present tuples and Z_h = sum count * expf(s - m_h) in
+ * double (the CPU's Z up to double rounding), and a table of
+ * agg(tuple) = sum_h expf(s_h - m_h) / Z_h in the CPU's order, (3) one
+ * lookup per key (codes re-read from L2) writing agg. Otherwise, two
+ * launches over tiles of keys:
+ * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
+ * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
+ * from the G lookup tables of the group held in shared memory; launch A
+ * takes the max and the sum of exp per query head and tile, and the last
+ * tile of each kv head (threadfence reduction) combines them into m_h and
+ * 1/Z_h (Z in double); launch B re-reads the tile (L2-resident at 1M
+ * tokens: 16 MB of codes) and writes agg_i = sum_h expf(s_hi - m_h) / Z_h
+ * in the CPU's order. The per-key scores are bitwise the CPU's; m_h is
+ * exact; Z_h differs from the CPU's double sum only by the per-tile
+ * rescaling (~1e-7 relative), and CUDA's expf from glibc's by <= 2 ulp, so
+ * agg matches within ~1e-6 relative. Top-k per kv head: kv_topk_launch
+ * (kv_topk_ref's order: larger first, smaller index among equals). */
+#include <cublas_v2.h>
+#include <string.h>
+
+#include "kv_cuda.h"
+#include "pqcache_gpu.h"
+
+#define KV_CUBLAS_TRY(call)                                                                          \
+    do {                                                                                             \
+        cublasStatus_t kv_b_ = (call);                                                               \
+        if (kv_b_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return kv_fail(KV_ERR_GPU, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, (int)kv_b_); \
+    } while (0)
+
+namespace {
+
+constexpr int PQ_TH = 256;          /* threads of the scan kernels */
+constexpr int PQ_TILE_BYTES = 8192; /* code bytes per scan tile */
+constexpr int PQ_CHUNK = 1 << 18;   /* keys per k-means GEMM chunk */
+constexpr int PQ_UPD = 8192;        /* keys per update block at most */
+
+__device__ __forceinline__ void argmin_merge(float &d, int &c, float d2, int c2) {
+    if (d2 < d || (d2 == d && c2 < c)) { d = d2; c = c2; }
+}
+
+/* ---- k-means ---- */
+
+template <typename TI>
+__global__ void pq_to_float(const TI *k, long long gs, int n, int D, float *x) {
+    int g = blockIdx.y;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < (long long)n * D;
+         e += (long long)gridDim.x * blockDim.x)
+        x[(long long)g * n * D + e] = (float)k[g * gs + e];
+}
+
+/* cent[(gm*dsub + j)*C + c] = x[g][lo + pick[gm*C + c]][m*dsub + j] */
+__global__ void pq_init(const float *x, long long xs, int D, int lo, int M, int dsub, int C, const int32_t *pick,
+                        float *cent) {
+    int gm = blockIdx.x, g = gm / M, m = gm % M;
+    for (int e = threadIdx.x; e < dsub * C; e += blockDim.x) {
+        int j = e / C, c = e % C;
+        cent[(long long)gm * dsub * C + e] = x[g * xs + (long long)(lo + pick[gm * C + c]) * D + m * dsub + j];
+    }
+}
+
+__global__ void pq_norms(const float *cent, int dsub, int C, float *cn) {
+    int gm = blockIdx.x;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float a = 0.f;
+        for (int j = 0; j < dsub; j++) {
+            float v = cent[((long long)gm * dsub + j) * C + c];
+            a = fmaf(v, v, a);
+        }
+        cn[gm * C + c] = a;
+    }
+}
+
+/* One warp per key: code = argmin_c cn[c] - 2 S[i][c]. */
+__global__ void pq_argmin(const float *S, long long sstride, const float *cn, int M, int m, int C, int np, int p0,
+                          uint8_t *codes, long long TM) {
+    int g = blockIdx.y, lane = threadIdx.x & 31;
+    int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= np) return;
+    const float *s = S + g * sstride + (long long)i * C, *n = cn + (g * M + m) * C;
+    float bd = INFINITY;
+    int bc = 0x7fffffff;
+    for (int c = lane; c < C; c += 32) argmin_merge(bd, bc, fmaf(-2.f, s[c], n[c]), c);
+    for (int o = 16; o; o >>= 1) argmin_merge(bd, bc, __shfl_xor_sync(0xffffffffu, bd, o), __shfl_xor_sync(0xffffffffu, bc, o));
+    if (lane == 0) codes[g * TM + (long long)(p0 + i) * M + m] = (uint8_t)bc;
+}
+
+/* Sums and counts per centroid; block = PQ_UPD keys of one (g, m). */
+__global__ void pq_accum(const float *x, long long xs, int D, int lo, int cnt, int upd, int M, int dsub, int C,
+                         const uint8_t *codes, long long TM, int use_smem, double *sum, int *count) {
+    extern __shared__ double sm[];
+    int gm = blockIdx.y, g = gm / M, m = gm % M;
+    double *ssum = use_smem ? sm : sum + (long long)gm * C * dsub;
+    int *scnt = use_smem ? (int *)(sm + C * dsub) : count + gm * C;
+    if (use_smem) {
+        for (int e = threadIdx.x; e < C * dsub; e += blockDim.x) sm[e] = 0;
+        for (int e = threadIdx.x; e < C; e += blockDim.x) scnt[e] = 0;
+        __syncthreads();
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int i0 = blockIdx.x * upd, i1 = min(cnt, i0 + upd);
+    for (int i = i0 + w; i < i1; i += nw) {
+        int c = codes[g * TM + (long long)(lo + i) * M + m];
+        const float *xi = x + g * xs + (long long)(lo + i) * D + m * dsub;
+        for (int j = lane; j < dsub; j += 32) atomicAdd(&ssum[c * dsub + j], (double)xi[j]);
+        if (lane == 0) atomicAdd(&scnt[c], 1);
+    }
+    if (!use_smem) return;
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * dsub; e += blockDim.x)
+        if (sm[e] != 0) atomicAdd(&sum[(long long)gm * C * dsub + e], sm[e]);
+    for (int e = threadIdx.x; e < C; e += blockDim.x)
+        if (scnt[e]) atomicAdd(&count[gm * C + e], scnt[e]);
+}
+
+__global__ void pq_mean(const double *sum, const int *count, int dsub, int C, float *cent) {
+    int gm = blockIdx.x;
+    for (int e = threadIdx.x; e < C * dsub; e += blockDim.x) {
+        int c = e / dsub, j = e % dsub, n = count[gm * C + c];
+        if (n) cent[((long long)gm * dsub + j) * C + c] = (float)(sum[(long long)gm * C * dsub + e] / n);
+    }
+}
+
+/* ---- encoding of one appended key: kv_pq_assign's sums, bitwise ---- */
+__global__ void pq_encode(const float *key, const float *cent, int D, int M, int dsub, int C, int t, uint8_t *codes,
+                          long long TM, uint8_t *code1) {
+    __shared__ float bd_s[32];
+    __shared__ int bc_s[32];
+    int gm = blockIdx.x, g = gm / M, m = gm % M;
+    const float *x = key + g * D + m * dsub, *cm = cent + (long long)gm * dsub * C;
+    float bd = INFINITY;
+    int bc = 0x7fffffff;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float d = 0.f;
+        for (int j = 0; j < dsub; j++) {
+            float e = __fsub_rn(x[j], cm[(long long)j * C + c]);
+            d = __fadd_rn(d, __fmul_rn(e, e));
+        }
+        argmin_merge(bd, bc, d, c);
+    }
+    for (int o = 16; o; o >>= 1) argmin_merge(bd, bc, __shfl_xor_sync(0xffffffffu, bd, o), __shfl_xor_sync(0xffffffffu, bc, o));
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) { bd_s[w] = bd; bc_s[w] = bc; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); i++) argmin_merge(bd, bc, bd_s[i], bc_s[i]);
+        codes[g * TM + (long long)t * M + m] = (uint8_t)bc;
+        code1[gm] = (uint8_t)bc;
+    }
+}
+
+/* ---- search ---- */
+
+/* lut[(h*M + m)*C + c] = sum_j q_h[m*dsub + j] * cent_g[m][j][c], as kv_pq_lut. */
+__global__ void pq_lut(const float *q, const float *cent, int G, int D, int M, int dsub, int C, float *lut) {
+    int h = blockIdx.x, g = h / G;
+    for (int e = threadIdx.x; e < M * C; e += blockDim.x) {
+        int m = e / C, c = e % C;
+        const float *qm = q + h * D + m * dsub, *cm = cent + ((long long)(g * M + m) * dsub) * C + c;
+        float a = 0.f;
+        for (int j = 0; j < dsub; j++) a = __fadd_rn(a, __fmul_rn(qm[j], cm[(long long)j * C]));
+        lut[(long long)h * M * C + e] = a;
+    }
+}
+
+struct pq_scan_args {
+    const uint8_t *codes;
+    long long TM;
+    const float *lut;
+    int G, M, C, lo, hi, KT, lut_smem;
+    float scale;
+    float *pm;      /* [Hq][ld] tile maxima */
+    double *pz;     /* [Hq][ld] tile sums of exp(s - tile max) */
+    int ld;
+    unsigned *ctr;  /* [Hkv] */
+    float *mz;      /* [Hq][2]: m, 1/Z */
+    float *agg;     /* [Hkv][ald] */
+    long long ald;
+};
+
+/* Shared memory: the group's tables (when they fit), then the tile's code
+ * bytes from a 16-byte aligned start. Returns the tile's first key. */
+__device__ __forceinline__ int pq_load_tile(const pq_scan_args &a, float *slut, uint8_t *scode, const float **L,
+                                            int *k0, int *k1, int *a16) {
+    int g = blockIdx.y;
+    *k0 = a.lo + blockIdx.x * a.KT;
+    *k1 = min(a.hi, *k0 + a.KT);
+    const int GMC = a.G * a.M * a.C;
+    const float *gl = a.lut + (long long)g * GMC;
+    if (a.lut_smem) {
+        for (int e = threadIdx.x; e < GMC; e += blockDim.x) slut[e] = gl[e];
+        *L = slut;
+    } else
+        *L = gl;
+    long long b0 = (long long)*k0 * a.M, b1 = (long long)*k1 * a.M;
+    long long s16 = b0 & ~15LL, e16 = (b1 + 15) & ~15LL;
+    const uint4 *src = (const uint4 *)(a.codes + g * a.TM + s16);
+    uint4 *dst = (uint4 *)scode;
+    for (int e = threadIdx.x; e < (int)((e16 - s16) >> 4); e += blockDim.x) dst[e] = __ldg(src + e);
+    *a16 = (int)(b0 - s16);
+    __syncthreads();
+    return *k0;
+}
+
+__device__ __forceinline__ float pq_score(const float *L, const uint8_t *code, int M, int C, float scale) {
+    float s = 0.f;
+    for (int m = 0; m < M; m++) s = __fadd_rn(s, L[m * C + code[m]]);
+    return __fmul_rn(s, scale);
+}
+
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float *sh, Op op) {
+    for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = sh[0];
+    for (int i = 1; i < nw; i++) v = op(v, sh[i]);
+    return v;
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double *sh) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = 0;
+    for (int i = 0; i < nw; i++) v += sh[i];
+    return v;
+}
+
+struct fmax_op { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+
+__global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float redf[32];
+    __shared__ double redd[32];
+    __shared__ int last;
+    const int GMC = a.G * a.M * a.C;
+    float *slut = (float *)smem;
+    uint8_t *scode = smem + (a.lut_smem ? ((GMC * 4 + 15) & ~15) : 0);
+    const float *L;
+    int k0, k1, a16;
+    pq_load_tile(a, slut, scode, &L, &k0, &k1, &a16);
+    int g = blockIdx.y;
+    for (int hh = 0; hh < a.G; hh++) {
+        const float *Lh = L + hh * a.M * a.C;
+        float mx = -INFINITY;
+        for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x)
+            mx = fmaxf(mx, pq_score(Lh, scode + a16 + (i - k0) * a.M, a.M, a.C, a.scale));
+        mx = block_reduce(mx, redf, fmax_op());
+        float z = 0.f;
+        for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x)
+            z += expf(pq_score(Lh, scode + a16 + (i - k0) * a.M, a.M, a.C, a.scale) - mx);
+        double zd = block_sum_d((double)z, redd);
+        if (threadIdx.x == 0) {
+            int h = g * a.G + hh;
+            a.pm[(long long)h * a.ld + blockIdx.x] = mx;
+            a.pz[(long long)h * a.ld + blockIdx.x] = zd;
+        }
+    }
+    /* the last tile of this kv head combines the tiles (threadfence reduction) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&a.ctr[g], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int hh = 0; hh < a.G; hh++) {
+        int h = g * a.G + hh;
+        float mx = -INFINITY;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) mx = fmaxf(mx, __ldcg(a.pm + (long long)h * a.ld + b));
+        mx = block_reduce(mx, redf, fmax_op());
+        double z = 0;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
+            z += __ldcg(a.pz + (long long)h * a.ld + b) * exp((double)__ldcg(a.pm + (long long)h * a.ld + b) - mx);
+        z = block_sum_d(z, redd);
+        if (threadIdx.x == 0) { a.mz[2 * h] = mx; a.mz[2 * h + 1] = (float)(1.0 / z); }
+    }
+    if (threadIdx.x == 0) a.ctr[g] = 0;
+}
+
+__global__ void __launch_bounds__(PQ_TH) pq_scan_b(pq_scan_args a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float smz[64];
+    const int GMC = a.G * a.M * a.C;
+    float *slut = (float *)smem;
+    uint8_t *scode = smem + (a.lut_smem ? ((GMC * 4 + 15) & ~15) : 0);
+    int g = blockIdx.y;
+    if (threadIdx.x < 2 * a.G && a.G <= 32) smz[threadIdx.x] = a.mz[2 * g * a.G + threadIdx.x];
+    const float *L;
+    int k0, k1, a16;
+    pq_load_tile(a, slut, scode, &L, &k0, &k1, &a16);
+    const float *mz = a.G <= 32 ? smz : a.mz + 2 * g * a.G;
+    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) {
+        const uint8_t *code = scode + a16 + (i - k0) * a.M;
+        float acc = 0.f;
+        for (int hh = 0; hh < a.G; hh++) {
+            float s = pq_score(L + hh * a.M * a.C, code, a.M, a.C, a.scale);
+            acc = __fadd_rn(acc, __fmul_rn(expf(s - mz[2 * hh]), mz[2 * hh + 1]));
+        }
+        a.agg[g * a.ald + (i - a.lo)] = acc;
+    }
+}
+
+/* ---- ADC through a table of code tuples (C^M <= PQ_TUP_MAX: M = 2, b <= 6 by default) ----
+ * A key's group score depends on its tuple of codes only, so: (1) a
+ * histogram of the tuples of the region (codes read once, coalesced);
+ * (2) per kv head, from the histogram and the lookup tables, m_h (max over
+ * present tuples) and Z_h = sum count * expf(s - m_h) (double), then per
+ * tuple agg = sum_h expf(s_h - m_h) / Z_h in the CPU's order; (3) each
+ * key's agg is one lookup in that table (codes re-read, from L2). Scores
+ * per tuple are computed exactly as per key on the CPU. */
+constexpr int PQ_TUP_MAX = 4096;
+
+template <bool M2>
+__device__ __forceinline__ int pq_tuple(const uint8_t *row, long long i, int M, int C) {
+    if (M2) {
+        unsigned v = __ldg((const unsigned short *)(row + 2 * i));
+        return (int)(v & 0xffu) + (int)(v >> 8) * C;
+    }
+    int t = 0;
+    for (int m = M - 1; m >= 0; m--) t = t * C + row[i * M + m];
+    return t;
+}
+
+template <bool M2>
+__global__ void __launch_bounds__(1024) pq_hist(const uint8_t *codes, long long TM, int M, int C, int lo, int hi,
+                                                 int ntup, int kpb, unsigned *gh) {
+    __shared__ unsigned sh[PQ_TUP_MAX];
+    const int g = blockIdx.y;
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x) sh[e] = 0;
+    __syncthreads();
+    const uint8_t *row = codes + g * TM;
+    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+#pragma unroll 8
+    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) atomicAdd(&sh[pq_tuple<M2>(row, i, M, C)], 1u);
+    __syncthreads();
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x)
+        if (sh[e]) atomicAdd(&gh[(long long)g * ntup + e], sh[e]);
+}
+
+/* One block per kv head: counts (the histogram is zeroed for the next
+ * search as it is read), softmax constants, the per-tuple table. */
+__global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup,
+                                                  float scale, float *mz, float *tab) {
+    __shared__ unsigned cnt[PQ_TUP_MAX];
+    __shared__ float acc[PQ_TUP_MAX];
+    __shared__ float sl[2048];
+    __shared__ float redf[32];
+    __shared__ double redd[32];
+    const int g = blockIdx.x, lut_sm = G * M * C <= 2048;
+    for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
+        cnt[t] = gh[(long long)g * ntup + t];
+        gh[(long long)g * ntup + t] = 0;
+        acc[t] = 0.f;
+    }
+    if (lut_sm)
+        for (int e = threadIdx.x; e < G * M * C; e += blockDim.x) sl[e] = lut[(long long)g * G * M * C + e];
+    __syncthreads();
+    for (int hh = 0; hh < G; hh++) {
+        const int h = g * G + hh;
+        const float *L = lut_sm ? sl + hh * M * C : lut + (long long)h * M * C;
+        float mx = -INFINITY;
+        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
+            if (!cnt[t]) continue;
+            float s = 0.f;
+            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
+            mx = fmaxf(mx, __fmul_rn(s, scale));
+        }
+        mx = block_reduce(mx, redf, fmax_op());
+        double z = 0;
+        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
+            if (!cnt[t]) continue;
+            float s = 0.f;
+            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
+            z += (double)cnt[t] * (double)expf(__fmul_rn(s, scale) - mx);
+        }
+        z = block_sum_d(z, redd);
+        const float inv = (float)(1.0 / z);
+        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
+            float s = 0.f;
+            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
+            acc[t] = __fadd_rn(acc[t], __fmul_rn(expf(__fmul_rn(s, scale) - mx), inv));
+        }
+        if (threadIdx.x == 0) { mz[2 * h] = mx; mz[2 * h + 1] = inv; }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < ntup; t += blockDim.x) tab[(long long)g * ntup + t] = acc[t];
+}
+
+template <bool M2>
+__global__ void __launch_bounds__(1024) pq_apply(const uint8_t *codes, long long TM, int M, int C, int lo, int hi,
+                                                  int ntup, int kpb, const float *tab, float *agg, long long ald) {
+    __shared__ float st[PQ_TUP_MAX];
+    const int g = blockIdx.y;
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x) st[e] = tab[(long long)g * ntup + e];
+    __syncthreads();
+    const uint8_t *row = codes + g * TM;
+    float *o = agg + g * ald - lo;
+    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+#pragma unroll 4
+    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) o[i] = st[pq_tuple<M2>(row, i, M, C)];
+}
+
+__global__ void pq_raw(const uint8_t *codes, long long TM, const float *lut, int G, int M, int C, float scale, int lo,
+                       int n, float *raw) {
+    int h = blockIdx.y, g = h / G;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        raw[(long long)h * n + i] = pq_score(lut + (long long)h * M * C, codes + g * TM + (long long)(lo + i) * M, M, C, scale);
+}
+
+}  // namespace
+
+struct kv_pq_gpu {
+    int Hq, Hkv, T, D, M, C, dsub, G, ld;
+    long long TM;
+    kv_cuda_dev dev;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    float *cent, *q, *lut, *agg, *pm, *mz, *key1, *tab;
+    double *pz;
+    unsigned *bh;     /* tuple histogram [Hkv][ntup], zero between searches */
+    int ntup;         /* C^M when <= PQ_TUP_MAX (the tuple-table scan), else 0 */
+    uint8_t *codes, *code1;
+    unsigned *ctr;
+    int32_t *idx;
+    kv_topk_ws tk;
+};
+
+namespace {
+
+kv_status pq_create_go(kv_pq_gpu *p) {
+    KV_TRY(kv_cuda_dev_query(&p->dev));
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_CUBLAS_TRY(cublasCreate(&p->blas));
+    KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
+    KV_CUBLAS_TRY(cublasSetMathMode(p->blas, CUBLAS_PEDANTIC_MATH)); /* no TF32: float32 distances */
+    const size_t Hkv = p->Hkv, Hq = p->Hq;
+    int KT = PQ_TILE_BYTES / p->M > 0 ? PQ_TILE_BYTES / p->M : 1;
+    p->ld = (p->T + KT - 1) / KT + 1;
+    KV_CUDA_ALLOC(p->cent, Hkv * p->D * p->C * sizeof(float), 0, "pqcache centroids");
+    KV_CUDA_ALLOC(p->codes, Hkv * p->TM + 16, 0, "pqcache codes");
+    KV_CUDA_ALLOC(p->q, Hq * p->D * sizeof(float), 0, "pqcache queries");
+    KV_CUDA_ALLOC(p->lut, Hq * p->M * p->C * sizeof(float), 0, "pqcache lookup tables");
+    KV_CUDA_ALLOC(p->agg, Hkv * p->T * sizeof(float), 0, "pqcache group scores");
+    KV_CUDA_ALLOC(p->pm, Hq * p->ld * sizeof(float), 0, "pqcache tile maxima");
+    KV_CUDA_ALLOC(p->pz, Hq * p->ld * sizeof(double), 0, "pqcache tile sums");
+    KV_CUDA_ALLOC(p->mz, Hq * 2 * sizeof(float), 0, "pqcache softmax constants");
+    KV_CUDA_ALLOC(p->ctr, Hkv * sizeof(unsigned), 0, "pqcache counters");
+    KV_CUDA_ALLOC(p->idx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "pqcache top-k indices");
+    KV_CUDA_ALLOC(p->key1, Hkv * p->D * sizeof(float), 0, "pqcache appended key");
+    KV_CUDA_ALLOC(p->code1, Hkv * p->M, 0, "pqcache appended codes");
+    if (p->ntup) {
+        KV_CUDA_ALLOC(p->tab, Hkv * p->ntup * sizeof(float), 0, "pqcache tuple table");
+        KV_CUDA_ALLOC(p->bh, Hkv * p->ntup * sizeof(unsigned), 0, "pqcache tuple histogram");
+        KV_CUDA_TRY(cudaMemset(p->bh, 0, Hkv * p->ntup * sizeof(unsigned))); /* pq_table zeroes it after use */
+    }
+    KV_CUDA_TRY(cudaMemset(p->cent, 0, Hkv * p->D * p->C * sizeof(float)));
+    KV_CUDA_TRY(cudaMemset(p->codes, 0, Hkv * p->TM + 16));
+    KV_CUDA_TRY(cudaMemset(p->ctr, 0, Hkv * sizeof(unsigned)));
+    KV_TRY(kv_topk_ws_create(&p->tk, p->Hkv, p->T, &p->dev));
+    return KV_OK;
+}
+
+struct pq_build_ws {
+    float *x, *S, *cn;
+    double *sum;
+    int *cnt;
+    int32_t *pick;
+};
+
+void pq_build_ws_free(pq_build_ws *w) {
+    cudaFree(w->x); cudaFree(w->S); cudaFree(w->cn); cudaFree(w->sum); cudaFree(w->cnt); cudaFree(w->pick);
+    *w = pq_build_ws{};
+}
+
+kv_status pq_alloc_ws(kv_pq_gpu *p, pq_build_ws *w, int cnt) {
+    const size_t Hkv = p->Hkv, GM = Hkv * p->M, ch = cnt < PQ_CHUNK ? cnt : PQ_CHUNK;
+    KV_CUDA_ALLOC(w->S, Hkv * ch * p->C * sizeof(float), 0, "k-means distance products");
+    KV_CUDA_ALLOC(w->cn, GM * p->C * sizeof(float), 0, "k-means centroid norms");
+    KV_CUDA_ALLOC(w->sum, GM * p->C * p->dsub * sizeof(double), 0, "k-means sums");
+    KV_CUDA_ALLOC(w->cnt, GM * p->C * sizeof(int), 0, "k-means counts");
+    KV_CUDA_ALLOC(w->pick, GM * p->C * sizeof(int32_t), 0, "k-means initial picks");
+    return KV_OK;
+}
+
+/* Codes of keys [lo, lo+cnt) of x ([Hkv][..][D], head stride xs) for the current centroids. */
+kv_status pq_assign_all(kv_pq_gpu *p, pq_build_ws *w, long long xs, int lo, int cnt) {
+    const float one = 1.f, zero = 0.f;
+    const int M = p->M, C = p->C, ds = p->dsub;
+    pq_norms<<<p->Hkv * M, 64, 0, p->st>>>(p->cent, ds, C, w->cn);
+    KV_LAUNCH_CHECK();
+    const long long sstride = (long long)(cnt < PQ_CHUNK ? cnt : PQ_CHUNK) * C;
+    for (int m = 0; m < M; m++)
+        for (int p0 = 0; p0 < cnt; p0 += PQ_CHUNK) {
+            int np = cnt - p0 < PQ_CHUNK ? cnt - p0 : PQ_CHUNK;
+            KV_CUBLAS_TRY(cublasSgemmStridedBatched(p->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, np, ds, &one,
+                                                    p->cent + (long long)m * ds * C, C, (long long)M * ds * C,
+                                                    w->x + (long long)(lo + p0) * p->D + m * ds, p->D, xs, &zero,
+                                                    w->S, C, sstride, p->Hkv));
+            pq_argmin<<<dim3((np + 7) / 8, p->Hkv), 256, 0, p->st>>>(w->S, sstride, w->cn, M, m, C, np, lo + p0,
+                                                                      p->codes, p->TM);
+            KV_LAUNCH_CHECK();
+        }
+    return KV_OK;
+}
+
+kv_status pq_kmeans(kv_pq_gpu *p, pq_build_ws *w, long long xs, int lo, int cnt, int iters, const int32_t *picks) {
+    const int GM = p->Hkv * p->M, C = p->C, ds = p->dsub;
+    KV_CUDA_TRY(cudaMemcpyAsync(w->pick, picks, (size_t)GM * C * sizeof(int32_t), cudaMemcpyHostToDevice, p->st));
+    pq_init<<<GM, 256, 0, p->st>>>(w->x, xs, p->D, lo, p->M, ds, C, w->pick, p->cent);
+    KV_LAUNCH_CHECK();
+    size_t sm = (size_t)C * ds * sizeof(double) + (size_t)C * sizeof(int);
+    int use_smem = sm <= (size_t)p->dev.smem_optin;
+    if (use_smem && sm > 48 * 1024)
+        KV_CUDA_TRY(cudaFuncSetAttribute(pq_accum, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    /* keys per update block: enough blocks for every SM (the double atomics are slow), 256 .. PQ_UPD */
+    long long u = (long long)cnt * GM / (4LL * p->dev.sm_count);
+    const int upd = (int)(u < 256 ? 256 : u > PQ_UPD ? PQ_UPD : u);
+    for (int it = 0; it < iters; it++) {
+        KV_TRY(pq_assign_all(p, w, xs, lo, cnt));
+        KV_CUDA_TRY(cudaMemsetAsync(w->sum, 0, (size_t)GM * C * ds * sizeof(double), p->st));
+        KV_CUDA_TRY(cudaMemsetAsync(w->cnt, 0, (size_t)GM * C * sizeof(int), p->st));
+        pq_accum<<<dim3((cnt + upd - 1) / upd, GM), 256, use_smem ? sm : 0, p->st>>>(
+            w->x, xs, p->D, lo, cnt, upd, p->M, ds, C, p->codes, p->TM, use_smem, w->sum, w->cnt);
+        KV_LAUNCH_CHECK();
+        pq_mean<<<GM, 256, 0, p->st>>>(w->sum, w->cnt, ds, C, p->cent);
+        KV_LAUNCH_CHECK();
+    }
+    return pq_assign_all(p, w, xs, lo, cnt);
+}
+
+kv_status pq_copy_back(kv_pq_gpu *p, int lo, int n, float *cent, uint8_t *codes) {
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    if (cent) KV_CUDA_TRY(cudaMemcpy(cent, p->cent, (size_t)p->Hkv * p->D * p->C * sizeof(float), cudaMemcpyDeviceToHost));
+    if (codes && n > lo)
+        KV_CUDA_TRY(cudaMemcpy2D(codes + (size_t)lo * p->M, (size_t)p->T * p->M, p->codes + (size_t)lo * p->M,
+                                 (size_t)p->TM, (size_t)(n - lo) * p->M, p->Hkv, cudaMemcpyDeviceToHost));
+    return KV_OK;
+}
+
+kv_status pq_build_go(kv_pq_gpu *p, pq_build_ws *w, const float *k, int n, int lo, int iters, const int32_t *picks,
+                      float *cent, uint8_t *codes) {
+    KV_CUDA_TRY(cudaMemsetAsync(p->cent, 0, (size_t)p->Hkv * p->D * p->C * sizeof(float), p->st));
+    if (n > lo) {
+        KV_CUDA_ALLOC(w->x, (size_t)p->Hkv * n * p->D * sizeof(float), 0, "k-means keys");
+        KV_CUDA_TRY(cudaMemcpyAsync(w->x, k, (size_t)p->Hkv * n * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
+        KV_TRY(pq_alloc_ws(p, w, n - lo));
+        KV_TRY(pq_kmeans(p, w, (long long)n * p->D, lo, n - lo, iters, picks));
+    }
+    return pq_copy_back(p, lo, n, cent, codes);
+}
+
+/* One search on the device: LUT, scan A, scan B, top-k (which = 0..3), or all (-1). */
+kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int which) {
+    const int n = hi - lo, M = p->M, C = p->C, G = p->G;
+    int KT = PQ_TILE_BYTES / M > 0 ? PQ_TILE_BYTES / M : 1;
+    const size_t lut_b = (size_t)G * M * C * sizeof(float);
+    const int lut_smem = lut_b <= 32 * 1024;
+    const size_t sm = (lut_smem ? ((lut_b + 15) & ~(size_t)15) : 0) + (size_t)KT * M + 32;
+    pq_scan_args a = {p->codes, p->TM, p->lut, G, M, C, lo, hi, KT, lut_smem, scale, p->pm, p->pz, p->ld, p->ctr,
+                      p->mz, p->agg, p->T};
+    dim3 grid((n + KT - 1) / KT, p->Hkv);
+    if (which < 0 || which == 0) {
+        pq_lut<<<p->Hq, 128, 0, p->st>>>(p->q, p->cent, G, p->D, M, p->dsub, C, p->lut);
+        KV_LAUNCH_CHECK();
+    }
+    if ((which < 0 || which == 1) && p->ntup) {
+        /* keys per histogram block: about two blocks per SM over all kv heads, 4096 .. 65536 */
+        long long want = ((long long)n * p->Hkv + 2LL * p->dev.sm_count - 1) / (2LL * p->dev.sm_count);
+        int kpb = (int)(want < 4096 ? 4096 : want > 65536 ? 65536 : (want + 1023) / 1024 * 1024);
+        int nb = (n + kpb - 1) / kpb, ab = (n + 16383) / 16384;
+        const bool m2 = M == 2;
+        if (m2)
+            pq_hist<true><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+        else
+            pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+        KV_LAUNCH_CHECK();
+        pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, G, M, C, p->ntup, scale, p->mz, p->tab);
+        KV_LAUNCH_CHECK();
+        if (m2)
+            pq_apply<true><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384,
+                                                                 p->tab, p->agg, p->T);
+        else
+            pq_apply<false><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384,
+                                                                  p->tab, p->agg, p->T);
+        KV_LAUNCH_CHECK();
+    } else if (which < 0 || which == 1) {
+        if (sm > 48 * 1024) {
+            KV_CUDA_TRY(cudaFuncSetAttribute(pq_scan_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            KV_CUDA_TRY(cudaFuncSetAttribute(pq_scan_b, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        }
+        pq_scan_a<<<grid, PQ_TH, sm, p->st>>>(a);
+        KV_LAUNCH_CHECK();
+        pq_scan_b<<<grid, PQ_TH, sm, p->st>>>(a);
+        KV_LAUNCH_CHECK();
+    }
+    if (which < 0 || which == 2) {
+        int kk = k < n ? k : n;
+        KV_TRY(kv_topk_launch(&p->tk, p->agg, p->T, 0, n, p->Hkv, k, lo, NULL, 1, p->idx, NULL, kk, NULL, p->st));
+    }
+    return KV_OK;
+}
+
+}  // namespace
+
+extern "C" kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, kv_pq_gpu **out) {
+    *out = NULL;
+    if (M < 1 || D % M || C < 1 || C > 256 || Hq % Hkv)
+        return kv_fail(KV_ERR_INPUT, "pqcache GPU: bad shape (D %d, M %d, C %d)", D, M, C);
+    kv_pq_gpu *p = (kv_pq_gpu *)kv_calloc(1, sizeof *p, "pqcache GPU state");
+    if (!p) return KV_ERR_NOMEM;
+    p->Hq = Hq; p->Hkv = Hkv; p->T = T; p->D = D; p->M = M; p->C = C; p->dsub = D / M; p->G = Hq / Hkv;
+    p->TM = ((long long)T * M + 15) & ~15LL;
+    long long tup = 1;
+    for (int m = 0; m < M && tup <= PQ_TUP_MAX; m++) tup *= C;
+    p->ntup = tup <= PQ_TUP_MAX ? (int)tup : 0;
+    kv_status st = pq_create_go(p);
+    if (st != KV_OK) { kv_pq_gpu_destroy(p); return st; }
+    *out = p;
+    return KV_OK;
+}
+
+extern "C" kv_status kv_pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks,
+                                     float *cent, uint8_t *codes) {
+    pq_build_ws w = {};
+    kv_status st = pq_build_go(p, &w, k, n, lo, iters, picks, cent, codes);
+    cudaStreamSynchronize(p->st);
+    pq_build_ws_free(&w);
+    return st;
+}
+
+extern "C" kv_status kv_pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uint8_t *codes) {
+    KV_CUDA_TRY(cudaMemcpyAsync(p->key1, key, (size_t)p->Hkv * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
+    pq_encode<<<p->Hkv * p->M, p->C < 256 ? ((p->C + 31) / 32) * 32 : 256, 0, p->st>>>(
+        p->key1, p->cent, p->D, p->M, p->dsub, p->C, t, p->codes, p->TM, p->code1);
+    KV_LAUNCH_CHECK();
+    if (codes) KV_CUDA_TRY(cudaMemcpyAsync(codes, p->code1, (size_t)p->Hkv * p->M, cudaMemcpyDeviceToHost, p->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uint8_t *codes, int lo, int n) {
+    KV_CUDA_TRY(cudaMemcpy(p->cent, cent, (size_t)p->Hkv * p->D * p->C * sizeof(float), cudaMemcpyHostToDevice));
+    if (n > lo)
+        KV_CUDA_TRY(cudaMemcpy2D(p->codes + (size_t)lo * p->M, (size_t)p->TM, codes + (size_t)lo * p->M,
+                                 (size_t)p->T * p->M, (size_t)(n - lo) * p->M, p->Hkv, cudaMemcpyHostToDevice));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
+                                      int ld, int *count, float *agg, float *raw) {
+    const int n = hi - lo;
+    if (n <= 0) return KV_OK;
+    const int kk = k < n ? k : n;
+    if (kk > KV_GPU_TOPK_MAX)
+        return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above the GPU top-k's limit %d", k, KV_GPU_TOPK_MAX);
+    if (kk > ld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection capacity %d < %d", ld, kk);
+    KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->Hq * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
+    KV_TRY(pq_search_launch(p, scale, lo, hi, kk > 0 ? kk : 1, -1));
+    if (kk > 0)
+        KV_CUDA_TRY(cudaMemcpy2DAsync(idx, (size_t)ld * sizeof(int32_t), p->idx, (size_t)kk * sizeof(int32_t),
+                                      (size_t)kk * sizeof(int32_t), p->Hkv, cudaMemcpyDeviceToHost, p->st));
+    if (agg)
+        KV_CUDA_TRY(cudaMemcpy2DAsync(agg, (size_t)n * sizeof(float), p->agg, (size_t)p->T * sizeof(float),
+                                      (size_t)n * sizeof(float), p->Hkv, cudaMemcpyDeviceToHost, p->st));
+    if (raw) {
+        float *draw = NULL;
+        KV_CUDA_ALLOC(draw, (size_t)p->Hq * n * sizeof(float), 0, "pqcache raw scores (test)");
+        pq_raw<<<dim3((n + 255) / 256, p->Hq), 256, 0, p->st>>>(p->codes, p->TM, p->lut, p->G, p->M, p->C, scale, lo,
+                                                                n, draw);
+        kv_status st = cudaGetLastError() == cudaSuccess ? KV_OK : KV_ERR_GPU;
+        if (st == KV_OK && cudaMemcpyAsync(raw, draw, (size_t)p->Hq * n * sizeof(float), cudaMemcpyDeviceToHost,
+                                           p->st) != cudaSuccess)
+            st = KV_ERR_GPU;
+        cudaStreamSynchronize(p->st);
+        cudaFree(draw);
+        if (st != KV_OK) return kv_fail(st, "pqcache GPU: raw scores failed");
+    }
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    for (int g = 0; g < p->Hkv; g++) count[g] = kk;
+    return KV_OK;
+}
+
+extern "C" void kv_pq_gpu_destroy(kv_pq_gpu *p) {
+    if (!p) return;
+    if (p->st) cudaStreamSynchronize(p->st);
+    cudaFree(p->cent); cudaFree(p->codes); cudaFree(p->q); cudaFree(p->lut); cudaFree(p->agg); cudaFree(p->pm);
+    cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
+    kv_topk_ws_destroy(&p->tk);
+    if (p->blas) cublasDestroy(p->blas);
+    if (p->st) cudaStreamDestroy(p->st);
+    free(p);
+}
+
+/* ---- kvbench bench --method pqcache ---- */
+namespace {
+
+struct pq_bench_ctx {
+    kv_pq_gpu *p;
+    pq_build_ws w;
+    kv_bench_timer tm, tb;
+    cudaStream_t own; /* the state's stream while a timer's is lent to it */
+};
+
+kv_status pq_bench_go(pq_bench_ctx *c, const kv_gpu_bench_spec *s, int M, int C, int iters, const int32_t *picks,
+                      const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+    const int n = s->n;
+    KV_TRY(kv_pq_gpu_create(s->Hq, s->Hkv, n, s->D, M, C, &c->p));
+    kv_pq_gpu *p = c->p;
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
+    KV_TRY(kv_bench_timer_init(&c->tb, 3, 1)); /* k-means: a whole build per repetition */
+    KV_CUDA_ALLOC(c->w.x, (size_t)s->Hkv * n * s->D * sizeof(float), 0, "k-means keys");
+    KV_TRY(pq_alloc_ws(p, &c->w, n));
+    const long long gs = (long long)K->a.T * K->a.D, xs = (long long)n * s->D;
+    /* the build: float16 keys widened to float32, then k-means on them; bound to the timer's stream */
+    c->own = p->st;
+    p->st = c->tb.st;
+    KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
+    auto build = [&]() -> kv_status {
+        if (K->a.half)
+            pq_to_float<__half><<<dim3(1024, s->Hkv), 256, 0, p->st>>>((const __half *)K->a.p, gs, n, s->D, c->w.x);
+        else
+            pq_to_float<float><<<dim3(1024, s->Hkv), 256, 0, p->st>>>((const float *)K->a.p, gs, n, s->D, c->w.x);
+        KV_LAUNCH_CHECK();
+        return pq_kmeans(p, &c->w, xs, 0, n, iters, picks);
+    };
+    kv_gpu_timing tk;
+    KV_TRY(kv_bench_time(&c->tb, build, &tk));
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    p->st = c->tm.st;
+    KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
+    KV_CUDA_TRY(cudaMemcpy(p->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
+    KV_TRY(pq_search_launch(p, s->scale, 0, n, s->k, -1)); /* real scores for the top-k stage */
+    kv_gpu_timing t[4];
+    for (int w = 0; w < 3; w++)
+        KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, w); }, &t[w]));
+    KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, -1); }, &t[3]));
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    p->st = c->own;
+    c->own = NULL;
+    KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
+    const double N = (double)s->Hkv * n, kk = s->k < n ? s->k : n, cent = (double)s->Hkv * s->D * C * 4,
+                 qb = (double)s->Hq * s->D * 4, lut = (double)s->Hq * M * C * 4, idx = s->Hkv * kk * 4;
+    out->n = 5;
+    out->stage[0] = kv_gpu_stage{"kmeans", tk, N * s->D * 2 + N * M + cent};
+    out->stage[1] = kv_gpu_stage{"lut", t[0], cent + qb + lut};
+    out->stage[2] = kv_gpu_stage{"adc_scan", t[1], N * M + lut + N * 4};
+    out->stage[3] = kv_gpu_stage{"topk", t[2], N * 4 + idx};
+    out->stage[4] = kv_gpu_stage{"search", t[3], N * M + cent + qb + idx};
+    snprintf(out->bytes_note, sizeof out->bytes_note,
+             "pqcache M=%d C=%d iters=%d: per key and kv head %d code bytes; kmeans = float16 keys read once + codes "
+             "+ centroids (one whole build per repetition, %d reps: compute-bound, GB/s only indicative); lut = "
+             "centroids + q + tables; adc_scan = codes + tables + group scores out (4 B/key); topk = scores + "
+             "indices; search = codes + centroids + q + indices (the group scores need not reach memory)",
+             M, C, iters, M, c->tb.reps);
+    out->l2_bytes = c->tm.dev.l2_bytes;
+    out->flush_bytes = c->tm.flush_n * sizeof(uint4);
+    return KV_OK;
+}
+
+}  // namespace
+
+extern "C" kv_status kv_pq_gpu_bench(const kv_gpu_bench_spec *s, int M, int C, int iters, const int32_t *picks,
+                                     const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+    memset(out, 0, sizeof *out);
+    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
+        return kv_fail(KV_ERR_INPUT, "pqcache GPU bench: inconsistent spec (n=%d)", s->n);
+    pq_bench_ctx c = {};
+    kv_status st = pq_bench_go(&c, s, M, C, iters, picks, K, q, out);
+    if (c.p && c.own) { /* an error left a timer's stream in the state: give its own back */
+        c.p->st = c.own;
+        cublasSetStream(c.p->blas, c.own);
+    }
+    kv_pq_gpu_destroy(c.p);
+    pq_build_ws_free(&c.w);
+    kv_bench_timer_free(&c.tm);
+    kv_bench_timer_free(&c.tb);
+    return st;
+}

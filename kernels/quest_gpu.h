@@ -1,0 +1,43 @@
+/* quest_gpu.h: the C face of kernels/quest.cu, Quest's CUDA path (page
+ * summaries, the bound scan with pool none|mean|max, GPU top-k over pages).
+ * Built when nvcc is found; kernels/quest_stub.c gives the same symbols
+ * otherwise, each failing with KV_NO_CUDA. Page j of a kv head covers
+ * positions [sink + j*page, sink + (j+1)*page), as in retrievers/quest.c. */
+#ifndef KV_QUEST_GPU_H
+#define KV_QUEST_GPU_H
+
+#include "kv_gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_quest_gpu kv_quest_gpu;
+/* max_pages pages at most per kv head; all search-time device memory here.
+ * half = 1 stores the page min/max as float16 (exact only for float16 keys:
+ * the bench), 0 as float32 (the retriever). */
+kv_status kv_quest_gpu_create(int Hq, int Hkv, int T, int D, int page, int sink, int max_pages, int half,
+                              kv_quest_gpu **out);
+/* Summaries of the prefill keys k [Hkv][n][D] (host): full pages written,
+ * the tokens of the partial last page kept as a running min/max. */
+kv_status kv_quest_gpu_build(kv_quest_gpu *g, const float *k, int n);
+/* Key of position t (host [Hkv][D]); t >= sink, positions in order. */
+kv_status kv_quest_gpu_append(kv_quest_gpu *g, int t, const float *key);
+/* Page min/max of pages [0, npages) to host [Hkv][npages][D] each. */
+kv_status kv_quest_gpu_summaries(kv_quest_gpu *g, int npages, float *kmin, float *kmax);
+/* Bounds of pages [0, ncand) for q [Hq][D] (host); pool 0 none, 1 mean, 2
+ * max; the top kp pages per list (Hq lists for none, Hkv for mean/max) in
+ * kv_topk_ref order to host pages[l*kp + j]. bound (nullable): host
+ * [Hq][ncand] of the raw bounds. 1 <= kp <= min(ncand, KV_GPU_TOPK_MAX). */
+kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
+                              int32_t *pages, float *bound);
+void kv_quest_gpu_destroy(kv_quest_gpu *g);
+/* kvbench bench --method quest: summaries of the float16 keys K
+ * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */
+kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
+                             kv_gpu_stages *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
