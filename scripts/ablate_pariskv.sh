@@ -6,7 +6,9 @@
 # output error) in OUT/table.md and all rows in OUT/ablation.csv.
 # The ladder (learned centroids -> +normalisation -> +rotation -> analytic
 # centroids) uses rerank=exact, as the paper's figure 10 does, so it
-# measures the coarse stage alone. Every variant uses update=1 unless it
+# measures the coarse stage alone; it runs at the length-adaptive beta and
+# again at a fixed beta = 0.05 (a tighter candidate set, where the coarse
+# stage must discriminate). Every variant uses update=1 unless it
 # says otherwise: each decode key is indexed at once, so no densely
 # attended update buffer hides how the index treats generated keys, and
 # the recall on generated keys measures the drift directly.
@@ -39,6 +41,10 @@ variants=(
   "ParisKV, pool=none|pool=none,update=1"
   "ParisKV, lloyd=converged|lloyd=converged,update=1"
   "ParisKV, defaults (update=256)|"
+  "beta=0.05: learned centroids|beta=0.05,centroids=kmeans,rotation=none,normalize=0,rerank=exact,update=1"
+  "beta=0.05: learned + N + R|beta=0.05,centroids=kmeans,rotation=srht,normalize=1,rerank=exact,update=1"
+  "beta=0.05: N + R + T|beta=0.05,rerank=exact,update=1"
+  "beta=0.05: N + R + T, pool=none|beta=0.05,rerank=exact,update=1,pool=none"
 )
 mkdir -p "$out"
 for v in "${variants[@]}"; do
