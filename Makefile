@@ -115,7 +115,7 @@ pydeps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	./$(BIN) run --trace datasets/demo.h5 --method exact,streaming,random --out results/demo --force
+	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random --out results/demo --force
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
