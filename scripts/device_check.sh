@@ -48,26 +48,21 @@ TR=/tmp/kvb-check-32k.h5
     python3 - <<'EOF'
 import json
 g, c = (json.load(open(f"/tmp/kvb-run-{d}/summary.json")) for d in ("gpu", "cpu"))
-keys = ["recall", "recall_p10", "recall_selected", "mass", "mass_p10", "output_error", "output_error_p90",
-        "mean_selected"]
+keys = ["recall", "recall_p10", "recall_selected", "candidate_recall", "recall_prefill_keys", "recall_generated_keys",
+        "mass", "mass_p10", "output_error", "output_error_p90", "mean_selected", "mean_extra"]
 worst = 0.0
+print(f"{'method':<10} {'ran on':<7} {'recall gpu':>10} {'recall cpu':>10} {'max |gpu-cpu|':>14} {'worst metric':<22} "
+      f"{'search_us gpu':>13} {'cpu':>9}")
 for mg, mc in zip(g["methods"], c["methods"]):
-    print(f"{mg['method']:<10} {'metric':<18} {'gpu':>12} {'cpu':>12}")
-    for k in keys:
-        a, b = mg[k], mc[k]
-        d = abs(a - b) if a is not None and b is not None else 0.0
-        worst = max(worst, d)
-        print(f"{'':<10} {k:<18} {a:>12.6f} {b:>12.6f}{'   <-- differs' if d > 1e-5 else ''}")
-    print(f"{'':<10} {'search_us_median':<18} {mg['search_us_median']:>12.1f} {mc['search_us_median']:>12.1f}"
-          f"   (devices {mg['device']} / {mc['device']})")
-print(f"largest |gpu - cpu| over the metrics: {worst:.3g} ({'MATCH' if worst <= 1e-5 else 'MISMATCH'}); "
+    diffs = [(abs(mg[k] - mc[k]), k) for k in keys if mg.get(k) is not None and mc.get(k) is not None]
+    d, k = max(diffs)
+    worst = max(worst, d)
+    print(f"{mg['method']:<10} {mg['device']:<7} {mg['recall']:>10.6f} {mc['recall']:>10.6f} {d:>14.3g} {k:<22} "
+          f"{mg['search_us_median']:>13.1f} {mc['search_us_median']:>9.1f}")
+print(f"largest |gpu - cpu| over the metrics: {worst:.3g} ({'MATCH' if worst <= 1e-5 else 'DIFFERS'}); "
       f"wall {g['wall_seconds']:.1f} s gpu vs {c['wall_seconds']:.1f} s cpu")
 EOF
 } 2>&1 | tee "$OUT/run_compare.log"
-
-step "full test suite"
-KVBENCH_BIN=$PWD/kvbench timeout ${SUITE_TIMEOUT:-200} ./tests/run_tests >"$OUT/tests_all.log" 2>&1
-echo "full suite: exit $? ($(tail -1 "$OUT/tests_all.log"))"; grep -E 'FAIL' "$OUT/tests_all.log" | head -20
 
 step "summary"
 python3 - "$OUT/bench_kvbench.csv" "$OUT/bench_torch.csv" <<'EOF' | tee "$OUT/summary.txt"
@@ -96,5 +91,30 @@ if kv:
     c = next(iter(kv.values()))
     print(f"copy bandwidth: kvbench {float(c['copy_gbps']):.0f} GB/s" +
           (f", torch {float(next(iter(th.values()))['copy_gbps']):.0f} GB/s" if th else ""))
+EOF
+step "full test suite"
+KVBENCH_BIN=$PWD/kvbench timeout ${SUITE_TIMEOUT:-200} ./tests/run_tests >"$OUT/tests_all.log" 2>&1
+echo "full suite: exit $? ($(tail -1 "$OUT/tests_all.log"))"; grep -E 'FAIL' "$OUT/tests_all.log" | head -20
+
+step "short table: the whole search per method (per-stage rows in $OUT/summary.txt)"
+python3 - "$OUT/bench_kvbench.csv" "$OUT/bench_torch.csv" <<'EOF' | tee "$OUT/short.txt"
+import csv, sys
+rows = {}
+for who, p in (("kv", sys.argv[1]), ("th", sys.argv[2])):
+    try:
+        for r in csv.DictReader(open(p)):
+            if r["stage"] in ("exact", "search"):
+                rows.setdefault((r["method"], int(r["tokens"])), {})[who] = r
+    except OSError:
+        pass
+ex = {t: float(v["kv"]["median_us"]) for (m, t), v in rows.items() if m == "exact" and "kv" in v}
+print(f"{'method':<9} {'tokens':>8} {'kvbench_us':>10} {'%copy':>6} {'torch_us':>9} {'speedup':>7} {'vs exact':>8}")
+for (m, t), v in rows.items():
+    if "kv" not in v:
+        continue
+    k = float(v["kv"]["median_us"])
+    th = f"{float(v['th']['median_us']):>9.1f} {float(v['th']['median_us']) / k:>6.2f}x" if "th" in v else f"{'':>9} {'':>7}"
+    vs = f"{100 * k / ex[t]:>7.1f}%" if t in ex else ""
+    print(f"{m:<9} {t:>8} {k:>10.1f} {float(v['kv']['pct_copy']):>5.1f}% {th} {vs}")
 EOF
 echo "GPU tests: $([ $GPU_TESTS = 0 ] && echo PASS || echo FAIL) ($(grep -E 'passed,' "$OUT/tests.log" | tail -1)); total $((SECONDS - T0)) s"
