@@ -70,7 +70,7 @@ LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)
 TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all deps demo test test-gpu valgrind traces clean info pydeps
+.PHONY: all deps demo test test-gpu valgrind traces clean info pydeps FORCE
 all: info $(BIN)
 
 info:
@@ -92,7 +92,14 @@ $(BUILD)/retrievers/faiss.o $(BUILD)/retrievers/registry.o $(BUILD)/tests/test_f
 $(FAISS_MARK):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/.faiss-* && touch $@
 
-$(BUILD)/cli/util.o: CFLAGS += -DKV_GIT_SHA=\"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)\"
+# The commit the binary was built from (results record it), "-dirty" with
+# uncommitted changes; util.o is rebuilt whenever that string changes.
+GIT_SHA := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD -- 2>/dev/null && echo -dirty)
+$(BUILD)/git_sha: FORCE
+	@mkdir -p $(BUILD) && echo '$(GIT_SHA)' | cmp -s - $@ || echo '$(GIT_SHA)' > $@
+$(BUILD)/cli/util.o: $(BUILD)/git_sha
+$(BUILD)/cli/util.o: CFLAGS += -DKV_GIT_SHA=\"$(GIT_SHA)\"
+FORCE:
 
 $(BUILD)/%.o: %.c | deps-check
 	@mkdir -p $(dir $@)
