@@ -1,15 +1,16 @@
 /* driver.c: the one loop every method test drives a retriever with, as
  * cli/run.c does: build on the prefill [0, P), then append each position in
- * order and search. Tests own their data; this only hands it over. */
+ * order and search, on the C or the GPU path; and the synthetic layer most
+ * method tests run on. Tests own their data; this only hands it over. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_test.h"
 
-/* Creates method `name` with the given "name=value" assignments and builds
- * it on positions [0, P) of L. */
-kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L, int P,
-                         int sink, int local, int k) {
+/* Creates method `name` with the given "name=value" assignments (on the
+ * GPU path when use_gpu) and builds it on positions [0, P) of L. */
+static kv_status driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
+                             int P, int sink, int local, int k, int use_gpu) {
     memset(d, 0, sizeof *d);
     d->m = kv_method_find(name);
     if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method %s is not registered", name);
@@ -17,7 +18,7 @@ kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *c
     int D = L->D, T = L->T;
     d->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = D, .group = L->Hq / L->Hkv,
                        .max_tokens = T, .prefill_len = P, .softmax_scale = 0.17677669f, .sink = sink,
-                       .local = local, .seed = 11};
+                       .local = local, .seed = 11, .use_gpu = use_gpu};
     kv_param_set ps;
     kv_params_init(&ps, d->m->params);
     for (int i = 0; i < np; i++) KV_TRY(kv_params_set(&ps, name, params[i]));
@@ -42,6 +43,32 @@ kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *c
     d->n = P;
     free(pk); free(pv); free(pq);
     return st;
+}
+
+kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
+                              int P, int sink, int local, int k) {
+    return driver_open(d, name, params, np, L, P, sink, local, k, 0);
+}
+
+kv_status kv_test_driver_open_gpu(kv_test_driver *d, const char *name, const char *const *params, int np,
+                                  const kv_layer *L, int P, int sink, int local, int k) {
+    return driver_open(d, name, params, np, L, P, sink, local, k, 1);
+}
+
+/* The synthetic generator's layer (float32, with values) in one kv_layer. */
+kv_status kv_test_synth_layer(int T, int P, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L) {
+    kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = Hq, .kv_heads = Hkv, .dim = D, .layers = 1,
+                        .seed = seed, .half = 0, .with_v = 1};
+    kv_synth *s;
+    KV_TRY(kv_synth_create(&sp, 0, &s));
+    *L = (kv_layer){.Hq = Hq, .Hkv = Hkv, .T = T, .D = D};
+    L->q = malloc((size_t)Hq * T * D * sizeof(float));
+    L->k = malloc((size_t)Hkv * T * D * sizeof(float));
+    L->v = malloc((size_t)Hkv * T * D * sizeof(float));
+    if (!L->q || !L->k || !L->v) { kv_synth_destroy(s); kv_layer_free(L); return KV_ERR_NOMEM; }
+    kv_synth_rows(s, 0, T, L->q, L->k, L->v);
+    kv_synth_destroy(s);
+    return KV_OK;
 }
 
 /* Appends positions up to t (inclusive) and searches step t into d->sel. */

@@ -74,7 +74,12 @@ typedef struct {
 } kv_test_driver;
 kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
                               int P, int sink, int local, int k);
+/* The same with shape->use_gpu = 1 (the method's CUDA path). */
+kv_status kv_test_driver_open_gpu(kv_test_driver *d, const char *name, const char *const *params, int np,
+                                  const kv_layer *L, int P, int sink, int local, int k);
 kv_status kv_test_driver_step(kv_test_driver *d, int t, int k);
 void kv_test_driver_close(kv_test_driver *d);
+/* A synthetic layer (datasets/synth.c: float32 q, k, v) of T positions; free with kv_layer_free. */
+kv_status kv_test_synth_layer(int T, int P, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L);
 
 #endif

@@ -19,20 +19,6 @@
 
 /* ---- a small driver: one method over one in-memory layer ---- */
 
-static kv_status tb_synth(int T, int P, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L) {
-    kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = Hq, .kv_heads = Hkv, .dim = D, .layers = 1,
-                        .seed = seed, .half = 0, .with_v = 1};
-    kv_synth *s;
-    KV_TRY(kv_synth_create(&sp, 0, &s));
-    *L = (kv_layer){.Hq = Hq, .Hkv = Hkv, .T = T, .D = D};
-    L->q = malloc((size_t)Hq * T * D * sizeof(float));
-    L->k = malloc((size_t)Hkv * T * D * sizeof(float));
-    L->v = malloc((size_t)Hkv * T * D * sizeof(float));
-    if (!L->q || !L->k || !L->v) { kv_synth_destroy(s); kv_layer_free(L); return KV_ERR_NOMEM; }
-    kv_synth_rows(s, 0, T, L->q, L->k, L->v);
-    kv_synth_destroy(s);
-    return KV_OK;
-}
 
 static const float *key_of(const kv_layer *L, int g, int t) { return L->k + ((size_t)g * L->T + t) * L->D; }
 static const float *query_of(const kv_layer *L, int h, int t) { return L->q + ((size_t)h * L->T + t) * L->D; }
@@ -85,7 +71,7 @@ int test_pqcache_codes_are_nearest(void) {
 
     /* the method: prefill keys and decode keys encoded with the prefill centroids */
     kv_layer L;
-    CHECK_OK(tb_synth(700, 400, 4, 2, 32, 3, &L));
+    CHECK_OK(kv_test_synth_layer(700, 400, 4, 2, 32, 3, &L));
     const char *ps[] = {"M=4", "b=5", "iters=3"};
     kv_test_driver dr;
     CHECK_OK(kv_test_driver_open(&dr, "pqcache", ps, 3, &L, 400, 4, 16, 24));
@@ -189,7 +175,7 @@ int test_pqcache_adc_matches_direct(void) {
 
     /* the search: top-k of softmax(ADC * scale) summed over the group, per kv head */
     kv_layer L;
-    CHECK_OK(tb_synth(700, 400, 4, 2, 32, 8, &L));
+    CHECK_OK(kv_test_synth_layer(700, 400, 4, 2, 32, 8, &L));
     const char *ps[] = {"M=4", "b=4", "iters=3"};
     kv_test_driver dr;
     int k = 24, sink = 4, local = 16;
@@ -330,7 +316,7 @@ static void quest_brute_scores(const kv_layer *L, int g, int t, int sink, int pa
 int test_quest_selects_top_pages(void) {
     kv_layer L;
     int T = 1200, P = 900, sink = 4, local = 16, page = 16, k = 72, G = 2; /* k/page = 4 pages */
-    CHECK_OK(tb_synth(T, P, 4, 2, 32, 41, &L));
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
     const char *pools[] = {"pool=none", "pool=mean", "pool=max"};
     double *score = malloc((size_t)T * sizeof(double)), *bound = malloc((size_t)G * T * sizeof(double)),
            *sorted = malloc((size_t)T * sizeof(double));
@@ -408,7 +394,7 @@ int test_quest_selects_top_pages(void) {
 int test_quest_partial_page_is_extra(void) {
     kv_layer L;
     int T = 700, P = 400, sink = 4, local = 5, page = 16, k = 48;
-    CHECK_OK(tb_synth(T, P, 4, 2, 32, 43, &L));
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 43, &L));
     kv_test_driver dr;
     CHECK_OK(kv_test_driver_open(&dr, "quest", NULL, 0, &L, P, sink, local, k));
     int seen = 0;
@@ -530,7 +516,7 @@ int test_magicpig_weight_hand_cases(void) {
 int test_magicpig_returns_colliding_keys(void) {
     kv_layer L;
     int T = 900, P = 600, sink = 4, local = 16, D = 32, minc = 3;
-    CHECK_OK(tb_synth(T, P, 4, 2, D, 47, &L));
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, D, 47, &L));
     const char *ps[] = {"K=6", "L=30", "min_collisions=3"};
     kv_test_driver dr;
     CHECK_OK(kv_test_driver_open(&dr, "magicpig", ps, 3, &L, P, sink, local, 24));
@@ -623,7 +609,7 @@ int test_baselines_param_variants(void) {
     };
     int T = 700, sink = 4, k = 40;
     kv_layer L;
-    CHECK_OK(tb_synth(T, 400, 4, 2, 32, 53, &L));
+    CHECK_OK(kv_test_synth_layer(T, 400, 4, 2, 32, 53, &L));
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         kv_test_driver a, b;
         int local = cases[ci].local, P = cases[ci].P;

@@ -14,52 +14,6 @@
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
-static kv_status mg_synth(int T, int P, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L) {
-    kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = Hq, .kv_heads = Hkv, .dim = D, .layers = 1,
-                        .seed = seed, .half = 0, .with_v = 1};
-    kv_synth *s;
-    KV_TRY(kv_synth_create(&sp, 0, &s));
-    *L = (kv_layer){.Hq = Hq, .Hkv = Hkv, .T = T, .D = D};
-    L->q = malloc((size_t)Hq * T * D * sizeof(float));
-    L->k = malloc((size_t)Hkv * T * D * sizeof(float));
-    L->v = malloc((size_t)Hkv * T * D * sizeof(float));
-    if (!L->q || !L->k || !L->v) { kv_synth_destroy(s); kv_layer_free(L); return KV_ERR_NOMEM; }
-    kv_synth_rows(s, 0, T, L->q, L->k, L->v);
-    kv_synth_destroy(s);
-    return KV_OK;
-}
-
-/* kv_test_driver_open with shape->use_gpu = 1 (the driver's own open builds
- * the CPU path); step and close are the driver's. */
-static kv_status mg_open_gpu(kv_test_driver *d, const char *const *params, int np, const kv_layer *L, int P, int sink,
-                             int local) {
-    memset(d, 0, sizeof *d);
-    d->m = kv_method_find("magicpig");
-    if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method magicpig is not registered");
-    d->L = L;
-    int D = L->D, T = L->T;
-    d->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = D, .group = L->Hq / L->Hkv,
-                       .max_tokens = T, .prefill_len = P, .softmax_scale = 0.17677669f, .sink = sink,
-                       .local = local, .seed = 11, .use_gpu = 1};
-    kv_param_set ps;
-    kv_params_init(&ps, d->m->params);
-    for (int i = 0; i < np; i++) KV_TRY(kv_params_set(&ps, "magicpig", params[i]));
-    KV_TRY(kv_selection_alloc(&d->sel, L->Hq, L->Hkv, T, T, T));
-    size_t fs = sizeof(float);
-    float *pk = malloc((size_t)L->Hkv * P * D * fs);
-    d->kr = malloc((size_t)L->Hkv * D * fs);
-    d->vr = malloc((size_t)L->Hkv * D * fs);
-    d->qr = malloc((size_t)L->Hq * D * fs);
-    kv_status st = (!pk || !d->kr || !d->vr || !d->qr) ? KV_ERR_NOMEM : KV_OK;
-    for (int g = 0; g < L->Hkv && st == KV_OK; g++)
-        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * fs);
-    if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
-    if (st == KV_OK) st = d->m->build(d->st, &(kv_prefill){.n = P, .k = pk});
-    d->n = P;
-    free(pk);
-    return st;
-}
-
 typedef struct {
     int Hq, Hkv, D, T, P, sink, local;
     const char *ps[3];
@@ -80,10 +34,10 @@ int test_magicpig_gpu_codes_match_cpu(void) {
     for (size_t c = 0; c < sizeof mg_cases / sizeof mg_cases[0]; c++) {
         const mg_case *C = &mg_cases[c];
         kv_layer L;
-        CHECK_OK(mg_synth(C->T, C->P, C->Hq, C->Hkv, C->D, C->seed, &L));
+        CHECK_OK(kv_test_synth_layer(C->T, C->P, C->Hq, C->Hkv, C->D, C->seed, &L));
         kv_test_driver cpu, gpu;
         CHECK_OK(kv_test_driver_open(&cpu, "magicpig", C->ps, 3, &L, C->P, C->sink, C->local, 16));
-        CHECK_OK(mg_open_gpu(&gpu, C->ps, 3, &L, C->P, C->sink, C->local));
+        CHECK_OK(kv_test_driver_open_gpu(&gpu, "magicpig", C->ps, 3, &L, C->P, C->sink, C->local, 16));
         kv_mp_view cv, gv;
         kv_magicpig_view(cpu.st, &cv);
         kv_magicpig_view(gpu.st, &gv);
@@ -168,10 +122,10 @@ int test_magicpig_gpu_matches_cpu(void) {
     for (size_t c = 0; c < sizeof mg_cases / sizeof mg_cases[0]; c++) {
         const mg_case *C = &mg_cases[c];
         kv_layer L;
-        CHECK_OK(mg_synth(C->T, C->P, C->Hq, C->Hkv, C->D, C->seed + 100, &L));
+        CHECK_OK(kv_test_synth_layer(C->T, C->P, C->Hq, C->Hkv, C->D, C->seed + 100, &L));
         kv_test_driver cpu, gpu;
         CHECK_OK(kv_test_driver_open(&cpu, "magicpig", C->ps, 3, &L, C->P, C->sink, C->local, 16));
-        CHECK_OK(mg_open_gpu(&gpu, C->ps, 3, &L, C->P, C->sink, C->local));
+        CHECK_OK(kv_test_driver_open_gpu(&gpu, "magicpig", C->ps, 3, &L, C->P, C->sink, C->local, 16));
         long total = 0, empty = 0;
         double maxrel = 0;
         int steps = 0;

@@ -240,34 +240,6 @@ int test_pariskv_gpu_bucket_topk(void) {
 
 /* The retriever, CPU path against GPU path, driven over a synthetic layer
  * with decode appends (update batches folded on the device). */
-static kv_status pk_open_gpu(kv_test_driver *d, const char *const *params, int np, const kv_layer *L, int P, int sink,
-                             int local, int k) {
-    memset(d, 0, sizeof *d);
-    d->m = kv_method_find("pariskv");
-    if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method pariskv is not registered");
-    d->L = L;
-    int D = L->D, T = L->T;
-    d->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = D, .group = L->Hq / L->Hkv,
-                       .max_tokens = T, .prefill_len = P, .softmax_scale = 0.17677669f, .sink = sink,
-                       .local = local, .seed = 11, .use_gpu = 1};
-    kv_param_set ps;
-    kv_params_init(&ps, d->m->params);
-    for (int i = 0; i < np; i++) KV_TRY(kv_params_set(&ps, "pariskv", params[i]));
-    KV_TRY(kv_selection_alloc(&d->sel, L->Hq, L->Hkv, k, T, T));
-    float *pk = malloc((size_t)L->Hkv * P * D * sizeof(float));
-    d->kr = malloc((size_t)L->Hkv * D * sizeof(float));
-    d->vr = malloc((size_t)L->Hkv * D * sizeof(float));
-    d->qr = malloc((size_t)L->Hq * D * sizeof(float));
-    kv_status st = (!pk || !d->kr || !d->vr || !d->qr) ? KV_ERR_NOMEM : KV_OK;
-    for (int g = 0; g < L->Hkv && st == KV_OK; g++)
-        memcpy(pk + (size_t)g * P * D, L->k + (size_t)g * T * D, (size_t)P * D * sizeof(float));
-    if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
-    if (st == KV_OK) st = d->m->build(d->st, &(kv_prefill){.n = P, .k = pk});
-    d->n = P;
-    free(pk);
-    return st;
-}
-
 int test_pariskv_gpu_retriever_matches_cpu(void) {
     static const struct { int Hq, Hkv, D, T, P, sink, local, k; const char *ps[3]; } cs[] = {
         {8, 2, 128, 6000, 4000, 4, 64, 100, {"update=64", NULL, NULL}},
@@ -290,7 +262,7 @@ int test_pariskv_gpu_retriever_matches_cpu(void) {
         kv_synth_destroy(sy);
         kv_test_driver a, b;
         CHECK_OK(kv_test_driver_open(&a, "pariskv", cs[c].ps, np, &L, cs[c].P, cs[c].sink, cs[c].local, cs[c].k));
-        CHECK_OK(pk_open_gpu(&b, cs[c].ps, np, &L, cs[c].P, cs[c].sink, cs[c].local, cs[c].k));
+        CHECK_OK(kv_test_driver_open_gpu(&b, "pariskv", cs[c].ps, np, &L, cs[c].P, cs[c].sink, cs[c].local, cs[c].k));
         int steps = 0;
         for (int t = cs[c].P; t < L.T; t += 1 + (t % 37)) {
             CHECK_OK(kv_test_driver_step(&a, t, cs[c].k));

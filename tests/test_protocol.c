@@ -206,20 +206,6 @@ static kv_status drive(const kv_method *m, const kv_layer *L, int P, int k, int 
     return rc;
 }
 
-static kv_status synth_layer(int T, int P, uint64_t seed, kv_layer *L) {
-    kv_synth_spec sp = {.tokens = T, .prefill = P, .q_heads = 4, .kv_heads = 2, .dim = 32, .layers = 1, .seed = seed,
-                        .half = 0, .with_v = 1};
-    kv_synth *s;
-    KV_TRY(kv_synth_create(&sp, 0, &s));
-    *L = (kv_layer){.Hq = 4, .Hkv = 2, .T = T, .D = 32};
-    L->q = malloc((size_t)4 * T * 32 * sizeof(float));
-    L->k = malloc((size_t)2 * T * 32 * sizeof(float));
-    L->v = malloc((size_t)2 * T * 32 * sizeof(float));
-    kv_synth_rows(s, 0, T, L->q, L->k, L->v);
-    kv_synth_destroy(s);
-    return KV_OK;
-}
-
 static int same_log(const sel_log *a, const sel_log *b, int upto_steps) {
     for (int s = 0; s < upto_steps; s++)
         for (int l = 0; l < a->lists; l++) {
@@ -235,8 +221,8 @@ static int same_log(const sel_log *a, const sel_log *b, int upto_steps) {
 int test_conformance_all_methods(void) {
     int T = 700, P = 400, k = 24, stride = 20, cut = 560; /* steps up to `cut` must not depend on later positions */
     kv_layer L, F;
-    CHECK_OK(synth_layer(T, P, 21, &L));
-    CHECK_OK(synth_layer(T, P, 21, &F));
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 21, &L));
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 21, &F));
     kv_rng r;
     kv_rng_seed(&r, 99);
     for (int g = 0; g < 2; g++) /* a different future: positions after `cut` replaced by noise */
