@@ -17,16 +17,26 @@
  * kv_pq_assign's float sums (no contraction), so equal centroids give equal
  * codes. recluster=N runs on the CPU (retrievers/pqcache.c) and uploads.
  * Search. LUT kernel (bitwise kv_pq_lut: products and sums rounded as on the
- * CPU, __fmul_rn/__fadd_rn). ADC scan, when the tuples of codes are few
- * (C^M <= 4096: the default M = 2, b = 6): a key's group score depends on
- * its tuple only, so (1) a histogram of the region's tuples (codes
- * [Hkv][T][M], read once, coalesced, shared-memory atomics merged into a
- * global histogram that step 2 zeroes again), (2) per kv head
- * m_h = max over present tuples and Z_h = sum count * expf(s - m_h) in
- * double (the CPU's Z up to double rounding), and a table of
- * agg(tuple) = sum_h expf(s_h - m_h) / Z_h in the CPU's order, (3) one
- * lookup per key (codes re-read from L2) writing agg. Otherwise, two
- * launches over tiles of keys:
+ * CPU, __fmul_rn/__fadd_rn). When the tuples of codes are few (C^M <= 4096:
+ * the default M = 2, b = 6), a key's group score depends on its tuple only,
+ * and the search never materialises per-key scores: (1) a histogram of the
+ * region's tuples (codes [Hkv][T][M], read once, coalesced, shared-memory
+ * atomics merged into a global histogram that step 2 zeroes again); (2) one
+ * block per kv head: m_h = max over present tuples and
+ * Z_h = sum count * expf(s - m_h) in double (the CPU's Z up to double
+ * rounding), the table agg(tuple) = sum_h expf(s_h - m_h) / Z_h in the CPU's
+ * order, and the top-k threshold on the tuples: radix select over the
+ * tables' order-preserving keys weighted by the counts gives K, the k-th
+ * largest key score, and `take`, how many keys scoring exactly K belong to
+ * the selection (equal scores, from one tuple or several, merge); (3)
+ * ordered compaction, codes re-read (from L2 at 1M tokens): per block of
+ * keys the keys above K are appended (fewer than k) and those equal to K
+ * counted; a second launch has each block whose equal keys are among the
+ * first `take` (prefix of the counts of the blocks before it) write them in
+ * position order (ballot scan); (4) one block per kv head sorts the k
+ * candidates by (score desc, position asc) (bitonic, 64-bit keys). So the
+ * selection is exactly kv_topk_ref over the per-key scores agg[tuple], ties
+ * included. Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
  * from the G lookup tables of the group held in shared memory; launch A
@@ -37,8 +47,9 @@
  * in the CPU's order. The per-key scores are bitwise the CPU's; m_h is
  * exact; Z_h differs from the CPU's double sum only by the per-tile
  * rescaling (~1e-7 relative), and CUDA's expf from glibc's by <= 2 ulp, so
- * agg matches within ~1e-6 relative. Top-k per kv head: kv_topk_launch
- * (kv_topk_ref's order: larger first, smaller index among equals). */
+ * agg matches within ~1e-6 relative; top-k per kv head over agg by
+ * kv_topk_launch (kv_topk_ref's order: larger first, smaller index among
+ * equals). */
 #include <cublas_v2.h>
 #include <string.h>
 
@@ -334,9 +345,9 @@ __global__ void __launch_bounds__(PQ_TH) pq_scan_b(pq_scan_args a) {
  * histogram of the tuples of the region (codes read once, coalesced);
  * (2) per kv head, from the histogram and the lookup tables, m_h (max over
  * present tuples) and Z_h = sum count * expf(s - m_h) (double), then per
- * tuple agg = sum_h expf(s_h - m_h) / Z_h in the CPU's order; (3) each
- * key's agg is one lookup in that table (codes re-read, from L2). Scores
- * per tuple are computed exactly as per key on the CPU. */
+ * tuple agg = sum_h expf(s_h - m_h) / Z_h in the CPU's order, and the top-k
+ * threshold; pq_apply (tests only) writes each key's agg as one lookup.
+ * Scores per tuple are computed exactly as per key on the CPU. */
 constexpr int PQ_TUP_MAX = 4096;
 
 template <bool M2>
@@ -366,15 +377,66 @@ __global__ void __launch_bounds__(1024) pq_hist(const uint8_t *codes, long long 
         if (sh[e]) atomicAdd(&gh[(long long)g * ntup + e], sh[e]);
 }
 
+/* The top-kk threshold over the region's keys, found on the tuples: radix
+ * select (8 bits a pass, most significant first) over the order-preserving
+ * keys of the tuples' group scores, each present tuple weighted by its key
+ * count. thr[0] = K, the kk-th largest key of the region; thr[1] = how many
+ * keys scoring exactly K the selection takes (>= 1; kv_topk_ref takes the
+ * first ones by position). The caller syncs cnt and acc first; blockDim.x
+ * is a multiple of 32. */
+__device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, int kk, unsigned *rh, unsigned *sel,
+                             unsigned *thr) {
+    unsigned prefix = 0, mask = 0, need = (unsigned)kk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int e = threadIdx.x; e < 256; e += blockDim.x) rh[e] = 0;
+        __syncthreads();
+        /* warp-aggregated: the tuples' scores are close, so most share the top digits */
+        for (int t0 = 0; t0 < ntup; t0 += blockDim.x) {
+            const int t = t0 + threadIdx.x;
+            unsigned u = 0, c = 0;
+            if (t < ntup) { c = cnt[t]; u = kv_f2key(acc[t]); }
+            const unsigned d = c && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            const unsigned sum = __reduce_add_sync(peers, c);
+            if (d < 256u && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], sum);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
+            const int lane = threadIdx.x;
+            unsigned v[8], s = 0;
+            for (int j = 0; j < 8; j++) { v[j] = rh[255 - 8 * lane - j]; s += v[j]; }
+            unsigned inc = s;
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            unsigned c = inc - s;
+            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
+                int j = 0;
+                while (c + v[j] < need) c += v[j++];
+                sel[0] = (unsigned)(255 - 8 * lane - j);
+                sel[1] = need - c;
+            }
+        }
+        __syncthreads();
+        prefix |= sel[0] << shift;
+        mask |= 255u << shift;
+        need = sel[1];
+    }
+    if (threadIdx.x == 0) { thr[0] = prefix; thr[1] = need; }
+}
+
 /* One block per kv head: counts (the histogram is zeroed for the next
- * search as it is read), softmax constants, the per-tuple table. */
+ * search as it is read), softmax constants, the per-tuple table, and the
+ * top-kk threshold over the keys (pq_threshold into thr[2g], thr[2g+1]). */
 __global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup,
-                                                  float scale, float *mz, float *tab) {
+                                                  float scale, int kk, float *mz, float *tab, unsigned *thr) {
     __shared__ unsigned cnt[PQ_TUP_MAX];
     __shared__ float acc[PQ_TUP_MAX];
     __shared__ float sl[2048];
     __shared__ float redf[32];
     __shared__ double redd[32];
+    __shared__ unsigned rh[256], sel[2];
     const int g = blockIdx.x, lut_sm = G * M * C <= 2048;
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
         cnt[t] = gh[(long long)g * ntup + t];
@@ -413,6 +475,7 @@ __global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut,
     }
     __syncthreads();
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) tab[(long long)g * ntup + t] = acc[t];
+    pq_threshold(cnt, acc, ntup, kk, rh, sel, thr + 2 * g);
 }
 
 template <bool M2>
@@ -427,6 +490,136 @@ __global__ void __launch_bounds__(1024) pq_apply(const uint8_t *codes, long long
     const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
 #pragma unroll 4
     for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) o[i] = st[pq_tuple<M2>(row, i, M, C)];
+}
+
+/* ---- top-k through the tuples (C^M <= PQ_TUP_MAX): no per-key scores ----
+ * With K and take = thr[2g], thr[2g+1] (pq_table), the selection is every
+ * key scoring above K and the first `take` keys (by position) scoring K.
+ * pq_select_a: per block of kpb keys, appends the keys above K to
+ * cand[g][..] (fewer than kk in all; their order is irrelevant, the final
+ * sort orders them) and counts its keys equal to K into ecnt[g][block].
+ * pq_select_b: a block whose keys equal to K are among the first `take`
+ * (prefix of ecnt over the blocks before it) writes them, in position order
+ * (one pass: per-thread runs of consecutive keys, a block scan of their
+ * counts), after the keys above K. pq_select_sort: the kk candidates ordered as
+ * kv_topk_ref (larger score first, smaller position among equals). */
+constexpr int PQ_SEL_TH = 1024;
+
+__device__ __forceinline__ void pq_key_table(const float *tab, int ntup, unsigned *sk) {
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x) sk[e] = kv_f2key(tab[e]);
+}
+
+template <bool M2>
+__global__ void __launch_bounds__(PQ_SEL_TH) pq_select_a(const uint8_t *codes, long long TM, int M, int C, int lo,
+                                                        int hi, int ntup, int kpb, const float *tab,
+                                                        const unsigned *thr, unsigned *nab, int32_t *cand, int kmax,
+                                                        unsigned *ecnt, int eld) {
+    __shared__ unsigned sk[PQ_TUP_MAX];
+    __shared__ unsigned red[32];
+    const int g = blockIdx.y;
+    pq_key_table(tab + (long long)g * ntup, ntup, sk);
+    const unsigned K = thr[2 * g];
+    __syncthreads();
+    const uint8_t *row = codes + g * TM;
+    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+    unsigned e = 0;
+#pragma unroll 4
+    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) {
+        unsigned u = sk[pq_tuple<M2>(row, i, M, C)];
+        if (u > K) {
+            unsigned j = atomicAdd(&nab[g], 1u);
+            if (j < (unsigned)kmax) cand[(long long)g * kmax + j] = i;
+        }
+        e += u == K;
+    }
+    for (int o = 16; o; o >>= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = e;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) e += red[w];
+        ecnt[(long long)g * eld + blockIdx.x] = e;
+    }
+}
+
+template <bool M2>
+__global__ void __launch_bounds__(PQ_SEL_TH) pq_select_b(const uint8_t *codes, long long TM, int M, int C, int lo,
+                                                        int hi, int ntup, int kpb, const float *tab,
+                                                        const unsigned *thr, int kk, const unsigned *ecnt, int eld,
+                                                        int32_t *cand, int kmax) {
+    __shared__ unsigned sk[PQ_TUP_MAX];
+    __shared__ unsigned wc[32];
+    const int g = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned K = thr[2 * g], take = thr[2 * g + 1];
+    /* keys equal to K in the blocks before this one */
+    unsigned before = 0;
+    for (int b = threadIdx.x; b < (int)blockIdx.x; b += blockDim.x) before += ecnt[(long long)g * eld + b];
+    for (int o = 16; o; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+    if (lane == 0) wc[w] = before;
+    __syncthreads();
+    before = 0;
+    for (int i = 0; i < nw; i++) before += wc[i];
+    const unsigned mine = ecnt[(long long)g * eld + blockIdx.x];
+    if (before >= take || mine == 0) return; /* uniform over the block */
+    const unsigned r = min(mine, take - before);
+    int32_t *out = cand + (long long)g * kmax + (kk - take) + before;
+    pq_key_table(tab + (long long)g * ntup, ntup, sk);
+    __syncthreads();
+    const uint8_t *row = codes + g * TM;
+    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+    /* each thread a run of <= 64 consecutive keys (kpb <= 64 * blockDim.x): a
+     * bit mask of those equal to K, then a block scan of the counts in
+     * thread order, which is position order */
+    const int per = (k1 - k0 + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int i0 = k0 + (int)threadIdx.x * per, i1 = min(k1, i0 + per);
+    unsigned long long bits = 0;
+#pragma unroll 8
+    for (int i = i0; i < i1; i++)
+        bits |= (unsigned long long)(sk[pq_tuple<M2>(row, i, M, C)] == K) << (i - i0);
+    const unsigned c = __popcll(bits);
+    unsigned inc = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    if (lane == 31) wc[w] = inc;
+    __syncthreads();
+    unsigned pos = inc - c;
+    for (int v = 0; v < w; v++) pos += wc[v];
+    for (; bits && pos < r; bits &= bits - 1) out[pos++] = i0 + __ffsll((long long)bits) - 1;
+}
+
+/* One block per kv head; dynamic shared memory: P >= kk 64-bit sort keys
+ * (~score key << 32 | position), bitonic ascending = kv_topk_ref's order.
+ * Zeroes nab[g] for the next search. */
+__global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, long long TM, int M, int C, int ntup,
+                                                        const float *tab, const int32_t *cand, int kmax, int kk,
+                                                        int P, unsigned *nab, int32_t *idx) {
+    extern __shared__ unsigned long long sv[];
+    const int g = blockIdx.x;
+    const uint8_t *row = codes + g * TM;
+    for (int j = threadIdx.x; j < P; j += blockDim.x) {
+        unsigned long long v = ~0ULL;
+        if (j < kk) {
+            const int i = cand[(long long)g * kmax + j];
+            const unsigned u = kv_f2key(tab[(long long)g * ntup + pq_tuple<false>(row, i, M, C)]);
+            v = (unsigned long long)~u << 32 | (unsigned)i;
+        }
+        sv[j] = v;
+    }
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = threadIdx.x; j < P; j += blockDim.x) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = sv[j], b = sv[l];
+                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = threadIdx.x; j < kk; j += blockDim.x) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
+    if (threadIdx.x == 0) nab[g] = 0;
 }
 
 __global__ void pq_raw(const uint8_t *codes, long long TM, const float *lut, int G, int M, int C, float scale, int lo,
@@ -448,6 +641,11 @@ struct kv_pq_gpu {
     double *pz;
     unsigned *bh;     /* tuple histogram [Hkv][ntup], zero between searches */
     int ntup;         /* C^M when <= PQ_TUP_MAX (the tuple-table scan), else 0 */
+    unsigned *thr;    /* tuple path: [Hkv][2] threshold key, keys taken at it */
+    unsigned *nab;    /* tuple path: [Hkv] keys above the threshold, zero between searches */
+    unsigned *ecnt;   /* tuple path: [Hkv][eld] keys at the threshold per selection block */
+    int eld;
+    int32_t *cand;    /* tuple path: [Hkv][KV_GPU_TOPK_MAX] unordered selection */
     uint8_t *codes, *code1;
     unsigned *ctr;
     int32_t *idx;
@@ -481,6 +679,14 @@ kv_status pq_create_go(kv_pq_gpu *p) {
         KV_CUDA_ALLOC(p->tab, Hkv * p->ntup * sizeof(float), 0, "pqcache tuple table");
         KV_CUDA_ALLOC(p->bh, Hkv * p->ntup * sizeof(unsigned), 0, "pqcache tuple histogram");
         KV_CUDA_TRY(cudaMemset(p->bh, 0, Hkv * p->ntup * sizeof(unsigned))); /* pq_table zeroes it after use */
+        p->eld = (p->T + 4095) / 4096 + 1; /* selection blocks hold >= 4096 keys */
+        KV_CUDA_ALLOC(p->thr, Hkv * 2 * sizeof(unsigned), 0, "pqcache top-k thresholds");
+        KV_CUDA_ALLOC(p->nab, Hkv * sizeof(unsigned), 0, "pqcache top-k counters");
+        KV_CUDA_ALLOC(p->ecnt, Hkv * p->eld * sizeof(unsigned), 0, "pqcache top-k block counts");
+        KV_CUDA_ALLOC(p->cand, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "pqcache top-k candidates");
+        KV_CUDA_TRY(cudaMemset(p->nab, 0, Hkv * sizeof(unsigned))); /* pq_select_sort zeroes it after use */
+        KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_sort, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)(KV_GPU_TOPK_MAX * sizeof(unsigned long long))));
     }
     KV_CUDA_TRY(cudaMemset(p->cent, 0, Hkv * p->D * p->C * sizeof(float)));
     KV_CUDA_TRY(cudaMemset(p->codes, 0, Hkv * p->TM + 16));
@@ -578,9 +784,72 @@ kv_status pq_build_go(kv_pq_gpu *p, pq_build_ws *w, const float *k, int n, int l
     return pq_copy_back(p, lo, n, cent, codes);
 }
 
-/* One search on the device: LUT, scan A, scan B, top-k (which = 0..3), or all (-1). */
-kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int which) {
-    const int n = hi - lo, M = p->M, C = p->C, G = p->G;
+/* Keys per block of the tuple path's passes over the codes: about two
+ * blocks per SM over all kv heads, 4096 .. 65536. */
+int pq_tuple_kpb(const kv_pq_gpu *p, int n) {
+    long long want = ((long long)n * p->Hkv + 2LL * p->dev.sm_count - 1) / (2LL * p->dev.sm_count);
+    return (int)(want < 4096 ? 4096 : want > 65536 ? 65536 : (want + 1023) / 1024 * 1024);
+}
+
+/* Tuple path, scan: histogram of the tuples, then per kv head the tuple
+ * table and the top-kk threshold; want_agg: also agg per key (tests). */
+kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int want_agg) {
+    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
+    const bool m2 = M == 2;
+    if (m2)
+        pq_hist<true><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+    else
+        pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+    KV_LAUNCH_CHECK();
+    pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, p->G, M, C, p->ntup, scale, kk, p->mz, p->tab, p->thr);
+    KV_LAUNCH_CHECK();
+    if (!want_agg) return KV_OK;
+    const int ab = (n + 16383) / 16384;
+    if (m2)
+        pq_apply<true><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384, p->tab,
+                                                             p->agg, p->T);
+    else
+        pq_apply<false><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384, p->tab,
+                                                              p->agg, p->T);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* Tuple path, top-k: ordered compaction at the threshold, then the sort
+ * (p->idx[g*kk + j]). */
+kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
+    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
+    const dim3 grid(nb, p->Hkv);
+    if (kk > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above %d", kk, KV_GPU_TOPK_MAX);
+    if (kpb > 64 * PQ_SEL_TH) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d keys per selection block", kpb);
+    if (nb > p->eld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d selection blocks > %d", nb, p->eld);
+    if (M == 2) {
+        pq_select_a<true><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
+                                                         p->nab, p->cand, KV_GPU_TOPK_MAX, p->ecnt, p->eld);
+        KV_LAUNCH_CHECK();
+        pq_select_b<true><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
+                                                         kk, p->ecnt, p->eld, p->cand, KV_GPU_TOPK_MAX);
+    } else {
+        pq_select_a<false><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
+                                                          p->nab, p->cand, KV_GPU_TOPK_MAX, p->ecnt, p->eld);
+        KV_LAUNCH_CHECK();
+        pq_select_b<false><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
+                                                          kk, p->ecnt, p->eld, p->cand, KV_GPU_TOPK_MAX);
+    }
+    KV_LAUNCH_CHECK();
+    int P = 1;
+    while (P < kk) P <<= 1;
+    pq_select_sort<<<p->Hkv, P < 1024 ? (P < 32 ? 32 : P) : 1024, (size_t)P * sizeof(unsigned long long), p->st>>>(
+        p->codes, p->TM, M, C, p->ntup, p->tab, p->cand, KV_GPU_TOPK_MAX, kk, P, p->nab, p->idx);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* One search on the device: LUT, scan, top-k (which = 0..2), or all (-1).
+ * kk = min(k, hi - lo) results per kv head into p->idx [Hkv][kk]. want_agg:
+ * the group scores per key reach p->agg (the tuple path skips them else). */
+kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int which, int want_agg) {
+    const int n = hi - lo, M = p->M, C = p->C, G = p->G, kk = k < n ? k : n;
     int KT = PQ_TILE_BYTES / M > 0 ? PQ_TILE_BYTES / M : 1;
     const size_t lut_b = (size_t)G * M * C * sizeof(float);
     const int lut_smem = lut_b <= 32 * 1024;
@@ -593,25 +862,7 @@ kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int
         KV_LAUNCH_CHECK();
     }
     if ((which < 0 || which == 1) && p->ntup) {
-        /* keys per histogram block: about two blocks per SM over all kv heads, 4096 .. 65536 */
-        long long want = ((long long)n * p->Hkv + 2LL * p->dev.sm_count - 1) / (2LL * p->dev.sm_count);
-        int kpb = (int)(want < 4096 ? 4096 : want > 65536 ? 65536 : (want + 1023) / 1024 * 1024);
-        int nb = (n + kpb - 1) / kpb, ab = (n + 16383) / 16384;
-        const bool m2 = M == 2;
-        if (m2)
-            pq_hist<true><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
-        else
-            pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
-        KV_LAUNCH_CHECK();
-        pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, G, M, C, p->ntup, scale, p->mz, p->tab);
-        KV_LAUNCH_CHECK();
-        if (m2)
-            pq_apply<true><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384,
-                                                                 p->tab, p->agg, p->T);
-        else
-            pq_apply<false><<<dim3(ab, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, 16384,
-                                                                  p->tab, p->agg, p->T);
-        KV_LAUNCH_CHECK();
+        KV_TRY(pq_tuple_scan(p, scale, lo, hi, kk, want_agg));
     } else if (which < 0 || which == 1) {
         if (sm > 48 * 1024) {
             KV_CUDA_TRY(cudaFuncSetAttribute(pq_scan_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
@@ -622,10 +873,10 @@ kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int
         pq_scan_b<<<grid, PQ_TH, sm, p->st>>>(a);
         KV_LAUNCH_CHECK();
     }
-    if (which < 0 || which == 2) {
-        int kk = k < n ? k : n;
+    if ((which < 0 || which == 2) && p->ntup)
+        KV_TRY(pq_tuple_topk(p, lo, hi, kk));
+    else if (which < 0 || which == 2)
         KV_TRY(kv_topk_launch(&p->tk, p->agg, p->T, 0, n, p->Hkv, k, lo, NULL, 1, p->idx, NULL, kk, NULL, p->st));
-    }
     return KV_OK;
 }
 
@@ -684,7 +935,7 @@ extern "C" kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale,
         return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above the GPU top-k's limit %d", k, KV_GPU_TOPK_MAX);
     if (kk > ld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection capacity %d < %d", ld, kk);
     KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->Hq * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
-    KV_TRY(pq_search_launch(p, scale, lo, hi, kk > 0 ? kk : 1, -1));
+    KV_TRY(pq_search_launch(p, scale, lo, hi, kk > 0 ? kk : 1, -1, agg != NULL));
     if (kk > 0)
         KV_CUDA_TRY(cudaMemcpy2DAsync(idx, (size_t)ld * sizeof(int32_t), p->idx, (size_t)kk * sizeof(int32_t),
                                       (size_t)kk * sizeof(int32_t), p->Hkv, cudaMemcpyDeviceToHost, p->st));
@@ -713,7 +964,8 @@ extern "C" void kv_pq_gpu_destroy(kv_pq_gpu *p) {
     if (!p) return;
     if (p->st) cudaStreamSynchronize(p->st);
     cudaFree(p->cent); cudaFree(p->codes); cudaFree(p->q); cudaFree(p->lut); cudaFree(p->agg); cudaFree(p->pm);
-    cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
+    cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->thr); cudaFree(p->nab); cudaFree(p->ecnt);
+    cudaFree(p->cand); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
     kv_topk_ws_destroy(&p->tk);
     if (p->blas) cublasDestroy(p->blas);
     if (p->st) cudaStreamDestroy(p->st);
@@ -758,29 +1010,44 @@ kv_status pq_bench_go(pq_bench_ctx *c, const kv_gpu_bench_spec *s, int M, int C,
     p->st = c->tm.st;
     KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
     KV_CUDA_TRY(cudaMemcpy(p->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    KV_TRY(pq_search_launch(p, s->scale, 0, n, s->k, -1)); /* real scores for the top-k stage */
+    KV_TRY(pq_search_launch(p, s->scale, 0, n, s->k, -1, 0)); /* real tables for the top-k stage */
     kv_gpu_timing t[4];
     for (int w = 0; w < 3; w++)
-        KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, w); }, &t[w]));
-    KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, -1); }, &t[3]));
+        KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, w, 0); }, &t[w]));
+    KV_TRY(kv_bench_time(&c->tm, [&]() { return pq_search_launch(p, s->scale, 0, n, s->k, -1, 0); }, &t[3]));
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
     p->st = c->own;
     c->own = NULL;
     KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
     const double N = (double)s->Hkv * n, kk = s->k < n ? s->k : n, cent = (double)s->Hkv * s->D * C * 4,
-                 qb = (double)s->Hq * s->D * 4, lut = (double)s->Hq * M * C * 4, idx = s->Hkv * kk * 4;
+                 qb = (double)s->Hq * s->D * 4, lut = (double)s->Hq * M * C * 4, idx = s->Hkv * kk * 4,
+                 tab = (double)s->Hkv * p->ntup * 4;
     out->n = 5;
     out->stage[0] = kv_gpu_stage{"kmeans", tk, N * s->D * 2 + N * M + cent};
     out->stage[1] = kv_gpu_stage{"lut", t[0], cent + qb + lut};
-    out->stage[2] = kv_gpu_stage{"adc_scan", t[1], N * M + lut + N * 4};
-    out->stage[3] = kv_gpu_stage{"topk", t[2], N * 4 + idx};
-    out->stage[4] = kv_gpu_stage{"search", t[3], N * M + cent + qb + idx};
-    snprintf(out->bytes_note, sizeof out->bytes_note,
-             "pqcache M=%d C=%d iters=%d: per key and kv head %d code bytes; kmeans = float16 keys read once + codes "
-             "+ centroids (one whole build per repetition, %d reps: compute-bound, GB/s only indicative); lut = "
-             "centroids + q + tables; adc_scan = codes + tables + group scores out (4 B/key); topk = scores + "
-             "indices; search = codes + centroids + q + indices (the group scores need not reach memory)",
-             M, C, iters, M, c->tb.reps);
+    if (p->ntup) { /* tuple path: two passes over the codes, no per-key scores */
+        out->stage[2] = kv_gpu_stage{"adc_scan", t[1], N * M + lut + tab};
+        out->stage[3] = kv_gpu_stage{"topk", t[2], N * M + tab + idx};
+        out->stage[4] = kv_gpu_stage{"search", t[3], 2 * N * M + cent + qb + idx};
+        snprintf(out->bytes_note, sizeof out->bytes_note,
+                 "pqcache M=%d C=%d iters=%d, %d tuples: per key and kv head %d code bytes; kmeans = f16 keys once + "
+                 "codes + centroids (a whole build per rep, %d reps: compute-bound, GB/s indicative); lut = "
+                 "centroids + q + tables; adc_scan = codes (tuple histogram) + tables (per tuple: group score, "
+                 "top-k threshold); topk = codes again (compaction; blocks holding threshold ties re-read theirs, "
+                 "uncounted) + indices; search = codes twice + centroids + q + indices (no per-key scores)",
+                 M, C, iters, p->ntup, M, c->tb.reps);
+    } else {
+        out->stage[2] = kv_gpu_stage{"adc_scan", t[1], N * M + lut + N * 4};
+        out->stage[3] = kv_gpu_stage{"topk", t[2], N * 4 + idx};
+        out->stage[4] = kv_gpu_stage{"search", t[3], N * M + cent + qb + idx};
+        snprintf(out->bytes_note, sizeof out->bytes_note,
+                 "pqcache M=%d C=%d iters=%d: per key and kv head %d code bytes; kmeans = float16 keys read once + "
+                 "codes + centroids (one whole build per repetition, %d reps: compute-bound, GB/s only indicative); "
+                 "lut = centroids + q + tables; adc_scan = codes + tables + group scores out (4 B/key); topk = "
+                 "scores + indices; search = codes + centroids + q + indices (the group scores need not reach "
+                 "memory)",
+                 M, C, iters, M, c->tb.reps);
+    }
     out->l2_bytes = c->tm.dev.l2_bytes;
     out->flush_bytes = c->tm.flush_n * sizeof(uint4);
     return KV_OK;

@@ -1,6 +1,7 @@
 /* pqcache_gpu.h: the C face of kernels/pqcache.cu, PQCache's CUDA path
  * (k-means with cuBLAS distance GEMMs, encoding of appended keys, ADC scan
- * with the group softmax sum, GPU top-k). Built when nvcc is found;
+ * with the group softmax sum and top-k: with C^M <= 4096 code tuples on the
+ * tuples, never writing per-key scores; otherwise scores, then GPU top-k). Built when nvcc is found;
  * kernels/pqcache_stub.c gives the same symbols otherwise, each failing with
  * KV_NO_CUDA. Layouts are those of retrievers/pqcache.c: centroids
  * [Hkv][M][dsub][C] (transposed), codes [Hkv][T][M] (one byte per
@@ -35,8 +36,11 @@ kv_status kv_pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uint8_t *codes
 kv_status kv_pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uint8_t *codes, int lo, int n);
 /* Search of the region [lo, hi): per kv head g the top min(k, hi-lo) of the
  * group softmax sum into idx[g*ld + j] (positions), count[g]. q [Hq][D]
- * host. Optional host outputs for tests: agg [Hkv][hi-lo] (the softmax sums),
- * raw [Hq][hi-lo] (scale * ADC score). k <= KV_GPU_TOPK_MAX. */
+ * host. Ties: kv_topk_ref's order over the per-key sums (larger first, the
+ * smaller position among equals). Optional host outputs for tests: agg
+ * [Hkv][hi-lo] (the softmax sums; the tuple path then also writes them per
+ * key, which it otherwise never does), raw [Hq][hi-lo] (scale * ADC score).
+ * k <= KV_GPU_TOPK_MAX. */
 kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx, int ld,
                            int *count, float *agg, float *raw);
 void kv_pq_gpu_destroy(kv_pq_gpu *p);

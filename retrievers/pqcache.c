@@ -45,7 +45,10 @@
  * - GPU path (shape->use_gpu, kernels/pqcache.cu): codes and centroids live
  *   on the device (host mirrors kept for the view); k-means from the same
  *   seeded picks, appended keys encoded there, search = LUT, ADC scan with
- *   the group softmax sum, GPU top-k, indices copied back. Its k-means
+ *   the group softmax sum, top-k (with C^M <= 4096, the default, found on
+ *   the code tuples: a threshold from the tuple histogram, then an ordered
+ *   compaction, no per-key scores), indices copied back; the selection is
+ *   kv_topk_ref's over the same sums, ties included. Its k-means
  *   assigns through a GEMM (||c||^2 - 2<x, c>), so a key almost equidistant
  *   from two centroids may take the other one than on the CPU (see
  *   pqcache.cu); recluster=N runs k-means on the CPU and uploads the result. */

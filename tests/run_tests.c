@@ -65,6 +65,7 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)        \
     X(pqcache_gpu_adc_matches_cpu, KV_NEEDS_GPU)           \
     X(pqcache_gpu_retriever_matches_cpu, KV_NEEDS_GPU)     \
+    X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \

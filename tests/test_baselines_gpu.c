@@ -224,6 +224,64 @@ int test_pqcache_gpu_adc_matches_cpu(void) {
     return KV_TEST_PASS;
 }
 
+/* The tuple path's top-k (threshold on the tuples, ordered compaction, no
+ * per-key scores) equals kv_topk_ref over the per-key group scores the GPU
+ * materialises on request, ties included. Codes from a small alphabet (few
+ * tuples, each shared by many keys), codes 0 and 1 with one centroid (other
+ * tuples with bitwise equal scores), a rare code (~1 key in 2000 per
+ * sub-vector, so the top keys and their ties lie in every compaction block),
+ * n ~ 1M (many blocks), a zero query (every key ties), k > n. Each search
+ * runs twice: without the per-key scores, then with them. */
+int test_pqcache_gpu_tuple_topk_matches_ref(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    uint64_t seed = fresh_seed();
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    static const struct { int Hq, Hkv, D, M, C, n, lo, hi, k, alpha, zero_q; } cs[] = {
+        {4, 2, 32, 2, 64, 1 << 20, 3, (1 << 20) - 5, 100, 4, 0}, {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 8192, 3, 0},
+        {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 1000, 8, 1},      {2, 1, 16, 1, 16, 300000, 11, 299990, 777, 5, 0},
+        {6, 3, 48, 3, 16, 200000, 0, 200000, 500, 16, 0},        {4, 2, 32, 2, 64, 50, 0, 50, 100, 2, 0},
+    };
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        int Hq = cs[ci].Hq, Hkv = cs[ci].Hkv, D = cs[ci].D, M = cs[ci].M, C = cs[ci].C, n = cs[ci].n, ds = D / M;
+        int lo = cs[ci].lo, hi = cs[ci].hi, nn = hi - lo, k = cs[ci].k, kk = k < nn ? k : nn, alpha = cs[ci].alpha;
+        float *cent = malloc((size_t)Hkv * D * C * 4), *q = malloc((size_t)Hq * D * 4), *agg = malloc((size_t)Hkv * nn * 4);
+        uint8_t *codes = malloc((size_t)Hkv * n * M);
+        int32_t *idx = malloc((size_t)Hkv * kk * 4), *idx0 = malloc((size_t)Hkv * kk * 4), *ri = malloc((size_t)kk * 4);
+        int cnt[64];
+        CHECK(cent && q && agg && codes && idx && idx0 && ri, "out of memory");
+        for (size_t e = 0; e < (size_t)Hkv * D * C; e++) cent[e] = (float)kv_rng_normal(&r);
+        for (int gm = 0; gm < Hkv * M; gm++)
+            for (int j = 0; j < ds; j++) cent[((size_t)gm * ds + j) * C + 1] = cent[((size_t)gm * ds + j) * C];
+        for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = cs[ci].zero_q ? 0.f : 2.0f * (float)kv_rng_normal(&r);
+        for (size_t e = 0; e < (size_t)Hkv * n * M; e++)
+            codes[e] = (uint8_t)(alpha < C && kv_rng_u64(&r) % 2000 == 0 ? (uint64_t)alpha
+                                                                         : kv_rng_u64(&r) % (uint64_t)alpha);
+        kv_pq_gpu *p = NULL;
+        CHECK_OK(kv_pq_gpu_create(Hq, Hkv, n, D, M, C, &p));
+        CHECK_OK(kv_pq_gpu_upload(p, cent, codes, 0, n));
+        float scale = 1.0f / sqrtf((float)D);
+        CHECK_OK(kv_pq_gpu_search(p, q, scale, lo, hi, k, idx0, kk, cnt, NULL, NULL));
+        CHECK_OK(kv_pq_gpu_search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, NULL));
+        for (int g = 0; g < Hkv; g++) {
+            CHECK(cnt[g] == kk, "case %zu g %d: %d selected, want %d", ci, g, cnt[g], kk);
+            CHECK(kv_topk_ref(agg + (size_t)g * nn, nn, k, lo, ri, NULL) == kk, "reference top-k failed");
+            int ties = 0; /* keys scoring the k-th score: how much of the tie rule this case exercises */
+            for (int i = 0; i < nn; i++) ties += agg[(size_t)g * nn + i] == agg[(size_t)g * nn + ri[kk - 1] - lo];
+            for (int j = 0; j < kk; j++) {
+                int a = idx[(size_t)g * kk + j], a0 = idx0[(size_t)g * kk + j], b = ri[j];
+                CHECK(a == b && a0 == b,
+                      "case %zu g %d rank %d: GPU %d / %d (score %.9g), kv_topk_ref %d (%.9g), %d keys at the "
+                      "k-th score, seed %llu", ci, g, j, a0, a, a >= lo && a < hi ? agg[(size_t)g * nn + a - lo] : 0.f,
+                      b, agg[(size_t)g * nn + b - lo], ties, (unsigned long long)seed);
+            }
+        }
+        kv_pq_gpu_destroy(p);
+        free(cent); free(q); free(agg); free(codes); free(idx); free(idx0); free(ri);
+    }
+    return KV_TEST_PASS;
+}
+
 /* ---- Quest ---- */
 
 static kv_status make_layer(int T, int Hq, int Hkv, int D, uint64_t seed, kv_layer *L) {
