@@ -136,7 +136,7 @@ valgrind: all $(TEST_BIN)
 	OMP_NUM_THREADS=1 KVBENCH_BIN=$(abspath $(BIN)) valgrind --error-exitcode=9 --leak-check=full \
 	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./$(TEST_BIN) --cpu-only --no-subprocess
 	OMP_NUM_THREADS=1 valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,streaming,random \
+	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random \
 	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 
 traces:
