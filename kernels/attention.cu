@@ -115,7 +115,6 @@ __global__ void __launch_bounds__(PV_TH) kv_pv_kernel(const kv_pv_params p) {
     __shared__ float sacc[HAS_V ? PV_TH * VEC : 1];
     __shared__ double sz[PV_TH / 32][GM];
     __shared__ double sZ[GM];
-    __shared__ int s_last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = blockIdx.x / p.bph, b = blockIdx.x % p.bph, hg = blockIdx.y, h0 = g * p.G + hg * GM;
     const int nh = min(GM, p.G - hg * GM);
@@ -193,12 +192,7 @@ __global__ void __launch_bounds__(PV_TH) kv_pv_kernel(const kv_pv_params p) {
         }
     }
     /* the last block of this (kv head, head group) combines the partials in a fixed order */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&p.cnt[g * p.ngroups + hg], 1u) == (unsigned)p.bph - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    if (!kv_arrives_last(&p.cnt[g * p.ngroups + hg], (unsigned)p.bph)) return;
     const size_t b0 = (size_t)(g * p.ngroups + hg) * p.bph;
     if (tid < nh) {
         double x = 0;
@@ -238,7 +232,6 @@ __global__ void __launch_bounds__(PV_TH) kv_pvw_kernel(const kv_pv_params p) {
     __shared__ double sPz[PV_BPH_MAX][GM];
     __shared__ double sZ[GM];
     __shared__ float sM[GM];
-    __shared__ int s_last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tsub = lane / LPT, dl = lane % LPT;
     const int g = blockIdx.x / p.bph, b = blockIdx.x % p.bph, hg = blockIdx.y, h0 = g * p.G + hg * GM;
     const int nh = min(GM, p.G - hg * GM);
@@ -338,12 +331,7 @@ __global__ void __launch_bounds__(PV_TH) kv_pvw_kernel(const kv_pv_params p) {
         __syncthreads();
     }
     /* the last block of this (kv head, head group) combines the partials in a fixed order */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&p.cnt[g * p.ngroups + hg], 1u) == (unsigned)p.bph - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    if (!kv_arrives_last(&p.cnt[g * p.ngroups + hg], (unsigned)p.bph)) return;
     const size_t b0 = (size_t)(g * p.ngroups + hg) * p.bph;
     /* every partial into shared memory at once (independent loads), then short smem loops */
     for (int e = tid; e < p.bph * nh; e += PV_TH) {

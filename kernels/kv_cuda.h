@@ -76,6 +76,61 @@ __device__ __forceinline__ float kv_key2f(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+/* ---- block and warp building blocks the kernels share (call from every thread) ---- */
+/* Exclusive block-wide prefix sum of v (blockDim a multiple of 32); *total
+ * gets the block's sum; sw is 32 ints of shared scratch. Has barriers. */
+__device__ __forceinline__ int kv_block_scan(int v, int *total, int *sw) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sw[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int s = lane < nw ? sw[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        sw[lane] = s;
+    }
+    __syncthreads();
+    const int excl = x - v + (w ? sw[w - 1] : 0);
+    *total = sw[nw - 1];
+    __syncthreads();
+    return excl;
+}
+
+/* Warp-aggregated append: the lanes with `take` get consecutive slots from
+ * *counter in lane order, one atomic per warp. Call from all 32 lanes. */
+template <typename C> __device__ __forceinline__ C kv_warp_append(bool take, C *counter) {
+    const unsigned m = __ballot_sync(0xffffffffu, take);
+    if (!m) return 0;
+    const int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
+    C pos = 0;
+    if (lane == leader) pos = atomicAdd(counter, (C)__popc(m));
+    return __shfl_sync(0xffffffffu, pos, leader) + (C)__popc(m & ((1u << lane) - 1));
+}
+
+/* Threadfence reduction: true, in every thread, for the one block that
+ * arrives last of `nblocks` at *ctr; every block's earlier global writes
+ * are then visible to it. Has barriers. */
+__device__ __forceinline__ bool kv_arrives_last(unsigned *ctr, unsigned nblocks) {
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ctr, 1u) == nblocks - 1;
+    __syncthreads();
+    const bool last = s_last != 0;
+    __syncthreads(); /* everyone has read s_last before a later call rewrites it */
+    if (last) __threadfence();
+    return last;
+}
+
 #define KV_HIST_BINS 2048   /* 11-bit radix digits */
 #define KV_TOPK_CAP 16384   /* candidates per row the final top-k stage holds in shared memory */
 

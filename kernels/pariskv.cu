@@ -69,30 +69,6 @@ struct pk_lv {
     float level[8], thr[7];
 };
 
-/* Exclusive block scan of v (blockDim a multiple of 32); *total = the sum. */
-__device__ int pk_block_scan(int v, int *wsum, int *total) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) wsum[wid] = x;
-    __syncthreads();
-    if (wid == 0) {
-        int s = lane < nw ? wsum[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        wsum[lane] = s;
-    }
-    __syncthreads();
-    int before = (wid ? wsum[wid - 1] : 0) + x - v;
-    *total = wsum[nw - 1];
-    __syncthreads();
-    return before;
-}
-
 /* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies; `step`
  * threads from `tid` take part: one warp (WARP) or the whole block. */
 template <bool WARP> __device__ __forceinline__ void pk_sync() {
@@ -341,10 +317,10 @@ __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, in
             for (int s = thr + 1; s < nbins; s++) above += tt[s];
             eq = tt[thr];
         }
-        int eb = pk_block_scan(eq, wsum, &tot) + carry_eq;
+        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
         carry_eq += tot;
         int et = min(max(take - eb, 0), eq), sel = above + et;
-        int sb = pk_block_scan(sel, wsum, &tot) + carry_sel;
+        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
         carry_sel += tot;
         if (t < ntiles) {
             toff[(long long)r * ntiles + t] = sb;
@@ -369,7 +345,7 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
         a += v[j] != 0xffff && v[j] > thr;
         e += v[j] == thr;
     }
-    int tot, ex = pk_block_scan(a | (e << 16), wsum, &tot);
+    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum);
     int ab = ex & 0xffff, eb = ex >> 16;
     int32_t *out = cand + r * cand_ld + off;
     for (int j = 0; j < PK_PER_TH; j++) {

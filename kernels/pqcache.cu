@@ -272,7 +272,6 @@ __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float redf[32];
     __shared__ double redd[32];
-    __shared__ int last;
     const int GMC = a.G * a.M * a.C;
     float *slut = (float *)smem;
     uint8_t *scode = smem + (a.lut_smem ? ((GMC * 4 + 15) & ~15) : 0);
@@ -297,12 +296,7 @@ __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
         }
     }
     /* the last tile of this kv head combines the tiles (threadfence reduction) */
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&a.ctr[g], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!kv_arrives_last(&a.ctr[g], gridDim.x)) return;
     for (int hh = 0; hh < a.G; hh++) {
         int h = g * a.G + hh;
         float mx = -INFINITY;

@@ -63,33 +63,6 @@ __device__ __forceinline__ unsigned *kv_hist_row(const kv_topk_params &p, int pa
     return p.hist + ((size_t)pass * p.R + r) * KV_HIST_BINS;
 }
 
-/* Exclusive block-wide prefix sum of v; *total gets the sum. */
-__device__ int kv_block_scan(int v, int *total, int *sw) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) sw[w] = x;
-    __syncthreads();
-    if (w == 0) {
-        int s = sw[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        sw[lane] = s;
-    }
-    __syncthreads();
-    const int excl = x - v + (w ? sw[w - 1] : 0);
-    *total = sw[TK_WARPS - 1];
-    __syncthreads();
-    return excl;
-}
-
 /* From a histogram of the next digit (nb bins) of the elements in the
  * current bin, the bin of the kk-th largest: block-wide, same result in
  * every thread. */
@@ -168,18 +141,11 @@ __device__ void kv_hist_chunk(const float *row, int a, int b, kv_rstate st, int 
 /* Appends this block's elements with key >= lo (strict: > lo) to the row's candidates. */
 __device__ void kv_filter_chunk(const float *row, int a, int b, unsigned lo, bool strict, unsigned *ncand,
                                 unsigned *ckey, int *cidx) {
-    const int lane = threadIdx.x & 31;
     kv_row_scan(row, a, b, [&](float x, int i, bool valid) {
         const unsigned key = kv_f2key(x);
         const bool take = valid && (strict ? key > lo : key >= lo);
-        const unsigned m = __ballot_sync(0xffffffffu, take);
-        if (m) {
-            const int leader = __ffs(m) - 1;
-            unsigned pos = 0;
-            if (lane == leader) pos = atomicAdd(ncand, (unsigned)__popc(m));
-            pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(m & ((1u << lane) - 1));
-            if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = i; }
-        }
+        const unsigned pos = kv_warp_append(take, ncand);
+        if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = i; }
     });
 }
 
@@ -203,14 +169,8 @@ __device__ void kv_filter_tiles(const kv_topk_params &p, int r, int a, int b, un
             const unsigned mx = __ldg(tm + tt);
             ok = strict ? mx > lo : mx >= lo;
         }
-        const unsigned m = __ballot_sync(0xffffffffu, ok);
-        if (m) {
-            const int leader = __ffs(m) - 1;
-            int pos = 0;
-            if (lane == leader) pos = atomicAdd(s_ntl, __popc(m));
-            pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(m & ((1u << lane) - 1));
-            if (ok) tlist[pos] = tt;
-        }
+        const int pos = kv_warp_append(ok, s_ntl);
+        if (ok) tlist[pos] = tt;
         __syncthreads();
         const int ntl = *s_ntl;
         for (int j = warp; j < ntl; j += TK_WARPS) {
@@ -227,14 +187,8 @@ __device__ void kv_filter_tiles(const kv_topk_params &p, int r, int a, int b, un
                 const int x = e0 + 32 * u + lane;
                 const unsigned key = kv_f2key(v[u]);
                 const bool take = x < e1 && (strict ? key > lo : key >= lo);
-                const unsigned mt = __ballot_sync(0xffffffffu, take);
-                if (mt) {
-                    const int leader = __ffs(mt) - 1;
-                    unsigned pos = 0;
-                    if (lane == leader) pos = atomicAdd(ncand, (unsigned)__popc(mt));
-                    pos = __shfl_sync(0xffffffffu, pos, leader) + __popc(mt & ((1u << lane) - 1));
-                    if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = x - p.off; }
-                }
+                const unsigned pos = kv_warp_append(take, ncand);
+                if (take && pos < KV_TOPK_CAP) { ckey[pos] = key; cidx[pos] = x - p.off; }
             }
         }
         __syncthreads();
@@ -385,7 +339,7 @@ __global__ void __launch_bounds__(TK_TH, 1) kv_topk_kernel(const kv_topk_params 
     unsigned *shist = (unsigned *)(sidx + KV_TOPK_CAP);
     int *sw = (int *)(shist + KV_HIST_BINS);
     kv_rstate *sst = (kv_rstate *)(sw + TK_WARPS);
-    __shared__ int s_last, s_ntl;
+    __shared__ int s_ntl;
     for (int w = blockIdx.x; w < p.R * p.bpr; w += gridDim.x) {
         const int r = w / p.bpr, c = w % p.bpr;
         const float *row = p.S + (size_t)r * p.ld + p.off;
@@ -414,14 +368,7 @@ __global__ void __launch_bounds__(TK_TH, 1) kv_topk_kernel(const kv_topk_params 
         } else {
             kv_filter_chunk(row, a, b, overflow ? st.prefix : st.prefix << st.shift, overflow, &ctr[0], ck, ci);
         }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            s_last = atomicAdd(&ctr[1], 1u) == (unsigned)p.bpr - 1;
-        }
-        __syncthreads();
-        if (s_last) {
-            __threadfence();
+        if (kv_arrives_last(&ctr[1], (unsigned)p.bpr)) {
             kv_topk_final(p, r, row, st, overflow, skey, sidx, shist, sw, sst);
         }
         __syncthreads();
