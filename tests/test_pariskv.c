@@ -294,16 +294,13 @@ int test_pariskv_bucket_topk(void) {
 
 /* ---- the whole method ---- */
 
-typedef struct {
-    int Hq, Hkv, T, D, P;
-    float *q, *k; /* [H][T][D] */
-} layer;
-
-static void layer_random(layer *L, int Hq, int Hkv, int T, int D, int P, uint64_t seed) {
-    *L = (layer){Hq, Hkv, T, D, P, malloc((size_t)Hq * T * D * sizeof(float)), malloc((size_t)Hkv * T * D * sizeof(float))};
+/* Keys around a few directions (so scores have structure), queries near
+ * random earlier keys; no values. */
+static void layer_random(kv_layer *L, int Hq, int Hkv, int T, int D, uint64_t seed) {
+    *L = (kv_layer){.Hq = Hq, .Hkv = Hkv, .T = T, .D = D, .q = malloc((size_t)Hq * T * D * sizeof(float)),
+                    .k = malloc((size_t)Hkv * T * D * sizeof(float))};
     kv_rng r;
     kv_rng_seed(&r, seed);
-    /* keys around a few directions (so scores have structure), queries near random keys */
     float dirs[4][256];
     for (int c = 0; c < 4; c++) fill_normal(&r, dirs[c], (size_t)D);
     for (int g = 0; g < Hkv; g++)
@@ -320,68 +317,26 @@ static void layer_random(layer *L, int Hq, int Hkv, int T, int D, int P, uint64_
         }
 }
 
-typedef struct {
-    const kv_method *m;
-    void *st;
-    kv_shape sh;
-    kv_selection sel;
-    float *kr, *qr;
-} driver;
-
-static kv_status drv_open(driver *dv, const layer *L, const char *method, const char *const *params, int S, int W) {
-    memset(dv, 0, sizeof *dv);
-    dv->m = kv_method_find(method);
-    if (!dv->m) return kv_fail(KV_ERR_INTERNAL, "no method %s", method);
-    dv->sh = (kv_shape){.num_q_heads = L->Hq, .num_kv_heads = L->Hkv, .head_dim = L->D, .group = L->Hq / L->Hkv,
-                        .max_tokens = L->T, .prefill_len = L->P, .softmax_scale = 0.125f, .sink = S, .local = W, .seed = 9};
-    kv_param_set ps;
-    kv_params_init(&ps, dv->m->params);
-    for (int i = 0; params && params[i]; i++) KV_TRY(kv_params_set(&ps, method, params[i]));
-    int lists = dv->m->per_kv_head ? L->Hkv : L->Hq;
-    KV_TRY(kv_selection_alloc(&dv->sel, lists, L->Hkv, L->T, L->T, L->T));
-    KV_TRY(dv->m->create(&dv->sh, &ps, &dv->st));
-    size_t fs = sizeof(float);
-    float *pk = malloc((size_t)L->Hkv * L->P * L->D * fs), *pq = malloc((size_t)L->Hq * L->P * L->D * fs);
-    for (int g = 0; g < L->Hkv; g++) memcpy(pk + (size_t)g * L->P * L->D, L->k + (size_t)g * L->T * L->D, (size_t)L->P * L->D * fs);
-    for (int h = 0; h < L->Hq; h++) memcpy(pq + (size_t)h * L->P * L->D, L->q + (size_t)h * L->T * L->D, (size_t)L->P * L->D * fs);
-    kv_prefill pre = {.n = L->P, .k = pk, .v = NULL, .q = pq};
-    kv_status st = dv->m->build(dv->st, &pre);
-    free(pk); free(pq);
-    dv->kr = malloc((size_t)L->Hkv * L->D * fs);
-    dv->qr = malloc((size_t)L->Hq * L->D * fs);
-    return st;
-}
-
-/* Appends position t and (k > 0) searches it with budget k. */
-static kv_status drv_step(driver *dv, const layer *L, int t, int k) {
-    for (int g = 0; g < L->Hkv; g++) memcpy(dv->kr + g * L->D, L->k + ((size_t)g * L->T + t) * L->D, L->D * sizeof(float));
-    for (int h = 0; h < L->Hq; h++) memcpy(dv->qr + h * L->D, L->q + ((size_t)h * L->T + t) * L->D, L->D * sizeof(float));
-    KV_TRY(dv->m->append(dv->st, t, dv->kr, NULL, dv->qr));
-    if (k <= 0) return KV_OK;
-    kv_selection_reset(&dv->sel);
-    return dv->m->search(dv->st, t, dv->qr, k, &dv->sel);
-}
-
-static void drv_close(driver *dv) {
-    if (dv->st) dv->m->destroy(dv->st);
-    kv_selection_free(&dv->sel);
-    free(dv->kr); free(dv->qr);
+/* The shared driver (tests/driver.c) with a NULL-terminated parameter list. */
+static kv_status drv_open(kv_test_driver *d, const char *method, const char *const *params, const kv_layer *L, int P,
+                          int S, int W, int k) {
+    int np = 0;
+    while (params && params[np]) np++;
+    return kv_test_driver_open(d, method, params, np, L, P, S, W, k);
 }
 
 int test_pariskv_matches_exact(void) {
-    layer L;
-    layer_random(&L, 4, 2, 900, 64, 600, 41);
+    kv_layer L;
+    const int P = 600;
+    layer_random(&L, 4, 2, 900, 64, 41);
     int S = 4, W = 16, k = 32;
     const char *pp[] = {"beta=1", "rerank=exact", "pool=none", "update=1", NULL};
-    driver a, e;
-    CHECK_OK(drv_open(&a, &L, "pariskv", pp, S, W));
-    CHECK_OK(drv_open(&e, &L, "exact", NULL, S, W));
-    int result = KV_TEST_PASS;
-    for (int t = L.P; t < L.T && result == KV_TEST_PASS; t++) {
-        int check = (t - L.P) % 7 == 0;
-        CHECK_OK(drv_step(&a, &L, t, check ? k : 0));
-        CHECK_OK(drv_step(&e, &L, t, check ? k : 0));
-        if (!check) continue;
+    kv_test_driver a, e;
+    CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
+    CHECK_OK(drv_open(&e, "exact", NULL, &L, P, S, W, k));
+    for (int t = P; t < L.T; t += 7) {
+        CHECK_OK(kv_test_driver_step(&a, t, k));
+        CHECK_OK(kv_test_driver_step(&e, t, k));
         int n = t + 1 - W - S;
         for (int h = 0; h < L.Hq; h++) {
             /* beta = 1 and update = 1: every region key is a candidate, none is extra */
@@ -400,30 +355,27 @@ int test_pariskv_matches_exact(void) {
             }
         }
     }
-    drv_close(&a);
-    drv_close(&e);
-    free(L.q); free(L.k);
-    return result;
+    kv_test_driver_close(&a);
+    kv_test_driver_close(&e);
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
 }
 
 /* Stage I end to end (rerank=none: the list is the top-k by collision score,
  * smaller index among equals) against centroid ids, counts, tiers and scores
  * recomputed here from the transformed keys and the pooled query. */
 int test_pariskv_stage1_brute_force(void) {
-    layer L;
-    layer_random(&L, 4, 2, 700, 32, 500, 43);
+    kv_layer L;
+    const int P = 500;
+    layer_random(&L, 4, 2, 700, 32, 43);
     int S = 4, W = 16, k = 24, m = 4, nb = 8, nc = 16, t = 560; /* update 256: positions >= 500 are extra at t */
     const char *pp[] = {"rerank=none", "m=4", "rho=0.3", "beta=0.2", NULL};
-    driver a;
-    CHECK_OK(drv_open(&a, &L, "pariskv", pp, S, W));
-    for (int i = L.P; i < t; i++) {
-        for (int g = 0; g < L.Hkv; g++) memcpy(a.kr + g * L.D, L.k + ((size_t)g * L.T + i) * L.D, L.D * sizeof(float));
-        CHECK_OK(a.m->append(a.st, i, a.kr, NULL, a.qr));
-    }
-    CHECK_OK(drv_step(&a, &L, t, k));
+    kv_test_driver a;
+    CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
+    CHECK_OK(kv_test_driver_step(&a, t, k));
     kv_pariskv_codec c;
     CHECK_OK(kv_pariskv_codec_init(&c, L.D, m, 1, 1, 0, a.sh.seed)); /* the method's seed: shape seed + seed=0 */
-    int n = L.P - S; /* searchable: indexed [S, P) */
+    int n = P - S; /* searchable: indexed [S, P) */
     float xt[32];
     uint8_t *id = malloc((size_t)n * nb);
     int *score = calloc((size_t)n, sizeof(int));
@@ -469,29 +421,30 @@ int test_pariskv_stage1_brute_force(void) {
     }
     /* the positions appended since the build are not indexed yet: extra, within the region */
     for (int g = 0; g < L.Hkv; g++) {
-        CHECK(a.sel.n_extra[g] == t + 1 - W - L.P, "extra %d", a.sel.n_extra[g]);
-        for (int j = 0; j < a.sel.n_extra[g]; j++) CHECK(a.sel.extra[g * a.sel.extra_cap + j] == L.P + j, "extra index");
+        CHECK(a.sel.n_extra[g] == t + 1 - W - P, "extra %d", a.sel.n_extra[g]);
+        for (int j = 0; j < a.sel.n_extra[g]; j++) CHECK(a.sel.extra[g * a.sel.extra_cap + j] == P + j, "extra index");
     }
     free(id); free(score);
     kv_pariskv_codec_free(&c);
-    drv_close(&a);
-    free(L.q); free(L.k);
+    kv_test_driver_close(&a);
+    kv_layer_free(&L);
     return KV_TEST_PASS;
 }
 
 int test_pariskv_update_buffer(void) {
-    layer L;
-    layer_random(&L, 4, 2, 400, 32, 200, 47);
+    kv_layer L;
+    const int P = 200;
+    layer_random(&L, 4, 2, 400, 32, 47);
     int S = 4, W = 16, k = 8, U = 32;
     const char *pp[] = {"update=32", "beta=1", NULL};
-    driver a;
-    CHECK_OK(drv_open(&a, &L, "pariskv", pp, S, W));
+    kv_test_driver a;
+    CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
     size_t per_key = 2 * (4 + 16 + 4 * 4); /* 2 kv heads x (B ids + D/2 code bytes + 4B weight bytes), D=32, m=8 */
-    CHECK(a.m->memory_bytes(a.st) == (size_t)(L.P - S) * per_key + 2 * 4 * 256 * 4, "index bytes after build: %zu",
+    CHECK(a.m->memory_bytes(a.st) == (size_t)(P - S) * per_key + 2 * 4 * 256 * 4, "index bytes after build: %zu",
           a.m->memory_bytes(a.st));
-    for (int t = L.P; t < L.T; t++) {
-        CHECK_OK(drv_step(&a, &L, t, k));
-        int appended = t + 1 - L.P, folded = L.P + appended / U * U, hi = t + 1 - W;
+    for (int t = P; t < L.T; t++) {
+        CHECK_OK(kv_test_driver_step(&a, t, k));
+        int appended = t + 1 - P, folded = P + appended / U * U, hi = t + 1 - W;
         int want_extra = hi > folded ? hi - folded : 0, searchable = (folded < hi ? folded : hi) - S;
         for (int g = 0; g < L.Hkv; g++) {
             CHECK(a.sel.n_extra[g] == want_extra, "t %d: %d extra, want %d", t, a.sel.n_extra[g], want_extra);
@@ -514,8 +467,8 @@ int test_pariskv_update_buffer(void) {
             CHECK(a.m->memory_bytes(a.st) == (size_t)(t + 1 - S) * per_key + 2 * 4 * 256 * 4, "t %d: index bytes %zu", t,
                   a.m->memory_bytes(a.st));
     }
-    drv_close(&a);
-    free(L.q); free(L.k);
+    kv_test_driver_close(&a);
+    kv_layer_free(&L);
     return KV_TEST_PASS;
 }
 
@@ -524,8 +477,9 @@ int test_pariskv_update_buffer(void) {
  * leaves the selections unchanged up to rounding (RSQ-IP and the sign
  * centroids are scale-invariant per vector). */
 int test_pariskv_ablation_variants(void) {
-    layer L;
-    layer_random(&L, 4, 2, 520, 64, 400, 53);
+    kv_layer L;
+    const int P = 400;
+    layer_random(&L, 4, 2, 520, 64, 53);
     int S = 4, W = 16, k = 20;
     const char *variants[][4] = {
         {"centroids=kmeans", "kmeans_iters=5", NULL}, {"centroids=kmeans", "rotation=none", NULL},
@@ -534,12 +488,12 @@ int test_pariskv_ablation_variants(void) {
         {"normalize=0", NULL}, {"normalize=1", NULL},
     };
     int nv = (int)(sizeof variants / sizeof variants[0]), same = 0, total = 0;
-    int32_t *prev = malloc((size_t)L.Hq * k * sizeof(int32_t) * (L.T - L.P));
+    int32_t *prev = malloc((size_t)L.Hq * k * sizeof(int32_t) * (L.T - P));
     for (int v = 0; v < nv; v++) {
-        driver a;
-        CHECK_OK(drv_open(&a, &L, "pariskv", variants[v], S, W));
-        for (int t = L.P; t < L.T; t++) {
-            CHECK_OK(drv_step(&a, &L, t, k));
+        kv_test_driver a;
+        CHECK_OK(drv_open(&a, "pariskv", variants[v], &L, P, S, W, k));
+        for (int t = P; t < L.T; t++) {
+            CHECK_OK(kv_test_driver_step(&a, t, k));
             int hi = t + 1 - W;
             for (int h = 0; h < L.Hq; h++) {
                 const int32_t *idx = a.sel.idx + h * a.sel.cap, *cand = a.sel.cand + h * a.sel.cand_cap;
@@ -550,7 +504,7 @@ int test_pariskv_ablation_variants(void) {
                     CHECK(idx[j] >= S && idx[j] < hi && in_cand, "%s: index %d at step %d", variants[v][0], idx[j], t);
                     for (int j2 = 0; j2 < j; j2++) CHECK(idx[j2] != idx[j], "%s: duplicate", variants[v][0]);
                 }
-                int32_t *p = prev + ((size_t)(t - L.P) * L.Hq + h) * k;
+                int32_t *p = prev + ((size_t)(t - P) * L.Hq + h) * k;
                 if (!strcmp(variants[v][0], "normalize=1"))
                     for (int j = 0; j < k; j++) {
                         int hit = 0;
@@ -561,10 +515,10 @@ int test_pariskv_ablation_variants(void) {
                 memcpy(p, idx, (size_t)k * sizeof(int32_t));
             }
         }
-        drv_close(&a);
+        kv_test_driver_close(&a);
     }
     free(prev);
     CHECK(same >= 0.98 * total, "normalize=0 and =1 share %d of %d selections", same, total);
-    free(L.q); free(L.k);
+    kv_layer_free(&L);
     return KV_TEST_PASS;
 }
