@@ -736,6 +736,13 @@ def main(argv=None):
     seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
     past = None
     stopped = "budget"
+
+    def forward(ids, pos0, past):
+        """Runs tokens ids at positions pos0.. on the cache; the last position's logits and the cache."""
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+                    position_ids=torch.arange(pos0, pos0 + len(ids), device=device)[None], past_key_values=past,
+                    use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1], out.past_key_values
     log(f"prompt {P} tokens ({prompt_desc}); generating up to {args.max_new_tokens} "
         f"({'greedy' if args.temperature <= 0 else 'sampled'}); recording layers {layers}")
     try:
@@ -747,12 +754,7 @@ def main(argv=None):
             for a in range(0, P, args.prefill_chunk):
                 chunk = prompt_ids[a:a + args.prefill_chunk]
                 rec.pos0 = a
-                ids = torch.tensor([chunk], dtype=torch.long, device=device)
-                pos = torch.arange(a, a + len(chunk), device=device)[None]
-                out = model(input_ids=ids, position_ids=pos, past_key_values=past, use_cache=True,
-                            logits_to_keep=1)
-                past = out.past_key_values
-                logits = out.logits[0, -1]
+                logits, past = forward(chunk, a, past)
                 if time.time() - last_report > 10:
                     last_report = time.time()
                     log(f"prefill {a + len(chunk)}/{P} ({(a + len(chunk)) / (last_report - t1):.0f} tok/s)")
@@ -770,12 +772,7 @@ def main(argv=None):
                 if nxt < seen.numel():
                     seen[nxt] = True
                 rec.pos0 = len(tokens) - 1
-                ids = torch.tensor([[nxt]], dtype=torch.long, device=device)
-                pos = torch.tensor([[rec.pos0]], dtype=torch.long, device=device)
-                out = model(input_ids=ids, position_ids=pos, past_key_values=past, use_cache=True,
-                            logits_to_keep=1)
-                past = out.past_key_values
-                logits = out.logits[0, -1]
+                logits, past = forward([nxt], rec.pos0, past)
                 if time.time() - last_report > 15:
                     last_report = time.time()
                     log(f"decode {i + 1}/{args.max_new_tokens} ({(i + 1) / (last_report - t2):.1f} tok/s)")

@@ -434,6 +434,17 @@ static void explicit_bits(const float *x, const float *proj, int D, int KL, uint
     }
 }
 
+/* Tables (of L, K bits each) where two explicit bit strings agree on every bit. */
+static int explicit_collisions(const uint8_t *kb, const uint8_t *qb, int L, int K) {
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        int same = 1;
+        for (int b = 0; b < K; b++) same &= kb[l * K + b] == qb[l * K + b];
+        n += same;
+    }
+    return n;
+}
+
 int test_magicpig_collisions_match_sign_bits(void) {
     int D = 24, K = 6, L = 40, KL = K * L, n = 300;
     float *proj = malloc((size_t)D * KL * sizeof(float)), *proj2 = malloc((size_t)D * KL * sizeof(float));
@@ -456,11 +467,8 @@ int test_magicpig_collisions_match_sign_bits(void) {
     int lo_c = L, hi_c = 0;
     for (int i = 0; i < n; i++) {
         explicit_bits(X + (size_t)i * D, proj, D, KL, kb);
-        int want = 0;
+        int want = explicit_collisions(kb, qb, L, K);
         for (int l = 0; l < L; l++) {
-            int same = 1;
-            for (int b = 0; b < K; b++) same &= kb[l * K + b] == qb[l * K + b];
-            want += same;
             /* the packed code holds bit l*K+b at position b */
             unsigned code = 0;
             for (int b = 0; b < K; b++) code |= (unsigned)kb[l * K + b] << b;
@@ -476,12 +484,7 @@ int test_magicpig_collisions_match_sign_bits(void) {
     kv_mp_collisions(codes, n, 100, 180, qc, L, cnt);
     for (int i = 100; i < 180; i++) {
         explicit_bits(X + (size_t)i * D, proj, D, KL, kb);
-        int want = 0;
-        for (int l = 0; l < L; l++) {
-            int same = 1;
-            for (int b = 0; b < K; b++) same &= kb[l * K + b] == qb[l * K + b];
-            want += same;
-        }
+        int want = explicit_collisions(kb, qb, L, K);
         CHECK(cnt[i - 100] == want, "range: key %d: %d, want %d", i, cnt[i - 100], want);
     }
     free(proj); free(proj2); free(X); free(codes); free(kb);
