@@ -1,15 +1,13 @@
-/* bench.c: `kvbench bench`: the per-step cost of a method's stages at given
- * context lengths, on synthetic data generated in memory (issue 2, point
- * 9; STYLE.md point 10). For the exact method the stages of one decode step
- * of one layer (all heads) are: score (q.K for every query head), top-k
- * (k largest of each score row), attention (softmax + PV over all tokens,
- * what the oracle does) and exact (the exact retriever's search: fused
- * score + top-k). On a GPU: CUDA events, warm-up, median and p90 over many
- * repetitions, with L2 flushed before each one (kernels/bench.cu), and the
- * achieved GB/s over the bytes each stage must move, also as a percentage
- * of the device-to-device copy bandwidth measured in the same run. Without
- * a GPU: the C reference (OpenMP over heads, as the CPU path runs) timed by
- * the wall clock, with fewer repetitions, and the output says so.
+/* bench.c: `kvbench bench`: the per-step cost of each listed method's
+ * stages at given context lengths, on synthetic data generated in memory
+ * (issue 2, point 9; STYLE.md point 10). This file knows no method. On a
+ * GPU it hands the device-resident keys and values to the method's
+ * bench_gpu hook, which times each stage (CUDA events, warm-up, median and
+ * p90, L2 flushed before every repetition: kv_bench_time) and states the
+ * bytes each stage must move; the report adds GB/s and the percentage of
+ * the device-to-device copy bandwidth measured in the same run. Without a
+ * GPU it times the C reference through the vtable: build once, then
+ * search of the last position, wall clock, at most 5 repetitions.
  *
  * Data: keys and values come from the synthetic generator (datasets/
  * synth.c) as independent segments of 65536 tokens generated in parallel
@@ -27,8 +25,6 @@
 #endif
 
 #include "../datasets/kv_trace.h"
-#include "../kernels/score.h"
-#include "../kernels/topk.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
 #include "results.h"
@@ -39,8 +35,8 @@
 
 static const char bench_help[] =
     "usage: kvbench bench --method LIST --tokens 16384,131072,1048576 [options]\n"
-    "  --method LIST     methods to time, comma-separated (every method on the CPU; on a GPU, exact and\n"
-    "                    the methods with CUDA kernels)\n"
+    "  --method LIST     methods to time, comma-separated (every method on the CPU; on a GPU, the methods\n"
+    "                    with CUDA kernels)\n"
     "  --param [M.]N=V   set a method parameter, as in kvbench run; repeatable\n"
     "  --tokens LIST     context lengths, comma-separated (default 16384,131072,1048576)\n"
     "  --q-heads N       query heads (default 16)\n"
@@ -63,8 +59,6 @@ typedef struct {
     int Hq, Hkv, D, k, reps, warmup, seed;
     kv_device_choice device;
 } bench_opts;
-
-static const char *const stage_names[4] = {"score", "topk", "attention", "exact"};
 
 static int parse_bench(int argc, char **argv, bench_opts *o) {
     static const struct option opts[] = {
@@ -189,90 +183,6 @@ static kv_status gen_query(const bench_opts *o, float *q) {
     return st;
 }
 
-/* ---- CPU reference timing ---- */
-static double cpu_stage(const bench_opts *o, const bench_data *bd, const float *q, float *S, int32_t *idx,
-                        float *scratch, int which) {
-    int T = bd->T, D = o->D, G = o->Hq / o->Hkv, kk = o->k < T ? o->k : T;
-    float scale = 1.0f / sqrtf((float)D);
-    double t0 = kv_now();
-#pragma omp parallel for schedule(static)
-    for (int h = 0; h < o->Hq; h++) {
-        const float *K = bd->hk + (size_t)(h / G) * T * D, *V = bd->hv + (size_t)(h / G) * T * D;
-        float *s = S + (size_t)h * T;
-        if (which == 0 || which == 3) kv_scores_ref(q + (size_t)h * D, K, T, D, scale, s);
-        if (which == 1 || which == 3) kv_topk_ref(s, T, kk, 0, idx + (size_t)h * kk, NULL);
-        if (which == 2) { /* softmax + PV in double, as the CPU oracle */
-            float m = s[0];
-            for (int i = 1; i < T; i++) m = s[i] > m ? s[i] : m;
-            double Z = 0, *acc = (double *)(scratch + (size_t)h * 2 * D);
-            for (int d = 0; d < D; d++) acc[d] = 0;
-            for (int i = 0; i < T; i++) Z += exp((double)s[i] - m);
-            for (int i = 0; i < T; i++) {
-                double p = exp((double)s[i] - m) / Z;
-                for (int d = 0; d < D; d++) acc[d] += p * V[(size_t)i * D + d];
-            }
-        }
-    }
-    return kv_now() - t0;
-}
-
-static kv_status cpu_time(const bench_opts *o, const bench_data *bd, const float *q, kv_gpu_timing out[4]) {
-    int T = bd->T, kk = o->k < T ? o->k : T, reps = o->reps < 5 ? o->reps : 5, warm = o->warmup < 1 ? o->warmup : 1;
-    float *S = kv_malloc((size_t)o->Hq * T * sizeof(float), "bench scores");
-    int32_t *idx = kv_malloc((size_t)o->Hq * kk * sizeof(int32_t), "bench indices");
-    float *scratch = kv_malloc((size_t)o->Hq * 2 * o->D * sizeof(double), "bench attention scratch");
-    float ts[8];
-    if (!S || !idx || !scratch) { free(S); free(idx); free(scratch); return KV_ERR_NOMEM; }
-    cpu_stage(o, bd, q, S, idx, scratch, 0);
-    for (int w = 0; w < 4; w++) {
-        for (int r = 0; r < warm; r++) cpu_stage(o, bd, q, S, idx, scratch, w);
-        for (int r = 0; r < reps; r++) ts[r] = (float)(1e6 * cpu_stage(o, bd, q, S, idx, scratch, w));
-        out[w].med_us = kv_percentile_inplace(ts, (size_t)reps, 0.5);
-        out[w].p90_us = kv_percentile_inplace(ts, (size_t)reps, 0.9);
-    }
-    free(S); free(idx); free(scratch);
-    return KV_OK;
-}
-
-/* Bytes a stage must move at least (each input read once, each output written once). */
-static double stage_bytes(const bench_opts *o, int T, int which, int kv_bytes) {
-    double Hq = o->Hq, kk = o->k < T ? o->k : T, kv = (double)o->Hkv * T * o->D * kv_bytes, sc = Hq * T * 4,
-           qb = Hq * o->D * 4;
-    switch (which) {
-    case 0: return kv + qb + sc;       /* K, q in; scores out */
-    case 1: return sc + Hq * kk * 4;   /* scores in; indices out */
-    case 2: return sc + kv + qb;       /* scores, V in; o out */
-    default: return kv + qb + Hq * kk * 4; /* K, q in; indices out */
-    }
-}
-
-/* The exact method's four stages of one length, as rows. */
-static kv_status bench_exact(const bench_opts *o, const bench_data *bd, const float *q, int use_gpu,
-                             kv_gpu_stages *out) {
-    kv_gpu_timing tm[4];
-    if (use_gpu) {
-        kv_gpu_bench_spec spec = {.Hq = o->Hq, .Hkv = o->Hkv, .n = bd->T, .D = o->D, .k = o->k, .reps = o->reps,
-                                  .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D)};
-        kv_gpu_bench_out r;
-        KV_TRY(kv_gpu_bench_run(&spec, bd->K, bd->V, q, &r));
-        tm[0] = r.score; tm[1] = r.topk; tm[2] = r.attn; tm[3] = r.exact;
-        fprintf(stderr, "bench: %d tokens: exact = score launch with the top-k's histogram and tile maxima %.1f us "
-                        "(plain scores %.1f) + top-k launch %.1f us (medians)\n",
-                bd->T, r.exact_scores.med_us, r.score.med_us, r.exact.med_us - r.exact_scores.med_us);
-        out->l2_bytes = r.l2_bytes;
-        out->flush_bytes = r.flush_bytes;
-    } else {
-        KV_TRY(cpu_time(o, bd, q, tm));
-    }
-    out->n = 4;
-    for (int w = 0; w < 4; w++)
-        out->stage[w] = (kv_gpu_stage){stage_names[w], tm[w], stage_bytes(o, bd->T, w, use_gpu ? 2 : 4)};
-    snprintf(out->bytes_note, sizeof out->bytes_note,
-             "score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention = scores + "
-             "V + o; exact = K + q + indices (the scores need not reach memory)", use_gpu ? 2 : 4);
-    return KV_OK;
-}
-
 static kv_shape bench_shape(const bench_opts *o, int T, int use_gpu) {
     return (kv_shape){.num_q_heads = o->Hq, .num_kv_heads = o->Hkv, .head_dim = o->D, .group = o->Hq / o->Hkv,
                       .max_tokens = T, .prefill_len = T, .softmax_scale = 1.0f / sqrtf((float)o->D),
@@ -332,7 +242,6 @@ static kv_status bench_cpu_method(const bench_opts *o, const bench_data *bd, con
 static kv_status bench_method(const bench_opts *o, const bench_data *bd, const float *q, int use_gpu,
                               kv_method_run *r, kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
-    if (!strcmp(r->m->name, "exact")) return bench_exact(o, bd, q, use_gpu, out);
     if (!use_gpu) return bench_cpu_method(o, bd, q, r, out);
     if (!r->m->bench_gpu)
         return kv_fail(KV_ERR_INPUT, "bench --method %s: this method has no GPU bench (its CUDA path is missing); "
@@ -340,7 +249,7 @@ static kv_status bench_method(const bench_opts *o, const bench_data *bd, const f
     kv_gpu_bench_spec spec = {.Hq = o->Hq, .Hkv = o->Hkv, .n = bd->T, .D = o->D, .k = o->k, .reps = o->reps,
                               .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D)};
     kv_shape sh = bench_shape(o, bd->T, 1);
-    return r->m->bench_gpu(&sh, &r->ps, &spec, bd->K, q, out);
+    return r->m->bench_gpu(&sh, &r->ps, &spec, bd->K, bd->V, q, out);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -355,7 +264,7 @@ int cmd_bench(int argc, char **argv) {
     kv_status st = kv_resolve_device(o.device, &gi, &use_gpu);
     if (st != KV_OK) return kv_report(st);
     for (int i = 0; i < n_runs && use_gpu; i++)
-        if (strcmp(runs[i].m->name, "exact") && !runs[i].m->bench_gpu)
+        if (!runs[i].m->bench_gpu)
             return kv_usage_error("bench", "--method %s has no GPU bench (no CUDA kernels); --device cpu times its "
                                            "C reference", runs[i].m->name);
     int threads = 1;

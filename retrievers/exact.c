@@ -108,6 +108,32 @@ static size_t exact_memory(const void *st) {
     return (size_t)s->sh.num_kv_heads * s->n * s->sh.head_dim * elem;
 }
 
+/* kvbench bench on a GPU: the stages of one decode step over all Hq heads:
+ * score (q.K, float32 scores out), top-k (of the score rows), attention
+ * (softmax + PV over every token: what the oracle computes) and exact (this
+ * retriever's search: fused scores + top-k), kernels/bench.cu. */
+static kv_status exact_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                                 const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
+    (void)sh; (void)ps;
+    kv_gpu_bench_out r;
+    KV_TRY(kv_gpu_bench_run(spec, K, V, q, &r));
+    double Hq = spec->Hq, kk = spec->k < spec->n ? spec->k : spec->n, T = spec->n;
+    double kv = (double)spec->Hkv * T * spec->D * kv_gpu_keys_elem_bytes(K), sc = Hq * T * 4, qb = Hq * spec->D * 4;
+    out->n = 4;
+    out->stage[0] = (kv_gpu_stage){"score", r.score, kv + qb + sc};
+    out->stage[1] = (kv_gpu_stage){"topk", r.topk, sc + Hq * kk * 4};
+    out->stage[2] = (kv_gpu_stage){"attention", r.attn, sc + kv + qb};
+    out->stage[3] = (kv_gpu_stage){"exact", r.exact, kv + qb + Hq * kk * 4};
+    out->l2_bytes = r.l2_bytes;
+    out->flush_bytes = r.flush_bytes;
+    snprintf(out->bytes_note, sizeof out->bytes_note,
+             "score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention = scores + "
+             "V + o; exact = K + q + indices (the scores need not reach memory); exact's score launch with the "
+             "top-k's histogram and tile maxima takes %.1f us of its %.1f", kv_gpu_keys_elem_bytes(K),
+             r.exact_scores.med_us, r.exact.med_us);
+    return KV_OK;
+}
+
 static void exact_destroy(void *st) {
     exact_state *s = st;
     if (!s) return;
@@ -132,4 +158,5 @@ const kv_method kv_method_exact = {
     .search = exact_search,
     .memory_bytes = exact_memory,
     .destroy = exact_destroy,
+    .bench_gpu = exact_bench_gpu,
 };

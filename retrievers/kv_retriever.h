@@ -114,13 +114,14 @@ typedef struct kv_method {
     void (*describe)(FILE *f);
     /* Optional: `kvbench bench --method M` on a GPU. Builds the method's
      * index from keys K ([Hkv][>= n][D], on the device, float16; positions
-     * 0..n-1 all indexed, shape->prefill_len = n) and times each stage of
-     * one search for queries q ([Hq][D], host) with budget spec->k, each with
+     * 0..n-1 all indexed, shape->prefill_len = n; V the values alike, for a
+     * method whose stages read them) and times each stage of one search for
+     * queries q ([Hq][D], host) with budget spec->k, each with
      * kv_bench_time (kernels/kv_cuda.h), filling out->stage[] with the
      * bytes each stage must move and out->bytes_note with how they were
      * counted. Without it the GPU bench of the method is refused. */
     kv_status (*bench_gpu)(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
-                           const kv_gpu_keys *K, const float *q, kv_gpu_stages *out);
+                           const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out);
 } kv_method;
 
 /* ---- registry (retrievers/registry.c) ---- */

@@ -317,7 +317,8 @@ void kv_magicpig_view(const void *st, kv_mp_view *out) {
  * index of all n positions (centre = their mean, computed on the device),
  * then the per-stage timings of kernels/magicpig.cu. */
 static kv_status mp_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
-                              const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+                              const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                              kv_gpu_stages *out) {
     int k = kv_param_int(ps, "K"), L = kv_param_int(ps, "L"), minc = kv_param_int(ps, "min_collisions");
     if (minc > L)
         return kv_fail(KV_ERR_INPUT, "--param min_collisions for method magicpig: %d is above L=%d (no key could qualify)",

@@ -99,6 +99,7 @@ kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_sh
 int kv_pariskv_candidates(int n, double beta, int k);
 /* The method's bench_gpu hook (kv_retriever.h). */
 kv_status kv_pariskv_bench_gpu(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
-                               const kv_gpu_keys *K, const float *q, kv_gpu_stages *out);
+                               const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                              kv_gpu_stages *out);
 
 #endif

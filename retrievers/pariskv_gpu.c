@@ -33,7 +33,8 @@ int kv_pariskv_candidates(int n, double beta, int k) {
 }
 
 kv_status kv_pariskv_bench_gpu(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
-                               const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+                               const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                              kv_gpu_stages *out) {
     if (!kv_pariskv_gpu_ok(params, shape->head_dim))
         return kv_fail(KV_ERR_INPUT, "pariskv: the GPU bench runs the GPU path only (centroids=analytic, "
                                      "rotation=srht, normalize=1, rerank=rsqip, 32 <= D' <= 256); --device cpu times the rest");

@@ -352,7 +352,8 @@ static void pq_destroy(void *st) { pq_free(st); }
 /* kvbench bench on a GPU: the build (k-means from the CPU's picks) and one
  * search, stage by stage (kernels/pqcache.cu). */
 static kv_status pq_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
-                              const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+                              const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                              kv_gpu_stages *out) {
     int M = kv_param_int(ps, "M"), C = 1 << kv_param_int(ps, "b"), n = spec->n;
     if (sh->head_dim % M)
         return kv_fail(KV_ERR_INPUT, "--param M for method pqcache: M=%d must divide head_dim %d", M, sh->head_dim);

@@ -246,7 +246,8 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
 /* kvbench bench on a GPU: summaries of all pages and one search, stage by
  * stage (kernels/quest.cu). */
 static kv_status quest_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
-                                 const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
+                                 const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
+                              kv_gpu_stages *out) {
     (void)sh;
     return kv_quest_gpu_bench(spec, kv_param_int(ps, "page"), kv_param_int(ps, "pool"), K, q, out);
 }
