@@ -19,11 +19,11 @@ CFLAGS ?= -O3 -g
 CFLAGS += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I$(HDF5_INC) -MMD -MP
 LDLIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -Wl,--as-needed -lz -ldl -lm -lpthread -lgomp
 
-C_SRCS := $(wildcard kernels/*.c datasets/*.c retrievers/*.c cli/*.c)
-ifneq ($(and $(NVCC),$(wildcard kernels/*.cu)),)
+C_SRCS := $(wildcard kernels/ops/*.c datasets/*.c retrievers/*.c cli/*.c)
+ifneq ($(and $(NVCC),$(wildcard kernels/*.cu kernels/ops/*.cu)),)
   HAVE_CUDA := 1
-  CU_SRCS := $(wildcard kernels/*.cu)
-  C_SRCS := $(filter-out kernels/%stub.c,$(C_SRCS))
+  CU_SRCS := $(wildcard kernels/ops/*.cu kernels/*.cu)
+  C_SRCS := $(filter-out kernels/ops/gpu_stub.c,$(C_SRCS))
   NVCCFLAGS ?= -O3 -lineinfo
   NVCCFLAGS += -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
                -Xcompiler -Wall -MMD -MP

@@ -5,8 +5,8 @@
 #ifndef KV_CLI_H
 #define KV_CLI_H
 
-#include "../kernels/kv_common.h"
-#include "../kernels/kv_gpu.h"
+#include "../kernels/ops/kv_common.h"
+#include "../kernels/ops/kv_gpu.h"
 
 typedef struct {
     const char *name;

@@ -5,7 +5,7 @@
 #define KV_RESULTS_H
 
 #include "../datasets/kv_trace.h"
-#include "../kernels/kv_gpu.h"
+#include "../kernels/ops/kv_gpu.h"
 #include "cli.h"
 #include "protocol.h"
 

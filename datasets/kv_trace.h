@@ -8,7 +8,7 @@
 #ifndef KV_TRACE_H
 #define KV_TRACE_H
 
-#include "../kernels/kv_common.h"
+#include "../kernels/ops/kv_common.h"
 
 #define KV_NAME_MAX 64
 #define KV_TEXT_MAX 4096

@@ -35,8 +35,8 @@
  * (few blocks) 4 groups of threads per block split the tables. */
 #include <string.h>
 
-#include "kv_cuda.h"
-#include "magicpig_gpu.h"
+#include "ops/kv_cuda.h"
+#include "magicpig.h"
 
 #define MP_CHUNK 2048   /* keys per block of the collision kernel (256 threads x 8) */
 #define MP_KT 64        /* keys per block of the key-hash kernel */
@@ -518,7 +518,7 @@ static kv_status mp_alloc(kv_mp_gpu *m, const float *proj) {
     return KV_OK;
 }
 
-extern "C" void kv_mp_gpu_destroy(kv_mp_gpu *m) {
+static void kv_mp_gpu_destroy(kv_mp_gpu *m) {
     if (!m) return;
     cudaFree(m->proj); cudaFree(m->mean); cudaFree(m->ck); cudaFree(m->knorm); cudaFree(m->codes); cudaFree(m->q);
     cudaFree(m->qcodes); cudaFree(m->bits); cudaFree(m->ccount); cudaFree(m->idx); cudaFree(m->logw);
@@ -526,7 +526,7 @@ extern "C" void kv_mp_gpu_destroy(kv_mp_gpu *m) {
     free(m);
 }
 
-extern "C" kv_status kv_mp_gpu_create(int Hq, int Hkv, int T, int D, int K, int L, const float *proj, kv_mp_gpu **out) {
+static kv_status kv_mp_gpu_create(int Hq, int Hkv, int T, int D, int K, int L, const float *proj, kv_mp_gpu **out) {
     *out = NULL;
     if (Hq < 1 || Hkv < 1 || Hq % Hkv || T < 1 || D < 1 || K < 1 || K > 16 || L < 1 || L > 4096)
         return kv_fail(KV_ERR_INPUT, "magicpig GPU: bad shape Hq=%d Hkv=%d T=%d D=%d K=%d L=%d", Hq, Hkv, T, D, K, L);
@@ -541,12 +541,12 @@ extern "C" kv_status kv_mp_gpu_create(int Hq, int Hkv, int T, int D, int K, int 
     return KV_OK;
 }
 
-extern "C" kv_status kv_mp_gpu_set_mean(kv_mp_gpu *m, const float *mean) {
+static kv_status kv_mp_gpu_set_mean(kv_mp_gpu *m, const float *mean) {
     KV_CUDA_TRY(cudaMemcpy(m->mean, mean, (size_t)m->Hkv * m->D * sizeof(float), cudaMemcpyHostToDevice));
     return KV_OK;
 }
 
-extern "C" kv_status kv_mp_gpu_index(kv_mp_gpu *m, int t0, int n, const float *x, int ld) {
+static kv_status kv_mp_gpu_index(kv_mp_gpu *m, int t0, int n, const float *x, int ld) {
     if (t0 < 0 || n < 0 || t0 + n > m->T || ld < n)
         return kv_fail(KV_ERR_INTERNAL, "magicpig GPU: index of [%d, %d) beyond %d positions", t0, t0 + n, m->T);
     if (n == 0) return KV_OK;
@@ -563,7 +563,7 @@ extern "C" kv_status kv_mp_gpu_index(kv_mp_gpu *m, int t0, int n, const float *x
     return KV_OK;
 }
 
-extern "C" kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx,
+static kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx,
                                       float *logw, int cap, int *count) {
     for (int h = 0; h < m->Hq; h++) count[h] = 0;
     if (hi > m->T) hi = m->T;
@@ -583,7 +583,7 @@ extern "C" kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int 
     return KV_OK;
 }
 
-extern "C" kv_status kv_mp_gpu_read_index(const kv_mp_gpu *m, int lo, int hi, uint16_t *codes, float *knorm) {
+static kv_status kv_mp_gpu_read_index(const kv_mp_gpu *m, int lo, int hi, uint16_t *codes, float *knorm) {
     if (lo < 0 || hi > m->T || hi <= lo) return kv_fail(KV_ERR_INTERNAL, "magicpig GPU: read of [%d, %d)", lo, hi);
     size_t n = (size_t)(hi - lo);
     if (codes)
@@ -595,7 +595,7 @@ extern "C" kv_status kv_mp_gpu_read_index(const kv_mp_gpu *m, int lo, int hi, ui
     return KV_OK;
 }
 
-extern "C" kv_status kv_mp_gpu_counts(kv_mp_gpu *m, const float *q, int lo, int hi, int split, uint16_t *qcodes,
+static kv_status kv_mp_gpu_counts(kv_mp_gpu *m, const float *q, int lo, int hi, int split, uint16_t *qcodes,
                                       uint16_t *counts) {
     if (lo < 0 || hi > m->T || hi <= lo || (split != 0 && split != 1 && split != 4))
         return kv_fail(KV_ERR_INTERNAL, "magicpig GPU: counts of [%d, %d), split %d", lo, hi, split);
@@ -691,7 +691,7 @@ kv_status mp_bench_go(mp_bench_ctx *c, const kv_gpu_bench_spec *s, int K, int L,
 }
 }  // namespace
 
-extern "C" kv_status kv_mp_gpu_bench(const kv_gpu_bench_spec *s, int K, int L, int minc, const float *proj,
+static kv_status kv_mp_gpu_bench(const kv_gpu_bench_spec *s, int K, int L, int minc, const float *proj,
                                      const kv_gpu_keys *keys, const float *q, kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
     if (s->reps < 1 || s->n < 1 || s->n > keys->a.T || keys->a.H != s->Hkv || keys->a.D != s->D || !keys->a.half)
@@ -704,3 +704,14 @@ extern "C" kv_status kv_mp_gpu_bench(const kv_gpu_bench_spec *s, int K, int L, i
     cudaFree(c.sum);
     return st;
 }
+
+extern "C" const kv_magicpig_cuda_ops kv_magicpig_cuda = {
+    .create = kv_mp_gpu_create,
+    .set_mean = kv_mp_gpu_set_mean,
+    .index = kv_mp_gpu_index,
+    .search = kv_mp_gpu_search,
+    .read_index = kv_mp_gpu_read_index,
+    .counts = kv_mp_gpu_counts,
+    .destroy = kv_mp_gpu_destroy,
+    .bench = kv_mp_gpu_bench,
+};

@@ -54,9 +54,9 @@
  * the lists and candidates. */
 #include <string.h>
 
-#include "kv_cuda.h"
-#include "pariskv_gpu.h"
-#include "topk.h"
+#include "ops/kv_cuda.h"
+#include "pariskv.h"
+#include "ops/topk.h"
 
 namespace {
 
@@ -554,7 +554,20 @@ kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
 
 }  // namespace
 
-extern "C" kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv_gpu **out) {
+static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
+    if (!p) return;
+    if (p->st) cudaStreamSynchronize(p->st);
+    void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
+                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
+    kv_topk_ws_destroy(&p->tk);
+    if (p->st) cudaStreamDestroy(p->st);
+    free(p->hpos);
+    free(p->hcsc);
+    free(p);
+}
+
+static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv_gpu **out) {
     *out = NULL;
     const kv_pariskv_gpu_cfg *c = cfg;
     if (c->dp < 32 || c->dp > 256 || (c->dp & (c->dp - 1)) || (c->m != 2 && c->m != 4 && c->m != 8) || c->nb * c->m != c->dp ||
@@ -583,20 +596,7 @@ extern "C" kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_par
     return KV_OK;
 }
 
-extern "C" void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
-    if (!p) return;
-    if (p->st) cudaStreamSynchronize(p->st);
-    void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
-                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
-    kv_topk_ws_destroy(&p->tk);
-    if (p->st) cudaStreamDestroy(p->st);
-    free(p->hpos);
-    free(p->hcsc);
-    free(p);
-}
-
-extern "C" kv_status kv_pariskv_gpu_encode_host(kv_pariskv_gpu *p, int a, int b, const float *src, size_t gstride) {
+static kv_status kv_pariskv_gpu_encode_host(kv_pariskv_gpu *p, int a, int b, const float *src, size_t gstride) {
     const int H = p->c.Hkv, D = p->c.D;
     if (a < 0 || b > p->c.T) return kv_fail(KV_ERR_INTERNAL, "pariskv GPU: encode of [%d, %d) outside [0, %d)", a, b, p->c.T);
     for (int c0 = a; c0 < b; c0 += p->stage_tokens) {
@@ -609,7 +609,7 @@ extern "C" kv_status kv_pariskv_gpu_encode_host(kv_pariskv_gpu *p, int a, int b,
     return KV_OK;
 }
 
-extern "C" kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
+static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
                                            int32_t *out, int32_t *cand, int cand_ld) {
     KV_TRY(pk_check_step(p, s));
     const int R = p->c.rows, kk = s->k < s->C ? s->k : s->C;
@@ -649,7 +649,7 @@ extern "C" kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, co
     return st;
 }
 
-extern "C" kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
+static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
                                                float *w, int32_t *counts) {
     const int nb = p->c.nb, n = b - a;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
@@ -671,7 +671,7 @@ extern "C" kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, 
     return KV_OK;
 }
 
-extern "C" kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, float *csc) {
+static kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, float *csc) {
     const int R = p->c.rows;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
     if (scores && p->last_n > 0)
@@ -713,7 +713,7 @@ kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, 
 }
 }  // namespace
 
-extern "C" kv_status kv_pariskv_gpu_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c,
+static kv_status kv_pariskv_gpu_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c,
                                                      int32_t *out) {
     if (R < 1 || n < 1 || c < 1 || c > n || max_score < 0 || max_score > 4095)
         return kv_fail(KV_ERR_INPUT, "pariskv GPU bucket top-k: bad arguments (R %d n %d c %d)", R, n, c);
@@ -778,7 +778,7 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
 }
 }  // namespace
 
-extern "C" kv_status kv_pariskv_gpu_bench(const kv_pariskv_gpu_cfg *cfg, const kv_gpu_bench_spec *spec,
+static kv_status kv_pariskv_gpu_bench(const kv_pariskv_gpu_cfg *cfg, const kv_gpu_bench_spec *spec,
                                           const kv_gpu_keys *K, const float *q, double beta, double rho, int multi,
                                           kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
@@ -792,3 +792,14 @@ extern "C" kv_status kv_pariskv_gpu_bench(const kv_pariskv_gpu_cfg *cfg, const k
     kv_pariskv_gpu_destroy(p);
     return st;
 }
+
+extern "C" const kv_pariskv_cuda_ops kv_pariskv_cuda = {
+    .create = kv_pariskv_gpu_create,
+    .destroy = kv_pariskv_gpu_destroy,
+    .encode_host = kv_pariskv_gpu_encode_host,
+    .search = kv_pariskv_gpu_search,
+    .read_index = kv_pariskv_gpu_read_index,
+    .read_last = kv_pariskv_gpu_read_last,
+    .bucket_topk_host = kv_pariskv_gpu_bucket_topk_host,
+    .bench = kv_pariskv_gpu_bench,
+};

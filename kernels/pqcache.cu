@@ -53,8 +53,8 @@
 #include <cublas_v2.h>
 #include <string.h>
 
-#include "kv_cuda.h"
-#include "pqcache_gpu.h"
+#include "ops/kv_cuda.h"
+#include "pqcache.h"
 
 #define KV_CUBLAS_TRY(call)                                                                          \
     do {                                                                                             \
@@ -876,7 +876,19 @@ kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int
 
 }  // namespace
 
-extern "C" kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, kv_pq_gpu **out) {
+static void kv_pq_gpu_destroy(kv_pq_gpu *p) {
+    if (!p) return;
+    if (p->st) cudaStreamSynchronize(p->st);
+    cudaFree(p->cent); cudaFree(p->codes); cudaFree(p->q); cudaFree(p->lut); cudaFree(p->agg); cudaFree(p->pm);
+    cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->thr); cudaFree(p->nab); cudaFree(p->ecnt);
+    cudaFree(p->cand); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
+    kv_topk_ws_destroy(&p->tk);
+    if (p->blas) cublasDestroy(p->blas);
+    if (p->st) cudaStreamDestroy(p->st);
+    free(p);
+}
+
+static kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, kv_pq_gpu **out) {
     *out = NULL;
     if (M < 1 || D % M || C < 1 || C > 256 || Hq % Hkv)
         return kv_fail(KV_ERR_INPUT, "pqcache GPU: bad shape (D %d, M %d, C %d)", D, M, C);
@@ -893,7 +905,7 @@ extern "C" kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int 
     return KV_OK;
 }
 
-extern "C" kv_status kv_pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks,
+static kv_status kv_pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks,
                                      float *cent, uint8_t *codes) {
     pq_build_ws w = {};
     kv_status st = pq_build_go(p, &w, k, n, lo, iters, picks, cent, codes);
@@ -902,7 +914,7 @@ extern "C" kv_status kv_pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo
     return st;
 }
 
-extern "C" kv_status kv_pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uint8_t *codes) {
+static kv_status kv_pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uint8_t *codes) {
     KV_CUDA_TRY(cudaMemcpyAsync(p->key1, key, (size_t)p->Hkv * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
     pq_encode<<<p->Hkv * p->M, p->C < 256 ? ((p->C + 31) / 32) * 32 : 256, 0, p->st>>>(
         p->key1, p->cent, p->D, p->M, p->dsub, p->C, t, p->codes, p->TM, p->code1);
@@ -912,7 +924,7 @@ extern "C" kv_status kv_pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uin
     return KV_OK;
 }
 
-extern "C" kv_status kv_pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uint8_t *codes, int lo, int n) {
+static kv_status kv_pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uint8_t *codes, int lo, int n) {
     KV_CUDA_TRY(cudaMemcpy(p->cent, cent, (size_t)p->Hkv * p->D * p->C * sizeof(float), cudaMemcpyHostToDevice));
     if (n > lo)
         KV_CUDA_TRY(cudaMemcpy2D(p->codes + (size_t)lo * p->M, (size_t)p->TM, codes + (size_t)lo * p->M,
@@ -920,7 +932,7 @@ extern "C" kv_status kv_pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uin
     return KV_OK;
 }
 
-extern "C" kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
+static kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
                                       int ld, int *count, float *agg, float *raw) {
     const int n = hi - lo;
     if (n <= 0) return KV_OK;
@@ -952,18 +964,6 @@ extern "C" kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale,
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
     for (int g = 0; g < p->Hkv; g++) count[g] = kk;
     return KV_OK;
-}
-
-extern "C" void kv_pq_gpu_destroy(kv_pq_gpu *p) {
-    if (!p) return;
-    if (p->st) cudaStreamSynchronize(p->st);
-    cudaFree(p->cent); cudaFree(p->codes); cudaFree(p->q); cudaFree(p->lut); cudaFree(p->agg); cudaFree(p->pm);
-    cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->thr); cudaFree(p->nab); cudaFree(p->ecnt);
-    cudaFree(p->cand); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
-    kv_topk_ws_destroy(&p->tk);
-    if (p->blas) cublasDestroy(p->blas);
-    if (p->st) cudaStreamDestroy(p->st);
-    free(p);
 }
 
 /* ---- kvbench bench --method pqcache ---- */
@@ -1049,7 +1049,7 @@ kv_status pq_bench_go(pq_bench_ctx *c, const kv_gpu_bench_spec *s, int M, int C,
 
 }  // namespace
 
-extern "C" kv_status kv_pq_gpu_bench(const kv_gpu_bench_spec *s, int M, int C, int iters, const int32_t *picks,
+static kv_status kv_pq_gpu_bench(const kv_gpu_bench_spec *s, int M, int C, int iters, const int32_t *picks,
                                      const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
     if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
@@ -1066,3 +1066,13 @@ extern "C" kv_status kv_pq_gpu_bench(const kv_gpu_bench_spec *s, int M, int C, i
     kv_bench_timer_free(&c.tb);
     return st;
 }
+
+extern "C" const kv_pqcache_cuda_ops kv_pqcache_cuda = {
+    .create = kv_pq_gpu_create,
+    .build = kv_pq_gpu_build,
+    .encode = kv_pq_gpu_encode,
+    .upload = kv_pq_gpu_upload,
+    .search = kv_pq_gpu_search,
+    .destroy = kv_pq_gpu_destroy,
+    .bench = kv_pq_gpu_bench,
+};

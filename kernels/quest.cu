@@ -25,8 +25,8 @@
  * them to tokens (retrievers/quest.c) with the CPU's code. */
 #include <string.h>
 
-#include "kv_cuda.h"
-#include "quest_gpu.h"
+#include "ops/kv_cuda.h"
+#include "quest.h"
 
 namespace {
 
@@ -409,7 +409,17 @@ kv_status quest_search_launch(kv_quest_gpu *g, float scale, int pool, int ncand,
 
 }  // namespace
 
-extern "C" kv_status kv_quest_gpu_create(int Hq, int Hkv, int T, int D, int page, int sink, int max_pages, int half,
+static void kv_quest_gpu_destroy(kv_quest_gpu *g) {
+    if (!g) return;
+    if (g->st) cudaStreamSynchronize(g->st);
+    cudaFree(g->kmin); cudaFree(g->kmax); cudaFree(g->cmin); cudaFree(g->cmax); cudaFree(g->q); cudaFree(g->bound);
+    cudaFree(g->pooled); cudaFree(g->mz); cudaFree(g->key1); cudaFree(g->pages);
+    kv_topk_ws_destroy(&g->tk);
+    if (g->st) cudaStreamDestroy(g->st);
+    free(g);
+}
+
+static kv_status kv_quest_gpu_create(int Hq, int Hkv, int T, int D, int page, int sink, int max_pages, int half,
                                          kv_quest_gpu **out) {
     *out = NULL;
     if (Hq % Hkv || page < 1 || max_pages < 1)
@@ -442,7 +452,7 @@ kv_status quest_build_go(kv_quest_gpu *g, const float *k, int n, float **dk) {
 }
 }  // namespace
 
-extern "C" kv_status kv_quest_gpu_build(kv_quest_gpu *g, const float *k, int n) {
+static kv_status kv_quest_gpu_build(kv_quest_gpu *g, const float *k, int n) {
     float *dk = NULL;
     kv_status st = quest_build_go(g, k, n, &dk);
     cudaStreamSynchronize(g->st);
@@ -450,7 +460,7 @@ extern "C" kv_status kv_quest_gpu_build(kv_quest_gpu *g, const float *k, int n) 
     return st;
 }
 
-extern "C" kv_status kv_quest_gpu_append(kv_quest_gpu *g, int t, const float *key) {
+static kv_status kv_quest_gpu_append(kv_quest_gpu *g, int t, const float *key) {
     if (t < g->sink) return KV_OK;
     const int off = (t - g->sink) % g->page, j = (t - g->sink) / g->page;
     if (j >= g->P) return kv_fail(KV_ERR_INTERNAL, "quest GPU: page %d beyond %d", j, g->P);
@@ -466,7 +476,7 @@ extern "C" kv_status kv_quest_gpu_append(kv_quest_gpu *g, int t, const float *ke
     return KV_OK;
 }
 
-extern "C" kv_status kv_quest_gpu_summaries(kv_quest_gpu *g, int npages, float *kmin, float *kmax) {
+static kv_status kv_quest_gpu_summaries(kv_quest_gpu *g, int npages, float *kmin, float *kmax) {
     if (npages <= 0) return KV_OK;
     const size_t es = g->half ? 2 : 4, row = (size_t)npages * es;
     const size_t nrow = (size_t)g->Hkv * g->D;
@@ -498,7 +508,7 @@ extern "C" kv_status kv_quest_gpu_summaries(kv_quest_gpu *g, int npages, float *
     return st;
 }
 
-extern "C" kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
+static kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
                                          int32_t *pages, float *bound) {
     if (ncand <= 0 || kp <= 0) return KV_OK;
     if (kp > ncand || kp > g->kcap || ncand > g->P)
@@ -512,16 +522,6 @@ extern "C" kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float 
                                       (size_t)ncand * sizeof(float), g->Hq, cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     return KV_OK;
-}
-
-extern "C" void kv_quest_gpu_destroy(kv_quest_gpu *g) {
-    if (!g) return;
-    if (g->st) cudaStreamSynchronize(g->st);
-    cudaFree(g->kmin); cudaFree(g->kmax); cudaFree(g->cmin); cudaFree(g->cmax); cudaFree(g->q); cudaFree(g->bound);
-    cudaFree(g->pooled); cudaFree(g->mz); cudaFree(g->key1); cudaFree(g->pages);
-    kv_topk_ws_destroy(&g->tk);
-    if (g->st) cudaStreamDestroy(g->st);
-    free(g);
 }
 
 /* ---- kvbench bench --method quest ---- */
@@ -580,7 +580,7 @@ kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int pag
 }
 }  // namespace
 
-extern "C" kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
+static kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
                                         const float *q, kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
     if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
@@ -592,3 +592,13 @@ extern "C" kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, in
     kv_bench_timer_free(&c.tm);
     return st;
 }
+
+extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
+    .create = kv_quest_gpu_create,
+    .build = kv_quest_gpu_build,
+    .append = kv_quest_gpu_append,
+    .summaries = kv_quest_gpu_summaries,
+    .search = kv_quest_gpu_search,
+    .destroy = kv_quest_gpu_destroy,
+    .bench = kv_quest_gpu_bench,
+};

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/kv_gpu.h"
-#include "../kernels/score.h"
-#include "../kernels/topk.h"
+#include "../kernels/ops/kv_gpu.h"
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
 #include "kv_retriever.h"
 
 typedef struct {

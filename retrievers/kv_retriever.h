@@ -17,8 +17,8 @@
 
 #include <stdio.h>
 
-#include "../kernels/kv_common.h"
-#include "../kernels/kv_gpu.h"
+#include "../kernels/ops/kv_common.h"
+#include "../kernels/ops/kv_gpu.h"
 
 #define KV_RETRIEVER_ABI 1
 #define KV_MAX_PARAMS 24

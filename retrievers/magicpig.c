@@ -53,8 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/magicpig_gpu.h"
-#include "../kernels/score.h"
+#include "../kernels/magicpig.h"
+#include "../kernels/ops/score.h"
 #include "baselines.h"
 
 #define KV_PI 3.14159265358979323846
@@ -131,7 +131,7 @@ static void mp_free(mp_state *s) {
     if (!s) return;
     free(s->proj); free(s->mean); free(s->ck); free(s->knorm); free(s->codes); free(s->acc); free(s->qcodes);
     free(s->cnt); free(s->qn);
-    kv_mp_gpu_destroy(s->dev);
+    if (s->dev) kv_magicpig_cuda.destroy(s->dev);
     free(s);
 }
 
@@ -149,11 +149,11 @@ static kv_status mp_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->proj = kv_malloc(D * s->KL * sizeof(float), "magicpig projection");
     s->mean = kv_calloc(Hkv * D, sizeof(float), "magicpig key centres");
     if (sh->use_gpu) { /* the index and all scratch live on the device */
-        kv_status st = s->proj && s->mean ? KV_OK : KV_ERR_NOMEM;
+        kv_status st = s->proj && s->mean ? kv_gpu_table(&kv_magicpig_cuda) : KV_ERR_NOMEM;
         if (st == KV_OK) {
             kv_mp_projection(sh->seed + (uint64_t)kv_param_int(ps, "seed"), sh->head_dim, K, L, s->proj);
-            st = kv_mp_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, K, L, s->proj,
-                                  &s->dev);
+            st = kv_magicpig_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, K, L, s->proj,
+                                         &s->dev);
         }
         if (st != KV_OK) { mp_free(s); return st; }
         *out = s;
@@ -230,8 +230,8 @@ static kv_status mp_build(void *st, const kv_prefill *pre) {
     }
     int cnt = n > lo ? n - lo : 0, blocks = (cnt + 3) / 4, failed = 0;
     if (s->dev) {
-        KV_TRY(kv_mp_gpu_set_mean(s->dev, s->mean));
-        if (cnt) KV_TRY(kv_mp_gpu_index(s->dev, lo, cnt, pre->k + (size_t)lo * D, n));
+        KV_TRY(kv_magicpig_cuda.set_mean(s->dev, s->mean));
+        if (cnt) KV_TRY(kv_magicpig_cuda.index(s->dev, lo, cnt, pre->k + (size_t)lo * D, n));
         s->n = n;
         return KV_OK;
     }
@@ -257,7 +257,7 @@ static kv_status mp_append(void *st, int t, const float *k, const float *v, cons
     (void)v; (void)q;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "magicpig: append of position %d, expected %d", t, s->n);
-    if (t >= s->sh.sink && s->dev) KV_TRY(kv_mp_gpu_index(s->dev, t, 1, k, 1));
+    if (t >= s->sh.sink && s->dev) KV_TRY(kv_magicpig_cuda.index(s->dev, t, 1, k, 1));
     else if (t >= s->sh.sink)
         for (int g = 0; g < s->sh.num_kv_heads; g++) mp_index(s, g, t, 1, k + (size_t)g * s->sh.head_dim, 0, s->acc);
     s->n++;
@@ -270,7 +270,7 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, L = s->L, lo = sh->sink, hi = t + 1 - sh->local;
     (void)k; /* variable budget: every candidate is attended */
     if (hi <= lo) return KV_OK;
-    if (s->dev) return kv_mp_gpu_search(s->dev, q, lo, hi, s->minc, sel->idx, sel->logw, sel->cap, sel->count);
+    if (s->dev) return kv_magicpig_cuda.search(s->dev, q, lo, hi, s->minc, sel->idx, sel->logw, sel->cap, sel->count);
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < sh->num_q_heads; h++) {
         int g = h / sh->group;
@@ -323,10 +323,11 @@ static kv_status mp_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const 
     if (minc > L)
         return kv_fail(KV_ERR_INPUT, "--param min_collisions for method magicpig: %d is above L=%d (no key could qualify)",
                        minc, L);
+    KV_TRY(kv_gpu_table(&kv_magicpig_cuda));
     float *proj = kv_malloc((size_t)sh->head_dim * k * L * sizeof(float), "magicpig projection");
     if (!proj) return KV_ERR_NOMEM;
     kv_mp_projection(sh->seed + (uint64_t)kv_param_int(ps, "seed"), sh->head_dim, k, L, proj);
-    kv_status st = kv_mp_gpu_bench(spec, k, L, minc, proj, K, q, out);
+    kv_status st = kv_magicpig_cuda.bench(spec, k, L, minc, proj, K, q, out);
     free(proj);
     return st;
 }

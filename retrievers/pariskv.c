@@ -83,7 +83,7 @@
  * of the full-precision key it reads. The raw keys of the update buffer
  * are KV cache, not index, and are not counted.
  *
- * GPU path (shape->use_gpu; kernels/pariskv.cu, glue in pariskv_gpu.c):
+ * GPU path (shape->use_gpu; kernels/pariskv.cu and pariskv_encode.cu):
  * with centroids=analytic, rotation=srht, normalize=1, rerank=rsqip (any
  * m, pool, tiers, lloyd, beta, rho, update) the index lives on the device
  * only (its layout there is subspace-major ids, see pariskv.cu), prefill
@@ -99,10 +99,10 @@
 #include <omp.h>
 #endif
 
-#include "../kernels/score.h"
-#include "../kernels/topk.h"
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
 #include "kv_retriever.h"
-#include "pariskv.h"
+#include "pariskv_codec.h"
 
 enum { RERANK_RSQIP, RERANK_EXACT, RERANK_NONE };
 
@@ -179,11 +179,23 @@ static void pk_destroy(void *st) {
     kv_pariskv_codec_free(&s->cx);
     free(s->ids); free(s->code); free(s->w); free(s->counts); free(s->cent); free(s->cnorm);
     free(s->pend); free(s->keys);
-    kv_pariskv_gpu_destroy(s->gpu);
+    if (s->gpu) kv_pariskv_cuda.destroy(s->gpu);
     free(s->gout); free(s->gcand);
     for (int i = 0; s->scr && i < s->nthreads; i++) scratch_free(&s->scr[i]);
     free(s->scr);
     free(s);
+}
+
+/* 1 when these parameters run on the GPU path (centroids=analytic,
+ * rotation=srht, normalize=1, rerank=rsqip; any m, pool, tiers, lloyd,
+ * beta, rho, update) for head dim D (32 <= D' <= 256): the ablations stay on
+ * the CPU path even under --device gpu (they are study switches, not the
+ * method, and the CPU path is exact for them). */
+static int pk_gpu_ok(const kv_param_set *ps, int head_dim) {
+    int dp = 1;
+    while (dp < head_dim) dp *= 2;
+    return kv_param_int(ps, "centroids") == 0 && kv_param_int(ps, "rotation") == 0 &&
+           kv_param_int(ps, "normalize") == 1 && kv_param_int(ps, "rerank") == 0 && dp >= 32 && dp <= 256;
 }
 
 static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
@@ -208,9 +220,12 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     int Hkv = sh->num_kv_heads, T = sh->max_tokens, D = sh->head_dim, nb = s->cx.nb, dp = s->cx.dp;
     size_t nt = (size_t)Hkv * T;
     int pend_n = s->update < T ? s->update : T;
-    if (sh->use_gpu && kv_pariskv_gpu_ok(ps, D)) { /* the index lives on the device; the update buffer on the host */
+    if (sh->use_gpu && pk_gpu_ok(ps, D)) { /* the index lives on the device; the update buffer on the host */
         kv_pariskv_gpu_cfg cfg = kv_pariskv_gpu_config(&s->cx, sh, s->pool_mean, pend_n);
-        if ((st = kv_pariskv_gpu_create(&cfg, &s->gpu)) != KV_OK) { pk_destroy(s); return st; }
+        if ((st = kv_gpu_table(&kv_pariskv_cuda)) != KV_OK || (st = kv_pariskv_cuda.create(&cfg, &s->gpu)) != KV_OK) {
+            pk_destroy(s);
+            return st;
+        }
         s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
         s->gcand = kv_malloc((size_t)cfg.rows * T * sizeof(int32_t), "pariskv candidates");
         if (!s->pend || !s->gcand) { pk_destroy(s); return KV_ERR_NOMEM; }
@@ -396,7 +411,7 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
         for (int g = 0; g < Hkv; g++)
             memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
     if (s->kmeans) KV_TRY(kmeans_train(s, pre));
-    if (P > S && s->gpu) KV_TRY(kv_pariskv_gpu_encode_host(s->gpu, S, P, pre->k + (size_t)S * D, (size_t)P * D));
+    if (P > S && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, S, P, pre->k + (size_t)S * D, (size_t)P * D));
     else if (P > S) KV_TRY(encode_range(s, S, P, pre->k + (size_t)S * D, (size_t)P * D));
     s->n_seen = s->pend_start = P;
     s->n_idx = P > S ? P : S;
@@ -418,7 +433,7 @@ static kv_status pk_append(void *st, int t, const float *k, const float *v, cons
     /* the buffer is full: fold it into the index (positions of the sink are never searched) */
     int a = s->pend_start > s->sh.sink ? s->pend_start : s->sh.sink;
     const float *src = s->pend + (size_t)(a - s->pend_start) * D;
-    if (a <= t && s->gpu) KV_TRY(kv_pariskv_gpu_encode_host(s->gpu, a, t + 1, src, (size_t)U * D));
+    if (a <= t && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, a, t + 1, src, (size_t)U * D));
     else if (a <= t) KV_TRY(encode_range(s, a, t + 1, src, (size_t)U * D));
     s->pend_start = t + 1;
     if (t + 1 > s->n_idx) s->n_idx = t + 1;
@@ -500,7 +515,7 @@ static kv_status search_gpu(pk_state *s, int t, const float *q, int k, kv_select
         if (!(s->gout = kv_malloc((size_t)rows * k * sizeof(int32_t), "pariskv GPU lists"))) return KV_ERR_NOMEM;
         s->gk_cap = k;
     }
-    KV_TRY(kv_pariskv_gpu_search(s->gpu, q, &step, s->gout, s->gcand, sh->max_tokens));
+    KV_TRY(kv_pariskv_cuda.search(s->gpu, q, &step, s->gout, s->gcand, sh->max_tokens));
     int got = k < step.C ? k : step.C, nc = step.C;
     if (got > sel->cap) got = sel->cap;
     if (nc > sel->cand_cap) nc = sel->cand_cap;
@@ -592,6 +607,28 @@ static void pk_describe(FILE *f) {
             "");
 }
 
+/* kvbench bench --method pariskv on a GPU (kv_retriever.h's bench_gpu). */
+static kv_status pk_bench_gpu(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
+                              const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
+    if (!pk_gpu_ok(params, shape->head_dim))
+        return kv_fail(KV_ERR_INPUT, "pariskv: the GPU bench runs the GPU path only (centroids=analytic, "
+                                     "rotation=srht, normalize=1, rerank=rsqip, 32 <= D' <= 256); --device cpu times the rest");
+    KV_TRY(kv_gpu_table(&kv_pariskv_cuda));
+    kv_pariskv_codec cx;
+    KV_TRY(kv_pariskv_codec_init(&cx, shape->head_dim, kv_param_int(params, "m"), 1, 1, kv_param_int(params, "lloyd"),
+                                 shape->seed + (uint64_t)kv_param_int(params, "seed")));
+    double beta, rho;
+    kv_pariskv_adaptive_ratios(spec->n, &beta, &rho);
+    if (kv_param_is_set(params, "beta") && kv_param(params, "beta") > 0) beta = kv_param(params, "beta");
+    if (kv_param_is_set(params, "rho") && kv_param(params, "rho") > 0) rho = kv_param(params, "rho");
+    kv_pariskv_gpu_cfg cfg = kv_pariskv_gpu_config(&cx, shape, kv_param_int(params, "pool") == 0,
+                                                   kv_param_int(params, "update"));
+    cfg.T = spec->n;
+    kv_status st = kv_pariskv_cuda.bench(&cfg, spec, K, q, beta, rho, kv_param_int(params, "tiers") == 0, out);
+    kv_pariskv_codec_free(&cx);
+    return st;
+}
+
 const kv_method kv_method_pariskv = {
     .abi = KV_RETRIEVER_ABI,
     .name = "pariskv",
@@ -607,5 +644,5 @@ const kv_method kv_method_pariskv = {
     .memory_bytes = pk_memory,
     .destroy = pk_destroy,
     .describe = pk_describe,
-    .bench_gpu = kv_pariskv_bench_gpu,
+    .bench_gpu = pk_bench_gpu,
 };

@@ -56,8 +56,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/pqcache_gpu.h"
-#include "../kernels/topk.h"
+#include "../kernels/pqcache.h"
+#include "../kernels/ops/topk.h"
 #include "baselines.h"
 
 typedef struct {
@@ -178,7 +178,7 @@ void kv_pq_adc(const float *lut, const uint8_t *codes, int code_ld, int n, int M
 
 static void pq_free(pq_state *s) {
     if (!s) return;
-    kv_pq_gpu_destroy(s->gpu);
+    if (s->gpu) kv_pqcache_cuda.destroy(s->gpu);
     free(s->cent); free(s->codes); free(s->keys); free(s->lut); free(s->score); free(s->agg);
     free(s);
 }
@@ -208,7 +208,8 @@ static kv_status pq_create(const kv_shape *sh, const kv_param_set *ps, void **ou
         return KV_ERR_NOMEM;
     }
     if (sh->use_gpu) {
-        kv_status st = kv_pq_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, D, M, s->C, &s->gpu);
+        kv_status st = kv_gpu_table(&kv_pqcache_cuda);
+        if (st == KV_OK) st = kv_pqcache_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, D, M, s->C, &s->gpu);
         if (st != KV_OK) { pq_free(s); return st; }
     }
     *out = s;
@@ -238,7 +239,7 @@ static kv_status pq_cluster(pq_state *s, const float *keys, size_t kstride, int 
         failed |= st != KV_OK;
     }
     if (failed) return kv_fail(KV_ERR_NOMEM, "pqcache: out of host memory for k-means");
-    return s->gpu ? kv_pq_gpu_upload(s->gpu, s->cent, s->codes, lo, n) : KV_OK; /* recluster on the GPU path */
+    return s->gpu ? kv_pqcache_cuda.upload(s->gpu, s->cent, s->codes, lo, n) : KV_OK; /* recluster on the GPU path */
 }
 
 /* The GPU build: k-means of the prefill keys on the device, from the CPU's picks. */
@@ -251,7 +252,7 @@ static kv_status pq_build_gpu(pq_state *s, const kv_prefill *pre) {
     for (int g = 0; g < sh->num_kv_heads; g++)
         for (int m = 0; m < M; m++) kv_pq_init_picks(cnt, C, pq_job_seed(s, g, m), picks + ((size_t)g * M + m) * C);
     s->clustered = 1;
-    kv_status st = kv_pq_gpu_build(s->gpu, pre->k, pre->n, sh->sink, s->iters, picks, s->cent, s->codes);
+    kv_status st = kv_pqcache_cuda.build(s->gpu, pre->k, pre->n, sh->sink, s->iters, picks, s->cent, s->codes);
     free(picks);
     return st;
 }
@@ -288,7 +289,7 @@ static kv_status pq_append(void *st, int t, const float *k, const float *v, cons
         size_t nc = (size_t)s->sh.num_kv_heads * s->M;
         uint8_t *c = nc <= sizeof c1 ? c1 : kv_malloc(nc, "pqcache appended codes");
         if (!c) return KV_ERR_NOMEM;
-        kv_status st = kv_pq_gpu_encode(s->gpu, t, k, c);
+        kv_status st = kv_pqcache_cuda.encode(s->gpu, t, k, c);
         for (int g = 0; g < s->sh.num_kv_heads && st == KV_OK; g++)
             memcpy(s->codes + ((size_t)g * T + t) * s->M, c + (size_t)g * s->M, (size_t)s->M);
         if (c != c1) free(c);
@@ -308,7 +309,7 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, M = s->M, C = s->C, G = sh->group;
     int lo = sh->sink, hi = t + 1 - sh->local, n = hi - lo;
     if (n <= 0) return KV_OK;
-    if (s->gpu) return kv_pq_gpu_search(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, sel->count, NULL, NULL);
+    if (s->gpu) return kv_pqcache_cuda.search(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, sel->count, NULL, NULL);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -357,12 +358,13 @@ static kv_status pq_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const 
     int M = kv_param_int(ps, "M"), C = 1 << kv_param_int(ps, "b"), n = spec->n;
     if (sh->head_dim % M)
         return kv_fail(KV_ERR_INPUT, "--param M for method pqcache: M=%d must divide head_dim %d", M, sh->head_dim);
+    KV_TRY(kv_gpu_table(&kv_pqcache_cuda));
     pq_state tmp = {.sh = *sh, .seed = sh->seed + (uint64_t)kv_param_int(ps, "seed")};
     int32_t *picks = kv_malloc((size_t)sh->num_kv_heads * M * C * sizeof(int32_t), "pqcache k-means picks");
     if (!picks) return KV_ERR_NOMEM;
     for (int g = 0; g < sh->num_kv_heads; g++)
         for (int m = 0; m < M; m++) kv_pq_init_picks(n, C, pq_job_seed(&tmp, g, m), picks + ((size_t)g * M + m) * C);
-    kv_status st = kv_pq_gpu_bench(spec, M, C, kv_param_int(ps, "iters"), picks, K, q, out);
+    kv_status st = kv_pqcache_cuda.bench(spec, M, C, kv_param_int(ps, "iters"), picks, K, q, out);
     free(picks);
     return st;
 }

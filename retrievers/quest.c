@@ -46,8 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/quest_gpu.h"
-#include "../kernels/topk.h"
+#include "../kernels/quest.h"
+#include "../kernels/ops/topk.h"
 #include "baselines.h"
 
 enum { QUEST_POOL_NONE = 0, QUEST_POOL_MEAN = 1, QUEST_POOL_MAX = 2 };
@@ -83,7 +83,7 @@ float kv_quest_page_bound(const float *q, const float *kmin, const float *kmax, 
 
 static void quest_free(quest_state *s) {
     if (!s) return;
-    kv_quest_gpu_destroy(s->gpu);
+    if (s->gpu) kv_quest_cuda.destroy(s->gpu);
     free(s->kmin); free(s->kmax); free(s->cmin); free(s->cmax); free(s->bound); free(s->pooled); free(s->pages);
     free(s);
 }
@@ -100,9 +100,10 @@ static kv_status quest_create(const kv_shape *sh, const kv_param_set *ps, void *
            P = (size_t)s->max_pages;
     s->pages = kv_malloc(Hq * P * sizeof(int32_t), "quest selected pages");
     if (sh->use_gpu) { /* summaries, bounds and pooling on the device */
-        kv_status st = s->pages ? kv_quest_gpu_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim,
-                                                      s->page, sh->sink, s->max_pages, 0, &s->gpu)
-                                : KV_ERR_NOMEM;
+        kv_status st = !s->pages ? KV_ERR_NOMEM : kv_gpu_table(&kv_quest_cuda);
+        if (st == KV_OK)
+            st = kv_quest_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->page, sh->sink,
+                                      s->max_pages, 0, &s->gpu);
         if (st != KV_OK) { quest_free(s); return st; }
         *out = s;
         return KV_OK;
@@ -152,7 +153,7 @@ static kv_status quest_build(void *st, const kv_prefill *pre) {
     int D = s->sh.head_dim;
     for (int t = 0; t < pre->n; t++) quest_add_position(s, t, pre->k + (size_t)t * D, (size_t)pre->n * D);
     s->n = pre->n;
-    return s->gpu ? kv_quest_gpu_build(s->gpu, pre->k, pre->n) : KV_OK;
+    return s->gpu ? kv_quest_cuda.build(s->gpu, pre->k, pre->n) : KV_OK;
 }
 
 static kv_status quest_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -160,7 +161,7 @@ static kv_status quest_append(void *st, int t, const float *k, const float *v, c
     (void)v; (void)q;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "quest: append of position %d, expected %d", t, s->n);
-    if (s->gpu) KV_TRY(kv_quest_gpu_append(s->gpu, t, k));
+    if (s->gpu) KV_TRY(kv_quest_cuda.append(s->gpu, t, k));
     quest_add_position(s, t, k, (size_t)s->sh.head_dim);
     s->n++;
     return KV_OK;
@@ -194,7 +195,7 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
     }
     if (kp <= 0) return KV_OK;
     if (s->gpu) { /* page ids from the device, expanded here */
-        KV_TRY(kv_quest_gpu_search(s->gpu, q, sh->softmax_scale, s->pool, ncand, kp, s->pages, NULL));
+        KV_TRY(kv_quest_cuda.search(s->gpu, q, sh->softmax_scale, s->pool, ncand, kp, s->pages, NULL));
         for (int h = 0; h < sh->num_q_heads; h++) {
             const int32_t *pg = s->pages + (size_t)(s->pool == QUEST_POOL_NONE ? h : h / G) * kp;
             sel->count[h] = quest_expand(s, pg, kp, hi, sel->idx + (size_t)h * sel->cap);
@@ -249,7 +250,8 @@ static kv_status quest_bench_gpu(const kv_shape *sh, const kv_param_set *ps, con
                                  const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
                               kv_gpu_stages *out) {
     (void)sh;
-    return kv_quest_gpu_bench(spec, kv_param_int(ps, "page"), kv_param_int(ps, "pool"), K, q, out);
+    KV_TRY(kv_gpu_table(&kv_quest_cuda));
+    return kv_quest_cuda.bench(spec, kv_param_int(ps, "page"), kv_param_int(ps, "pool"), K, q, out);
 }
 
 static size_t quest_memory(const void *st) {

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "../kernels/kv_common.h"
+#include "../kernels/ops/kv_common.h"
 #include "../retrievers/kv_retriever.h"
 #include "../datasets/kv_trace.h"
 

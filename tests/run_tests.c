@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/kv_gpu.h"
+#include "../kernels/ops/kv_gpu.h"
 #include "kv_test.h"
 
 extern char kv_test_reason[512];

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../datasets/kv_trace.h"
-#include "../kernels/score.h"
+#include "../kernels/ops/score.h"
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 

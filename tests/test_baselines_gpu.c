@@ -19,9 +19,9 @@
 #include <unistd.h>
 
 #include "../datasets/kv_trace.h"
-#include "../kernels/pqcache_gpu.h"
-#include "../kernels/quest_gpu.h"
-#include "../kernels/topk.h"
+#include "../kernels/pqcache.h"
+#include "../kernels/quest.h"
+#include "../kernels/ops/topk.h"
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
@@ -98,7 +98,7 @@ int test_pqcache_gpu_kmeans_matches_cpu(void) {
     int32_t *picks = malloc((size_t)Hkv * M * C * 4);
     CHECK(k && kp && cc && cg && codc && codg && picks, "out of memory");
     kv_pq_gpu *p = NULL;
-    CHECK_OK(kv_pq_gpu_create(Hq, Hkv, T, D, M, C, &p));
+    CHECK_OK(kv_pqcache_cuda.create(Hq, Hkv, T, D, M, C, &p));
     for (int pass = 0; pass < 2; pass++) { /* 0: clustered (codes must be equal); 1: unclustered */
         uint64_t base = seed + (uint64_t)pass;
         if (pass == 0)
@@ -113,7 +113,7 @@ int test_pqcache_gpu_kmeans_matches_cpu(void) {
                                       pq_seed(base, g, m), 0, cc + ((size_t)g * M + m) * ds * C,
                                       codc + ((size_t)g * T + lo) * M + m, M));
             }
-        CHECK_OK(kv_pq_gpu_build(p, kp, n, lo, iters, picks, cg, codg));
+        CHECK_OK(kv_pqcache_cuda.build(p, kp, n, lo, iters, picks, cg, codg));
         int diff = 0;
         for (int g = 0; g < Hkv; g++)
             for (int i = lo; i < n; i++)
@@ -151,7 +151,7 @@ int test_pqcache_gpu_kmeans_matches_cpu(void) {
         for (int t = n; t < n + 40; t++) {
             float key[2 * 64];
             for (int g = 0; g < Hkv; g++) memcpy(key + g * D, k + ((size_t)g * T + t) * D, (size_t)D * 4);
-            CHECK_OK(kv_pq_gpu_encode(p, t, key, c1));
+            CHECK_OK(kv_pqcache_cuda.encode(p, t, key, c1));
             for (int g = 0; g < Hkv; g++)
                 for (int m = 0; m < M; m++) {
                     uint8_t want;
@@ -161,7 +161,7 @@ int test_pqcache_gpu_kmeans_matches_cpu(void) {
                 }
         }
     }
-    kv_pq_gpu_destroy(p);
+    kv_pqcache_cuda.destroy(p);
     free(k); free(kp); free(cc); free(cg); free(codc); free(codg); free(picks);
     return KV_TEST_PASS;
 }
@@ -189,10 +189,10 @@ int test_pqcache_gpu_adc_matches_cpu(void) {
         for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = 2.0f * (float)kv_rng_normal(&r);
         for (int gm = 0; gm < Hkv * M; gm++) kv_pq_init_picks(n - lo, C, seed + (uint64_t)gm, picks + (size_t)gm * C);
         kv_pq_gpu *p = NULL;
-        CHECK_OK(kv_pq_gpu_create(Hq, Hkv, n, D, M, C, &p));
-        CHECK_OK(kv_pq_gpu_build(p, x, n, lo, 3, picks, cent, codes));
+        CHECK_OK(kv_pqcache_cuda.create(Hq, Hkv, n, D, M, C, &p));
+        CHECK_OK(kv_pqcache_cuda.build(p, x, n, lo, 3, picks, cent, codes));
         float scale = 1.0f / sqrtf((float)D);
-        CHECK_OK(kv_pq_gpu_search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, raw));
+        CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, raw));
         for (int g = 0; g < Hkv; g++) {
             cpu_agg(cent, codes, q, g, G, n, D, M, C, scale, lo, hi, craw, cagg);
             int bad = 0;
@@ -217,7 +217,7 @@ int test_pqcache_gpu_adc_matches_cpu(void) {
                       cagg[a - lo], b, cagg[b - lo], (unsigned long long)seed);
             }
         }
-        kv_pq_gpu_destroy(p);
+        kv_pqcache_cuda.destroy(p);
         free(x); free(cent); free(q); free(raw); free(agg); free(craw); free(cagg); free(codes); free(picks);
         free(idx); free(ri);
     }
@@ -258,11 +258,11 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
             codes[e] = (uint8_t)(alpha < C && kv_rng_u64(&r) % 2000 == 0 ? (uint64_t)alpha
                                                                          : kv_rng_u64(&r) % (uint64_t)alpha);
         kv_pq_gpu *p = NULL;
-        CHECK_OK(kv_pq_gpu_create(Hq, Hkv, n, D, M, C, &p));
-        CHECK_OK(kv_pq_gpu_upload(p, cent, codes, 0, n));
+        CHECK_OK(kv_pqcache_cuda.create(Hq, Hkv, n, D, M, C, &p));
+        CHECK_OK(kv_pqcache_cuda.upload(p, cent, codes, 0, n));
         float scale = 1.0f / sqrtf((float)D);
-        CHECK_OK(kv_pq_gpu_search(p, q, scale, lo, hi, k, idx0, kk, cnt, NULL, NULL));
-        CHECK_OK(kv_pq_gpu_search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, NULL));
+        CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx0, kk, cnt, NULL, NULL));
+        CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, NULL));
         for (int g = 0; g < Hkv; g++) {
             CHECK(cnt[g] == kk, "case %zu g %d: %d selected, want %d", ci, g, cnt[g], kk);
             CHECK(kv_topk_ref(agg + (size_t)g * nn, nn, k, lo, ri, NULL) == kk, "reference top-k failed");
@@ -276,7 +276,7 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
                       b, agg[(size_t)g * nn + b - lo], ties, (unsigned long long)seed);
             }
         }
-        kv_pq_gpu_destroy(p);
+        kv_pqcache_cuda.destroy(p);
         free(cent); free(q); free(agg); free(codes); free(idx); free(idx0); free(ri);
     }
     return KV_TEST_PASS;
@@ -334,22 +334,22 @@ int test_quest_gpu_summaries_match_cpu(void) {
         CHECK_OK(m->create(&sh, &ps, &cpu));
         CHECK_OK(m->build(cpu, &(kv_prefill){.n = P, .k = kp}));
         kv_quest_gpu *gq = NULL, *gh = NULL; /* float32 and float16 summaries */
-        CHECK_OK(kv_quest_gpu_create(Hq, Hkv, T, D, page, sink, maxp, 0, &gq));
-        CHECK_OK(kv_quest_gpu_create(Hq, Hkv, T, D, page, sink, maxp, 1, &gh));
-        CHECK_OK(kv_quest_gpu_build(gq, kp, P));
-        CHECK_OK(kv_quest_gpu_build(gh, kp, P));
+        CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, sink, maxp, 0, &gq));
+        CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, sink, maxp, 1, &gh));
+        CHECK_OK(kv_quest_cuda.build(gq, kp, P));
+        CHECK_OK(kv_quest_cuda.build(gh, kp, P));
         for (int t = P; t < T; t++) {
             for (int g = 0; g < Hkv; g++) memcpy(k1 + (size_t)g * D, k + ((size_t)g * T + t) * D, (size_t)D * 4);
             CHECK_OK(m->append(cpu, t, k1, NULL, NULL));
-            CHECK_OK(kv_quest_gpu_append(gq, t, k1));
-            CHECK_OK(kv_quest_gpu_append(gh, t, k1));
+            CHECK_OK(kv_quest_cuda.append(gq, t, k1));
+            CHECK_OK(kv_quest_cuda.append(gh, t, k1));
             if (t % (T > 10000 ? 997 : 211) && t != T - 1) continue;
           for (int store = 0; store < 2; store++) {
             kv_quest_gpu *gx = store ? gh : gq;
             kv_quest_view v;
             kv_quest_view_of(cpu, &v);
             CHECK(v.npages == (t + 1 - sink) / page, "npages %d", v.npages);
-            CHECK_OK(kv_quest_gpu_summaries(gx, v.npages, gmin, gmax));
+            CHECK_OK(kv_quest_cuda.summaries(gx, v.npages, gmin, gmax));
             for (int g = 0; g < Hkv; g++)
                 for (int j = 0; j < v.npages; j++)
                     for (int i = 0; i < D; i++) {
@@ -363,7 +363,7 @@ int test_quest_gpu_summaries_match_cpu(void) {
             for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = (float)kv_rng_normal(&r);
             int kp_ = v.npages < 7 ? v.npages : 7;
             for (int pool = 0; pool < 3; pool += 2) {
-                CHECK_OK(kv_quest_gpu_search(gx, q, sh.softmax_scale, pool, v.npages, kp_, pages, gb));
+                CHECK_OK(kv_quest_cuda.search(gx, q, sh.softmax_scale, pool, v.npages, kp_, pages, gb));
                 for (int h = 0; h < Hq; h++) {
                     int g = h / G;
                     float *cb = malloc((size_t)v.npages * 4);
@@ -384,8 +384,8 @@ int test_quest_gpu_summaries_match_cpu(void) {
           }
         }
         m->destroy(cpu);
-        kv_quest_gpu_destroy(gq);
-        kv_quest_gpu_destroy(gh);
+        kv_quest_cuda.destroy(gq);
+        kv_quest_cuda.destroy(gh);
         free(k); free(kp); free(k1); free(gmin); free(gmax); free(q); free(gb); free(pages); free(ri);
     }
     return KV_TEST_PASS;

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "../datasets/kv_trace.h"
-#include "../kernels/score.h"
-#include "../kernels/topk.h"
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
 #include "../retrievers/kv_retriever.h"
 #include "kv_test.h"
 

@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "../cli/oracle.h"
-#include "../kernels/kv_gpu.h"
-#include "../kernels/score.h"
-#include "../kernels/topk.h"
+#include "../kernels/ops/kv_gpu.h"
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
 #include "../retrievers/kv_retriever.h"
 #include "kv_test.h"
 

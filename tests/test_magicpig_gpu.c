@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/magicpig_gpu.h"
-#include "../kernels/score.h"
+#include "../kernels/magicpig.h"
+#include "../kernels/ops/score.h"
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
@@ -56,7 +56,7 @@ int test_magicpig_gpu_codes_match_cpu(void) {
                 CHECK_OK(kv_test_driver_step(&gpu, t, 16));
             }
             int lo = C->sink, n = t + 1 - lo, bad = 0;
-            CHECK_OK(kv_mp_gpu_read_index(gv.gpu, lo, t + 1, codes, kn));
+            CHECK_OK(kv_magicpig_cuda.read_index(gv.gpu, lo, t + 1, codes, kn));
             for (int g = 0; g < C->Hkv; g++)
                 for (int l = 0; l < NL; l++)
                     for (int i = 0; i < n; i++) {
@@ -85,7 +85,7 @@ int test_magicpig_gpu_codes_match_cpu(void) {
             int maxc = 0, minc = NL;
             for (int split = 1; split <= 4; split += 3) { /* tables split over 1 or 4 groups of threads */
                 memset(cnt, 0xff, (size_t)C->Hq * T * 2);
-                CHECK_OK(kv_mp_gpu_counts(gv.gpu, q, lo, t + 1, split, qc, cnt));
+                CHECK_OK(kv_magicpig_cuda.counts(gv.gpu, q, lo, t + 1, split, qc, cnt));
                 for (int h = 0; h < C->Hq; h++) {
                     const float *qh = q + (size_t)h * D;
                     float nr = sqrtf(kv_dot_ref(qh, qh, D));

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/score.h"
+#include "../kernels/ops/score.h"
 #include "../retrievers/kv_retriever.h"
-#include "../retrievers/pariskv.h"
+#include "../retrievers/pariskv_codec.h"
 #include "kv_test.h"
 
 static void fill_normal(kv_rng *r, float *x, size_t n) {

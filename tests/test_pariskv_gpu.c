@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../kernels/pariskv_gpu.h"
-#include "../kernels/topk.h"
-#include "../retrievers/pariskv.h"
+#include "../kernels/pariskv.h"
+#include "../kernels/ops/topk.h"
+#include "../retrievers/pariskv_codec.h"
 #include "kv_test.h"
 
 static uint64_t pk_seed(void) { return (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)getpid() << 40); }
@@ -41,7 +41,7 @@ typedef struct {
 } pk_fixture;
 
 static void pk_fixture_free(pk_fixture *f) {
-    kv_pariskv_gpu_destroy(f->gpu);
+    kv_pariskv_cuda.destroy(f->gpu);
     kv_pariskv_codec_free(&f->cx);
     free(f->k); free(f->ids); free(f->code); free(f->w); free(f->xt);
     memset(f, 0, sizeof *f);
@@ -65,10 +65,10 @@ static kv_status pk_fixture_open(pk_fixture *f, kv_rng *r, int Hq, int Hkv, int 
     kv_shape sh = {.num_q_heads = Hq, .num_kv_heads = Hkv, .head_dim = D, .group = Hq / Hkv, .max_tokens = n};
     kv_pariskv_gpu_cfg cfg = kv_pariskv_gpu_config(&f->cx, &sh, pool_mean, 64);
     f->rows = cfg.rows;
-    KV_TRY(kv_pariskv_gpu_create(&cfg, &f->gpu));
+    KV_TRY(kv_pariskv_cuda.create(&cfg, &f->gpu));
     int a = n - 70 > 0 ? n - 70 : 0;
-    KV_TRY(kv_pariskv_gpu_encode_host(f->gpu, 0, a, f->k, (size_t)n * D));
-    return kv_pariskv_gpu_encode_host(f->gpu, a, n, f->k + (size_t)a * D, (size_t)n * D);
+    KV_TRY(kv_pariskv_cuda.encode_host(f->gpu, 0, a, f->k, (size_t)n * D));
+    return kv_pariskv_cuda.encode_host(f->gpu, a, n, f->k + (size_t)a * D, (size_t)n * D);
 }
 
 int test_pariskv_gpu_encode_matches_cpu(void) {
@@ -85,7 +85,7 @@ int test_pariskv_gpu_encode_matches_cpu(void) {
         int32_t *cnt = malloc((size_t)f.Hkv * nb * nc * sizeof(int32_t)), *want = calloc((size_t)f.Hkv * nb * nc, 4);
         CHECK(ids && code && w && cnt && want, "out of memory");
         for (int g = 0; g < f.Hkv; g++) {
-            CHECK_OK(kv_pariskv_gpu_read_index(f.gpu, g, 0, n, ids, code, w, g ? NULL : cnt));
+            CHECK_OK(kv_pariskv_cuda.read_index(f.gpu, g, 0, n, ids, code, w, g ? NULL : cnt));
             const uint8_t *ci = f.ids + (size_t)g * n * nb, *cc = f.code + (size_t)g * n * cb;
             const float *cw = f.w + (size_t)g * n * nb;
             for (int i = 0; i < n; i++) {
@@ -130,8 +130,8 @@ static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int e
           wt, "out of memory");
     for (int i = 0; i < f->Hq * D; i++) q[i] = (float)kv_rng_normal(r);
     kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = n_idx, .C = C, .k = k, .multi = multi, .rho = rho};
-    CHECK_OK(kv_pariskv_gpu_search(f->gpu, q, &step, out, cand, n));
-    CHECK_OK(kv_pariskv_gpu_read_last(f->gpu, sc, csc));
+    CHECK_OK(kv_pariskv_cuda.search(f->gpu, q, &step, out, cand, n));
+    CHECK_OK(kv_pariskv_cuda.read_last(f->gpu, sc, csc));
     int rer_diff = 0;
     for (int row = 0; row < R; row++) {
         int g = row * nh / G, h0 = row * nh;
@@ -224,7 +224,7 @@ int test_pariskv_gpu_bucket_topk(void) {
             s[i] = (uint16_t)(u * u * u * (maxs + 1));
             if (s[i] > maxs) s[i] = (uint16_t)maxs;
         }
-        CHECK_OK(kv_pariskv_gpu_bucket_topk_host(s, R, n, maxs, k, got));
+        CHECK_OK(kv_pariskv_cuda.bucket_topk_host(s, R, n, maxs, k, got));
         for (int row = 0; row < R; row++) {
             CHECK(kv_pariskv_bucket_topk(s + (size_t)row * n, n, maxs, k, want, hist) == k, "reference count");
             for (int j = 0; j < k; j++)

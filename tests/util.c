@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../kernels/kv_gpu.h"
+#include "../kernels/ops/kv_gpu.h"
 #include "kv_test.h"
 
 static char tmpdir[512];

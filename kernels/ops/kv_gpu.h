@@ -1,7 +1,8 @@
 /* kv_gpu.h: the C-callable face of the CUDA code (extern "C" launchers
- * and device-resident objects). Built from the kernels/ .cu files when nvcc is
- * found; otherwise kernels/gpu_stub.c provides the same symbols, each
- * reporting that this binary has no CUDA. Nothing here knows which method
+ * and device-resident objects) of the shared primitives in kernels/ops/.
+ * Built from the kernels/ops/ .cu files when nvcc is found; otherwise
+ * kernels/ops/gpu_stub.c provides the same symbols, each reporting that this
+ * binary has no CUDA. Nothing here knows which method
  * or which protocol calls it. */
 #ifndef KV_GPU_H
 #define KV_GPU_H
@@ -25,8 +26,23 @@ typedef struct {
 /* Never fails: any error from cudaGetDeviceCount means "no GPU" and its
  * name becomes info->reason. */
 void kv_gpu_probe(kv_gpu_info *info);
-/* What every entry point of a build without nvcc reports (the *_stub.c files). */
+/* What every GPU path of a build without nvcc reports. */
 #define KV_NO_CUDA "this kvbench was built without CUDA (nvcc was not found at build time)"
+
+/* A method's CUDA path is one table of launchers, declared in its
+ * kernels/<m>.h as `extern const kv_<m>_cuda_ops kv_<m>_cuda KV_GPU_TABLE;`
+ * and defined in its kernels/<m>.cu. Outside nvcc the declaration is weak,
+ * so a build without nvcc links with the table absent (its address is
+ * NULL): no per-method stub file repeats the launchers' signatures. The
+ * retriever asks once, at create(), with kv_gpu_table(&kv_<m>_cuda). */
+#ifdef __CUDACC__
+#define KV_GPU_TABLE
+#else
+#define KV_GPU_TABLE __attribute__((weak))
+#endif
+static inline kv_status kv_gpu_table(const void *table) {
+    return table ? KV_OK : kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
 
 /* 1 when this binary was compiled with CUDA kernels. */
 int kv_gpu_compiled(void);

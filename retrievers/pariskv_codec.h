@@ -1,16 +1,16 @@
-/* pariskv.h: the building blocks of the ParisKV retriever (pariskv.c),
+/* pariskv_codec.h: the building blocks of the ParisKV retriever (pariskv.c),
  * exposed so tests/test_pariskv.c can check each one against an
  * independent computation: the Lloyd-Max magnitude quantiser, the SRHT
  * rotation, the 4-bit encoder and RSQ-IP estimator, the collision tier
- * weights and the bucket top-k. Implemented in pariskv_encode.c; the
- * vtable and the decode-time logic are in pariskv.c. */
-#ifndef KV_PARISKV_H
-#define KV_PARISKV_H
+ * weights and the bucket top-k, Stage I's candidate count and the device
+ * index's configuration. Implemented in pariskv_codec.c; the vtable, the
+ * decode-time logic and the GPU glue are in pariskv.c. */
+#ifndef KV_PARISKV_CODEC_H
+#define KV_PARISKV_CODEC_H
 
 #include <stdint.h>
 
-#include "../kernels/kv_common.h"
-#include "../kernels/pariskv_gpu.h"
+#include "../kernels/pariskv.h"
 #include "kv_retriever.h"
 
 #define KV_PARISKV_LEVELS 8 /* 3-bit magnitude */
@@ -87,19 +87,10 @@ int kv_pariskv_bucket_topk(const uint16_t *score, int n, int max_score, int c, i
  * the retrieval-zone length n. */
 void kv_pariskv_adaptive_ratios(int n, double *beta, double *rho);
 
-/* ---- the CUDA path's glue (pariskv_gpu.c) ---- */
-/* 1 when these parameters run on the GPU path (centroids=analytic,
- * rotation=srht, normalize=1, rerank=rsqip; any m, pool, tiers, lloyd,
- * beta, rho, update) for head dim D (32 <= D' <= 256); the others stay on the CPU. */
-int kv_pariskv_gpu_ok(const kv_param_set *ps, int head_dim);
-/* The device index's configuration for codec cx (its signs and levels are
- * read, not kept, by kv_pariskv_gpu_create). */
-kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_shape *sh, int pool_mean, int update);
 /* Stage I's candidate count: ceil(beta * n) raised to min(k, n), at most n. */
 int kv_pariskv_candidates(int n, double beta, int k);
-/* The method's bench_gpu hook (kv_retriever.h). */
-kv_status kv_pariskv_bench_gpu(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
-                               const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q,
-                              kv_gpu_stages *out);
+/* The device index's configuration for codec cx (its signs and levels are
+ * read, not kept, by kv_pariskv_cuda.create). */
+kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_shape *sh, int pool_mean, int update);
 
 #endif

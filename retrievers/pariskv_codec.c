@@ -1,4 +1,4 @@
-/* pariskv_encode.c: the data-independent parts of ParisKV (pariskv.h):
+/* pariskv_codec.c: the data-independent parts of ParisKV (pariskv_codec.h):
  * the Lloyd-Max magnitude quantiser (paper appendix B.1.2), the SRHT
  * rotation and the 4-bit key encoder (sections 4.1.1-4.1.3), the RSQ-IP
  * estimator (B.2.2), the collision tier weights and the bucket top-k
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pariskv.h"
+#include "pariskv_codec.h"
 
 #define GL_N 16
 #define GL_PANELS 4
@@ -256,4 +256,17 @@ void kv_pariskv_adaptive_ratios(int n, double *beta, double *rho) {
     else if (n < 10000) { *beta = 0.25; *rho = 0.3; }
     else if (n < 30000) { *beta = 0.2; *rho = 0.25; }
     else { *beta = 0.1; *rho = 0.2; }
+}
+
+int kv_pariskv_candidates(int n, double beta, int k) {
+    int C = (int)ceil((double)n * beta), kn = k < n ? k : n;
+    if (C < kn) C = kn;
+    return C > n ? n : C;
+}
+
+kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_shape *sh, int pool_mean, int update) {
+    return (kv_pariskv_gpu_cfg){.Hq = sh->num_q_heads, .Hkv = sh->num_kv_heads, .T = sh->max_tokens,
+                                .D = sh->head_dim, .dp = cx->dp, .m = cx->m, .nb = cx->nb,
+                                .rows = pool_mean ? sh->num_kv_heads : sh->num_q_heads, .max_update = update,
+                                .signs = cx->signs, .level = cx->level, .thr = cx->thr};
 }
