@@ -1,6 +1,6 @@
 /* pariskv.cu: the CUDA path of the ParisKV retriever (issue 4, point 5;
- * papers/pariskv.txt 4.1-4.2 and B.2), reproducing the CPU reference of
- * retrievers/pariskv.c / pariskv_encode.c for its default codec
+ * ParisKV paper 4.1-4.2 and B.2), reproducing the CPU reference of
+ * retrievers/pariskv.c / pariskv_codec.c for its default codec
  * (normalise + SRHT, analytic sign centroids, 4-bit codes, RSQ-IP rerank).
  *
  * Kernels, in search order:
@@ -21,7 +21,7 @@
  *              uint16 [rows][Tp] by absolute position. It also writes the
  *              tile's score histogram (fused: the bucket top-k's first
  *              pass, so the scores are read once less).
- *   bucket top-k  multi-block and deterministic: one block per row sums the
+ *   bucket top-k  (pariskv_bucket.cu) multi-block and deterministic: one block per row sums the
  *              per-tile histograms, finds the threshold (as
  *              kv_pariskv_bucket_topk) and turns per-tile counts into each
  *              tile's output offset and its share of the threshold ties
@@ -54,20 +54,9 @@
  * the lists and candidates. */
 #include <string.h>
 
-#include "ops/kv_cuda.h"
-#include "pariskv.h"
-#include "ops/topk.h"
+#include "pariskv_dev.cuh"
 
 namespace {
-
-constexpr int PK_TILE = 4096;     /* keys per bucket top-k tile */
-constexpr int PK_TH = 256;        /* threads of most kernels */
-constexpr int PK_PER_TH = PK_TILE / PK_TH;
-constexpr int PK_TIERS = 6;
-
-struct pk_lv {
-    float level[8], thr[7];
-};
 
 /* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies; `step`
  * threads from `tid` take part: one warp (WARP) or the whole block. */
@@ -201,39 +190,6 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     }
 }
 
-/* The 16 scores of [i0, i0+16) (uint4 loads when whole; outside [lo, end): 0xffff). */
-__device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int lo, int end, uint16_t v[16]) {
-    if (i0 >= lo && i0 + 16 <= end) {
-        const uint4 a = ((const uint4 *)(row + i0))[0], b = ((const uint4 *)(row + i0))[1];
-        const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 16; e++) v[e] = (uint16_t)(w[e >> 1] >> (16 * (e & 1)));
-    } else
-        for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
-}
-
-/* The block's tile histogram from each thread's 16 scores (0xffff: none):
- * per-warp shared histograms sh[warps][nbins], then thist[r][t][.] and the
- * row's ghist[r][.] (atomics; zeroed by the tier kernel of the search, or
- * by the caller). */
-__device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
-                             int *ghist) {
-    const int nw = blockDim.x >> 5;
-    for (int s = threadIdx.x; s < nw * nbins; s += blockDim.x) sh[s] = 0;
-    __syncthreads();
-    int *wh = sh + (threadIdx.x >> 5) * nbins;
-#pragma unroll
-    for (int e = 0; e < 16; e++)
-        if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
-    __syncthreads();
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) {
-        int c = 0;
-        for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
-        thist[((long long)r * ntiles + t) * nbins + s] = c;
-        if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
-    }
-}
-
 /* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
  * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
@@ -275,87 +231,6 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     for (int e = 0; e < 16; e++)
         v[e] = i0 + e >= lo && i0 + e < end ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
     pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
-}
-
-/* Tile t of row r (positions base + t*TILE + [0, TILE) within [lo, end)):
- * its histogram (the bucket top-k on scores it did not compute itself). */
-__global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles,
-                               int *thist, int *ghist) {
-    extern __shared__ int sh[]; /* [warps][nbins] */
-    uint16_t v[PK_PER_TH];
-    pk_load16(scores + blockIdx.y * ld, base + (long long)blockIdx.x * PK_TILE + threadIdx.x * PK_PER_TH, lo, end, v);
-    pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
-}
-
-/* One block per row: the threshold from the row's histogram (as
- * kv_pariskv_bucket_topk), then each tile's output offset and share of the
- * threshold ties (a thread per tile). */
-__global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
-                               int *thr_out) {
-    extern __shared__ int hs[]; /* [nbins] */
-    __shared__ int wsum[32], s_thr, s_take;
-    const int r = blockIdx.x;
-    const int *th = thist + (long long)r * ntiles * nbins;
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = ghist[(long long)r * nbins + s];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int thr = nbins - 1, above = 0;
-        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
-        s_thr = thr;
-        s_take = C - above;
-        thr_out[r] = thr;
-    }
-    __syncthreads();
-    const int thr = s_thr, take = s_take;
-    int carry_eq = 0, carry_sel = 0;
-    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
-        const int t = t0 + threadIdx.x;
-        int above = 0, eq = 0, tot;
-        if (t < ntiles) {
-            const int *tt = th + (long long)t * nbins;
-#pragma unroll 8
-            for (int s = thr + 1; s < nbins; s++) above += tt[s];
-            eq = tt[thr];
-        }
-        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
-        carry_eq += tot;
-        int et = min(max(take - eb, 0), eq), sel = above + et;
-        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
-        carry_sel += tot;
-        if (t < ntiles) {
-            toff[(long long)r * ntiles + t] = sb;
-            teq[(long long)r * ntiles + t] = et;
-        }
-    }
-}
-
-/* Tile t of row r: its selected positions, in index order, at the tile's offset. */
-__global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int ntiles,
-                                  const int *toff, const int *teq, const int *thr_arr, int32_t *cand,
-                                  long long cand_ld) {
-    __shared__ int wsum[32];
-    const int r = blockIdx.y, t = blockIdx.x, thr = thr_arr[r];
-    const int off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
-    const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
-    uint16_t v[PK_PER_TH];
-    pk_load16(scores + r * ld, i0, lo, end, v);
-    int a = 0, e = 0;
-#pragma unroll
-    for (int j = 0; j < PK_PER_TH; j++) {
-        a += v[j] != 0xffff && v[j] > thr;
-        e += v[j] == thr;
-    }
-    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum);
-    int ab = ex & 0xffff, eb = ex >> 16;
-    int32_t *out = cand + r * cand_ld + off;
-    for (int j = 0; j < PK_PER_TH; j++) {
-        if (v[j] == 0xffff) continue;
-        if (v[j] > thr) out[ab++ + min(eb, take)] = (int32_t)(i0 + j);
-        else if (v[j] == thr) {
-            if (eb < take) out[ab + eb] = (int32_t)(i0 + j);
-            eb++;
-        }
-    }
 }
 
 /* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
@@ -406,23 +281,6 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
 
 }  // namespace
 
-struct kv_pariskv_gpu {
-    kv_pariskv_gpu_cfg c;
-    int nc, cb, G, nh, nbins, ntiles_max, stage_tokens, kmax;
-    long long Tp;
-    pk_lv lv;
-    kv_cuda_dev dev;
-    cudaStream_t st;
-    float *signs, *w, *stage, *q, *qt, *qnorm, *csc;
-    uint8_t *ids, *code, *wt;
-    int *counts, *thist, *ghist, *toff, *teq, *thr;
-    uint16_t *scores;
-    int32_t *cand, *pos, *hpos;
-    kv_topk_ws tk;
-    int last_lo, last_n, last_C; /* of the last search, for read_last */
-    float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
-};
-
 namespace {
 
 kv_status pk_alloc(kv_pariskv_gpu *p) {
@@ -470,26 +328,6 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
     size_t smem = (size_t)nw * c->dp * 4 + (size_t)c->nb * p->nc * 4;
     pk_encode_kernel<<<dim3(bx, c->Hkv), nw * 32, smem, st>>>(src, half, gstride, a, n, c->D, c->dp, c->m, c->nb,
                                                               p->signs, p->lv, p->ids, p->code, p->w, p->counts, p->Tp);
-    KV_LAUNCH_CHECK();
-    return KV_OK;
-}
-
-/* The bucket top-k of rows of scores[r*ld + i], i in [lo, end) (base = lo
- * rounded down to 16): C positions per row to cand[r*cand_ld + j]; the
- * tile histograms are built here when with_hist, else the collision kernel
- * built them. */
-kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
-                    int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
-                    int with_hist, cudaStream_t st) {
-    if (with_hist) {
-        pk_hist_kernel<<<dim3(ntiles, R), PK_TH, (size_t)(PK_TH / 32) * nbins * 4, st>>>(scores, ld, base, lo, end,
-                                                                                        nbins, ntiles, thist, ghist);
-        KV_LAUNCH_CHECK();
-    }
-    pk_scan_kernel<<<R, 1024, (size_t)nbins * 4, st>>>(thist, ghist, nbins, ntiles, C, toff, teq, thr);
-    KV_LAUNCH_CHECK();
-    pk_compact_kernel<<<dim3(ntiles, R), PK_TH, 0, st>>>(scores, ld, base, lo, end, ntiles, toff, teq, thr, cand,
-                                                         cand_ld);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
@@ -684,47 +522,6 @@ static kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, f
 }
 
 namespace {
-struct pk_topk_host {
-    uint16_t *s;
-    int *thist, *ghist, *toff, *teq, *thr;
-    int32_t *cand;
-    cudaStream_t st;
-};
-kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, int max_score, int c, int32_t *out) {
-    const int nbins = max_score + 1, ntiles = (n + PK_TILE - 1) / PK_TILE;
-    const long long ld = ((long long)n + 15) & ~15LL;
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking));
-    KV_CUDA_ALLOC(h->s, (size_t)R * ld * 2, 0, "test scores");
-    KV_CUDA_ALLOC(h->thist, (size_t)R * ntiles * nbins * 4, 0, "test tile histograms");
-    KV_CUDA_ALLOC(h->ghist, (size_t)R * nbins * 4, 0, "test row histograms");
-    KV_CUDA_ALLOC(h->toff, (size_t)R * ntiles * 4, 0, "test tile offsets");
-    KV_CUDA_ALLOC(h->teq, (size_t)R * ntiles * 4, 0, "test tile ties");
-    KV_CUDA_ALLOC(h->thr, (size_t)R * 4, 0, "test thresholds");
-    KV_CUDA_ALLOC(h->cand, (size_t)R * c * 4, 0, "test candidates");
-    /* on h->st: a non-blocking stream does not wait for the legacy stream's copies */
-    KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
-    KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
-                                  cudaMemcpyHostToDevice, h->st));
-    KV_TRY(pk_bucket(h->s, ld, 0, 0, n, nbins, ntiles, R, c, h->thist, h->ghist, h->toff, h->teq, h->thr, h->cand, c,
-                     1, h->st));
-    KV_CUDA_TRY(cudaMemcpyAsync(out, h->cand, (size_t)R * c * 4, cudaMemcpyDeviceToHost, h->st));
-    KV_CUDA_TRY(cudaStreamSynchronize(h->st));
-    return KV_OK;
-}
-}  // namespace
-
-static kv_status kv_pariskv_gpu_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c,
-                                                     int32_t *out) {
-    if (R < 1 || n < 1 || c < 1 || c > n || max_score < 0 || max_score > 4095)
-        return kv_fail(KV_ERR_INPUT, "pariskv GPU bucket top-k: bad arguments (R %d n %d c %d)", R, n, c);
-    pk_topk_host h = {};
-    kv_status st = pk_topk_host_go(&h, score, R, n, max_score, c, out);
-    cudaFree(h.s); cudaFree(h.thist); cudaFree(h.ghist); cudaFree(h.toff); cudaFree(h.teq); cudaFree(h.thr); cudaFree(h.cand);
-    if (h.st) cudaStreamDestroy(h.st);
-    return st;
-}
-
-namespace {
 kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_spec *spec, const kv_gpu_keys *K,
                       const float *q, double beta, double rho, int multi, kv_gpu_stages *out) {
     const kv_pariskv_gpu_cfg *c = &p->c;
@@ -800,6 +597,6 @@ extern "C" const kv_pariskv_cuda_ops kv_pariskv_cuda = {
     .search = kv_pariskv_gpu_search,
     .read_index = kv_pariskv_gpu_read_index,
     .read_last = kv_pariskv_gpu_read_last,
-    .bucket_topk_host = kv_pariskv_gpu_bucket_topk_host,
+    .bucket_topk_host = pk_bucket_topk_host,
     .bench = kv_pariskv_gpu_bench,
 };

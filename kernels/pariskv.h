@@ -1,4 +1,4 @@
-/* pariskv.h: the C face of kernels/pariskv.cu and pariskv_encode.cu, the
+/* pariskv.h: the C face of kernels/pariskv.cu and pariskv_bucket.cu, the
  * CUDA path of the ParisKV retriever (retrievers/pariskv.c), as one table of
  * launchers (kv_pariskv_cuda; absent without nvcc). A kv_pariskv_gpu holds
  * one layer's index on the device (centroid ids, 4-bit codes, weights,

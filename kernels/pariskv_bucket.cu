@@ -1,0 +1,156 @@
+/* pariskv_bucket.cu: ParisKV's bucket top-k on the GPU (kernels/pariskv.cu
+ * runs it between the collision vote and the rerank): multi-block and
+ * deterministic. The tile histograms come from the collision kernel (fused)
+ * or from pk_hist_kernel; one block per row sums them, finds the threshold
+ * score as kv_pariskv_bucket_topk does (retrievers/pariskv_codec.c) and turns
+ * per-tile counts into each tile's output offset and its share of the
+ * threshold ties (ties go to the smallest positions: the first `take` ties
+ * in index order); then each tile compacts in index order with a block
+ * scan. The output equals the CPU's exactly. */
+#include "pariskv_dev.cuh"
+
+namespace {
+
+/* Tile t of row r (positions base + t*TILE + [0, TILE) within [lo, end)):
+ * its histogram (the bucket top-k on scores it did not compute itself). */
+__global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles,
+                               int *thist, int *ghist) {
+    extern __shared__ int sh[]; /* [warps][nbins] */
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + blockIdx.y * ld, base + (long long)blockIdx.x * PK_TILE + threadIdx.x * PK_PER_TH, lo, end, v);
+    pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
+}
+
+/* One block per row: the threshold from the row's histogram (as
+ * kv_pariskv_bucket_topk), then each tile's output offset and share of the
+ * threshold ties (a thread per tile). */
+__global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
+                               int *thr_out) {
+    extern __shared__ int hs[]; /* [nbins] */
+    __shared__ int wsum[32], s_thr, s_take;
+    const int r = blockIdx.x;
+    const int *th = thist + (long long)r * ntiles * nbins;
+    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = ghist[(long long)r * nbins + s];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int thr = nbins - 1, above = 0;
+        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
+        s_thr = thr;
+        s_take = C - above;
+        thr_out[r] = thr;
+    }
+    __syncthreads();
+    const int thr = s_thr, take = s_take;
+    int carry_eq = 0, carry_sel = 0;
+    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
+        const int t = t0 + threadIdx.x;
+        int above = 0, eq = 0, tot;
+        if (t < ntiles) {
+            const int *tt = th + (long long)t * nbins;
+#pragma unroll 8
+            for (int s = thr + 1; s < nbins; s++) above += tt[s];
+            eq = tt[thr];
+        }
+        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
+        carry_eq += tot;
+        int et = min(max(take - eb, 0), eq), sel = above + et;
+        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
+        carry_sel += tot;
+        if (t < ntiles) {
+            toff[(long long)r * ntiles + t] = sb;
+            teq[(long long)r * ntiles + t] = et;
+        }
+    }
+}
+
+/* Tile t of row r: its selected positions, in index order, at the tile's offset. */
+__global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int ntiles,
+                                  const int *toff, const int *teq, const int *thr_arr, int32_t *cand,
+                                  long long cand_ld) {
+    __shared__ int wsum[32];
+    const int r = blockIdx.y, t = blockIdx.x, thr = thr_arr[r];
+    const int off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
+    const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + r * ld, i0, lo, end, v);
+    int a = 0, e = 0;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        a += v[j] != 0xffff && v[j] > thr;
+        e += v[j] == thr;
+    }
+    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum);
+    int ab = ex & 0xffff, eb = ex >> 16;
+    int32_t *out = cand + r * cand_ld + off;
+    for (int j = 0; j < PK_PER_TH; j++) {
+        if (v[j] == 0xffff) continue;
+        if (v[j] > thr) out[ab++ + min(eb, take)] = (int32_t)(i0 + j);
+        else if (v[j] == thr) {
+            if (eb < take) out[ab + eb] = (int32_t)(i0 + j);
+            eb++;
+        }
+    }
+}
+
+}  // namespace
+
+/* The bucket top-k of rows of scores[r*ld + i], i in [lo, end) (base = lo
+ * rounded down to 16): C positions per row to cand[r*cand_ld + j]; the
+ * tile histograms are built here when with_hist, else the collision kernel
+ * built them. */
+kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
+                    int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
+                    int with_hist, cudaStream_t st) {
+    if (with_hist) {
+        pk_hist_kernel<<<dim3(ntiles, R), PK_TH, (size_t)(PK_TH / 32) * nbins * 4, st>>>(scores, ld, base, lo, end,
+                                                                                        nbins, ntiles, thist, ghist);
+        KV_LAUNCH_CHECK();
+    }
+    pk_scan_kernel<<<R, 1024, (size_t)nbins * 4, st>>>(thist, ghist, nbins, ntiles, C, toff, teq, thr);
+    KV_LAUNCH_CHECK();
+    pk_compact_kernel<<<dim3(ntiles, R), PK_TH, 0, st>>>(scores, ld, base, lo, end, ntiles, toff, teq, thr, cand,
+                                                         cand_ld);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+
+namespace {
+struct pk_topk_host {
+    uint16_t *s;
+    int *thist, *ghist, *toff, *teq, *thr;
+    int32_t *cand;
+    cudaStream_t st;
+};
+kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, int max_score, int c, int32_t *out) {
+    const int nbins = max_score + 1, ntiles = (n + PK_TILE - 1) / PK_TILE;
+    const long long ld = ((long long)n + 15) & ~15LL;
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking));
+    KV_CUDA_ALLOC(h->s, (size_t)R * ld * 2, 0, "test scores");
+    KV_CUDA_ALLOC(h->thist, (size_t)R * ntiles * nbins * 4, 0, "test tile histograms");
+    KV_CUDA_ALLOC(h->ghist, (size_t)R * nbins * 4, 0, "test row histograms");
+    KV_CUDA_ALLOC(h->toff, (size_t)R * ntiles * 4, 0, "test tile offsets");
+    KV_CUDA_ALLOC(h->teq, (size_t)R * ntiles * 4, 0, "test tile ties");
+    KV_CUDA_ALLOC(h->thr, (size_t)R * 4, 0, "test thresholds");
+    KV_CUDA_ALLOC(h->cand, (size_t)R * c * 4, 0, "test candidates");
+    /* on h->st: a non-blocking stream does not wait for the legacy stream's copies */
+    KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
+                                  cudaMemcpyHostToDevice, h->st));
+    KV_TRY(pk_bucket(h->s, ld, 0, 0, n, nbins, ntiles, R, c, h->thist, h->ghist, h->toff, h->teq, h->thr, h->cand, c,
+                     1, h->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(out, h->cand, (size_t)R * c * 4, cudaMemcpyDeviceToHost, h->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(h->st));
+    return KV_OK;
+}
+}  // namespace
+
+kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int32_t *out) {
+    if (R < 1 || n < 1 || c < 1 || c > n || max_score < 0 || max_score > 4095)
+        return kv_fail(KV_ERR_INPUT, "pariskv GPU bucket top-k: bad arguments (R %d n %d c %d)", R, n, c);
+    pk_topk_host h = {};
+    kv_status st = pk_topk_host_go(&h, score, R, n, max_score, c, out);
+    cudaFree(h.s); cudaFree(h.thist); cudaFree(h.ghist); cudaFree(h.toff); cudaFree(h.teq); cudaFree(h.thr); cudaFree(h.cand);
+    if (h.st) cudaStreamDestroy(h.st);
+    return st;
+}

@@ -1,0 +1,88 @@
+/* pariskv_dev.cuh: what kernels/pariskv.cu (encode, tiers, collision,
+ * rerank, the launchers) and kernels/pariskv_bucket.cu (the multi-block
+ * bucket top-k) share: the device state of one layer's index, the
+ * constants, the score loads and tile histograms the collision kernel fuses
+ * into its pass, and the bucket top-k's host entry. Included by those two
+ * .cu files only; the C face of the method is pariskv.h. */
+#ifndef KV_PARISKV_DEV_CUH
+#define KV_PARISKV_DEV_CUH
+
+#include "ops/kv_cuda.h"
+#include "ops/topk.h"
+#include "pariskv.h"
+
+constexpr int PK_TILE = 4096;     /* keys per bucket top-k tile */
+constexpr int PK_TH = 256;        /* threads of most kernels */
+constexpr int PK_PER_TH = PK_TILE / PK_TH;
+constexpr int PK_TIERS = 6;
+
+struct pk_lv {
+    float level[8], thr[7];
+};
+
+struct kv_pariskv_gpu {
+    kv_pariskv_gpu_cfg c;
+    int nc, cb, G, nh, nbins, ntiles_max, stage_tokens, kmax;
+    long long Tp;
+    pk_lv lv;
+    kv_cuda_dev dev;
+    cudaStream_t st;
+    float *signs, *w, *stage, *q, *qt, *qnorm, *csc;
+    uint8_t *ids, *code, *wt;
+    int *counts, *thist, *ghist, *toff, *teq, *thr;
+    uint16_t *scores;
+    int32_t *cand, *pos, *hpos;
+    kv_topk_ws tk;
+    int last_lo, last_n, last_C; /* of the last search, for read_last */
+    float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
+};
+
+namespace {
+
+/* The 16 scores of [i0, i0+16) (uint4 loads when whole; outside [lo, end): 0xffff). */
+__device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int lo, int end, uint16_t v[16]) {
+    if (i0 >= lo && i0 + 16 <= end) {
+        const uint4 a = ((const uint4 *)(row + i0))[0], b = ((const uint4 *)(row + i0))[1];
+        const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 16; e++) v[e] = (uint16_t)(w[e >> 1] >> (16 * (e & 1)));
+    } else
+        for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
+}
+
+/* The block's tile histogram from each thread's 16 scores (0xffff: none):
+ * per-warp shared histograms sh[warps][nbins], then thist[r][t][.] and the
+ * row's ghist[r][.] (atomics; zeroed by the tier kernel of the search, or
+ * by the caller). */
+__device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
+                             int *ghist) {
+    const int nw = blockDim.x >> 5;
+    for (int s = threadIdx.x; s < nw * nbins; s += blockDim.x) sh[s] = 0;
+    __syncthreads();
+    int *wh = sh + (threadIdx.x >> 5) * nbins;
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+        if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
+    __syncthreads();
+    for (int s = threadIdx.x; s < nbins; s += blockDim.x) {
+        int c = 0;
+        for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
+        thist[((long long)r * ntiles + t) * nbins + s] = c;
+        if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
+    }
+}
+
+}  // namespace
+
+/* ---- pariskv_bucket.cu ---- */
+/* The bucket top-k of rows of scores[r*ld + i], i in [lo, end) (base = lo
+ * rounded down to 16): C positions per row to cand[r*cand_ld + j]; the
+ * tile histograms are built here when with_hist, else the collision kernel
+ * built them. */
+kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
+                    int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
+                    int with_hist, cudaStream_t st);
+/* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
+kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int32_t *out);
+
+#endif
