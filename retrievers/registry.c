@@ -8,6 +8,7 @@
 extern const kv_method kv_method_exact;
 extern const kv_method kv_method_streaming;
 extern const kv_method kv_method_random;
+extern const kv_method kv_method_sampled;
 extern const kv_method kv_method_pqcache;
 extern const kv_method kv_method_quest;
 extern const kv_method kv_method_magicpig;
@@ -23,6 +24,7 @@ static const kv_method *const kv_registry[] = {
     &kv_method_exact,
     &kv_method_streaming,
     &kv_method_random,
+    &kv_method_sampled,
     &kv_method_pqcache,
     &kv_method_quest,
     &kv_method_magicpig,

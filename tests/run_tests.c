@@ -28,6 +28,8 @@ extern char kv_test_reason[512];
     X(protocol_hand_case, 0)                               \
     X(protocol_rejects_contract_breaks, 0)                 \
     X(conformance_all_methods, 0)                          \
+    X(sampled_full_is_exact, 0)                            \
+    X(sampled_topk_of_its_sample, 0)                       \
     X(pqcache_codes_are_nearest, 0)                        \
     X(pqcache_kmeans_lowers_error, 0)                      \
     X(pqcache_adc_matches_direct, 0)                       \
