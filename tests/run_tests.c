@@ -75,6 +75,7 @@ extern char kv_test_reason[512];
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \
     X(results_atomic_on_failure, KV_NEEDS_SUBPROCESS)      \
+    X(ablate_script, KV_NEEDS_SUBPROCESS)                  \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
 
 #define KV_DECLARE(name, needs) int test_##name(void);

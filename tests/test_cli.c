@@ -284,3 +284,11 @@ int test_dump_trace_tiny_models(void) {
     CHECK(rc == 0, "tests/test_dump_trace.py exit %d:\n%s\n%s", rc, out, err);
     return KV_TEST_PASS;
 }
+
+/* scripts/ablate.py (standard library only) against direct kvbench runs: tests/test_ablate.py. */
+int test_ablate_script(void) {
+    int rc = sh("KVBENCH_BIN=%s python3 tests/test_ablate.py", kv_test_bin());
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_ablate.py exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
