@@ -35,9 +35,11 @@
  *   double in that order), f = .05 .15 .30 .50 .75 1; its bonus is the
  *   number of tiers that hold it (6..1). Key score: sum over subspaces,
  *   in [0, 6B]. Counts cover exactly the n searchable keys of the step.
- * - Stage I keeps C = ceil(beta * n) candidates (released: max(1, that)),
- *   raised to min(k, n) so the budget is never wasted on short regions
- *   (the released code runs full attention there instead). Bucket top-k:
+ * - Stage I keeps C = max(1, ceil(beta * n)) candidates, as released, so
+ *   on a short region (C < k) fewer than k keys are selected (the released
+ *   code runs full attention below 2000 tokens instead, which no budgeted
+ *   benchmark can); cand_floor=1 raises C to min(k, n) so the budget is
+ *   never wasted (kvbench's default before issue 15). Bucket top-k:
  *   histogram, threshold, compaction in index order; ties at the threshold
  *   go to the smaller index. Final top-k (kernels/topk.h): larger estimate
  *   first, smaller index among equals.
@@ -48,14 +50,20 @@
  *   < 30K: .2/.25, else .1/.2); any other value fixes it.
  * - RSQ-IP accumulates in float32 (bf16 in the released kernel); weights
  *   are stored in float32 (bf16 there).
- * - Decode updates: the protocol fixes sink S and local window W; the
- *   index holds [S, P) from build(). Appended keys wait in the update
- *   buffer; when `update` of them have accumulated they are encoded and
- *   indexed together (the released interval, 256 or 512 in their
- *   configs). At step t only indexed keys inside the region [S, t+1-W) are
- *   searchable (indexed keys still in the local window are filtered out of
- *   the search and of the centroid counts); region tokens not yet indexed
- *   are attended densely and reported as extra indices.
+ * - Index layout (layout=released, the default, as polar_cache.py does it):
+ *   the protocol fixes sink S and local window W, and keys inside the local
+ *   window are never indexed. build() indexes [S, P-W); the last W prefill
+ *   keys and every appended key wait raw in the update buffer; every
+ *   `update` decode tokens (the released interval, 256 or 512 in their
+ *   configs) the buffered keys that have left the window, [n_idx, t+1-W),
+ *   are encoded and indexed together. Region tokens not yet indexed,
+ *   [n_idx, t+1-W), are attended densely and reported as extra indices:
+ *   between updates 0 .. update-1 of them (the released code's "update
+ *   buffer" beside its local window). layout=eager is kvbench's layout
+ *   before issue 15 (build [S, P), each update folds the whole buffer, the
+ *   newest W keys included, which then sit indexed inside the window and
+ *   are filtered out of the search and of the centroid counts): about W
+ *   fewer extra tokens per step, kept to measure what that costs.
  * - Ablations: centroids=kmeans learns 2^m centroids per (kv head,
  *   subspace) by Lloyd k-means (Euclidean) on the transformed prefill key
  *   blocks of [S, P) (a seeded sample of at most kmeans_sample keys,
@@ -122,15 +130,18 @@ typedef struct {
     kv_shape sh;
     kv_pariskv_codec cx;
     int nc, update, pool_mean, multi, rerank, kmeans, km_iters, km_sample;
+    int released;     /* layout=released: the local window is never indexed */
+    int cand_floor;   /* raise Stage I's C to min(k, n) */
+    int pend_cap;     /* update buffer capacity: U (+ W with the released layout) */
     double beta, rho; /* 0: adaptive */
     int n_seen;       /* positions 0..n_seen-1 handed over */
     int n_idx;        /* positions [sink, n_idx) are indexed */
-    int pend_start;   /* first position not yet folded into the index */
+    int pend_start;   /* first position held in the update buffer (= n_idx once the buffer holds any) */
     uint8_t *ids, *code;
     float *w;
     int32_t *counts;  /* [Hkv][B][nc] */
     float *cent, *cnorm; /* kmeans: [Hkv][B][nc][m], [Hkv][B][nc] */
-    float *pend;      /* [Hkv][update][D] buffered raw keys */
+    float *pend;      /* [Hkv][pend_cap][D] raw keys of the positions [pend_start, n_seen) */
     float *keys;      /* rerank=exact: [Hkv][T][D] */
     kv_pariskv_gpu *gpu; /* GPU path: the index lives on the device (kernels/pariskv.cu) */
     int32_t *gout, *gcand; /* GPU path: host [rows][k_cap] lists, [rows][T] candidates */
@@ -146,6 +157,11 @@ static const kv_param_spec pariskv_params[] = {
      "magnitude levels: 100 Lloyd-Max iterations from quantiles (released code) or the converged fixed point"},
     {"update", KV_PARAM_INT, KV_PARAM_BUILD, 256, 1, 1048576, NULL,
      "decode tokens buffered (attended densely) before they are encoded into the index together"},
+    {"layout", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "released|eager",
+     "released: the index never holds the local window (build [S, P-W), each update folds what left the window); "
+     "eager: build [S, P), each update folds the whole buffer, the newest W keys included (kvbench before issue 15)"},
+    {"cand_floor", KV_PARAM_INT, KV_PARAM_SEARCH, 0, 0, 1, NULL,
+     "1: raise Stage I's candidate count ceil(beta*n) to min(k, n) so the budget is never wasted; 0: max(1, ceil(beta*n)) as released"},
     {"pool", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "mean|none",
      "mean: one retrieval per kv head from the mean of its group's queries; none: one per query head"},
     {"beta", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0, 0, 1, NULL,
@@ -211,6 +227,8 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->kmeans = kv_param_int(ps, "centroids") == 1;
     s->km_iters = kv_param_int(ps, "kmeans_iters");
     s->km_sample = kv_param_int(ps, "kmeans_sample");
+    s->released = kv_param_int(ps, "layout") == 0;
+    s->cand_floor = kv_param_int(ps, "cand_floor");
     uint64_t seed = sh->seed + (uint64_t)kv_param_int(ps, "seed");
     kv_status st = kv_pariskv_codec_init(&s->cx, sh->head_dim, kv_param_int(ps, "m"), kv_param_int(ps, "rotation") == 0,
                                          kv_param_int(ps, "normalize"), kv_param_int(ps, "lloyd"), seed);
@@ -219,7 +237,9 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->sh.seed = seed;
     int Hkv = sh->num_kv_heads, T = sh->max_tokens, D = sh->head_dim, nb = s->cx.nb, dp = s->cx.dp;
     size_t nt = (size_t)Hkv * T;
-    int pend_n = s->update < T ? s->update : T;
+    int pend_n = (s->update < T ? s->update : T) + (s->released ? sh->local : 0);
+    if (pend_n > T) pend_n = T;
+    s->pend_cap = pend_n;
     if (sh->use_gpu && pk_gpu_ok(ps, D)) { /* the index lives on the device; the update buffer on the host */
         kv_pariskv_gpu_cfg cfg = kv_pariskv_gpu_config(&s->cx, sh, s->pool_mean, pend_n);
         if ((st = kv_gpu_table(&kv_pariskv_cuda)) != KV_OK || (st = kv_pariskv_cuda.create(&cfg, &s->gpu)) != KV_OK) {
@@ -411,10 +431,17 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
         for (int g = 0; g < Hkv; g++)
             memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
     if (s->kmeans) KV_TRY(kmeans_train(s, pre));
-    if (P > S && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, S, P, pre->k + (size_t)S * D, (size_t)P * D));
-    else if (P > S) KV_TRY(encode_range(s, S, P, pre->k + (size_t)S * D, (size_t)P * D));
-    s->n_seen = s->pend_start = P;
-    s->n_idx = P > S ? P : S;
+    /* released layout: the prefill's last W keys are the local window, kept raw in the buffer */
+    int e = s->released ? P - s->sh.local : P;
+    if (e < S) e = S;
+    if (e > S && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, S, e, pre->k + (size_t)S * D, (size_t)P * D));
+    else if (e > S) KV_TRY(encode_range(s, S, e, pre->k + (size_t)S * D, (size_t)P * D));
+    s->n_idx = e;
+    s->pend_start = e > P ? P : e;
+    for (int g = 0; g < Hkv; g++)
+        memcpy(s->pend + (size_t)g * s->pend_cap * D, pre->k + ((size_t)g * P + s->pend_start) * D,
+               (size_t)(P - s->pend_start) * D * sizeof(float));
+    s->n_seen = P;
     return KV_OK;
 }
 
@@ -422,21 +449,33 @@ static kv_status pk_append(void *st, int t, const float *k, const float *v, cons
     pk_state *s = st;
     (void)v; (void)q;
     int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, U = s->update < T ? s->update : T;
+    int P = s->sh.prefill_len, cap = s->pend_cap;
     if (t != s->n_seen || t >= T) return kv_fail(KV_ERR_INTERNAL, "pariskv: append of position %d, expected %d", t, s->n_seen);
     int slot = t - s->pend_start;
+    if (slot >= cap) return kv_fail(KV_ERR_INTERNAL, "pariskv: update buffer overflow at position %d", t);
     for (int g = 0; g < Hkv; g++) {
-        memcpy(s->pend + ((size_t)g * U + slot) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
+        memcpy(s->pend + ((size_t)g * cap + slot) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
         if (s->keys) memcpy(s->keys + ((size_t)g * T + t) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
     }
     s->n_seen = t + 1;
-    if (slot + 1 < U) return KV_OK;
-    /* the buffer is full: fold it into the index (positions of the sink are never searched) */
-    int a = s->pend_start > s->sh.sink ? s->pend_start : s->sh.sink;
-    const float *src = s->pend + (size_t)(a - s->pend_start) * D;
-    if (a <= t && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, a, t + 1, src, (size_t)U * D));
-    else if (a <= t) KV_TRY(encode_range(s, a, t + 1, src, (size_t)U * D));
-    s->pend_start = t + 1;
-    if (t + 1 > s->n_idx) s->n_idx = t + 1;
+    if ((t + 1 - P) % U != 0) return KV_OK;
+    /* every U decode tokens (the released interval): fold the buffered keys into the index, up to the
+     * local window's start with the released layout, all of them with the eager one; the sink is never indexed */
+    int b = s->released ? t + 1 - s->sh.local : t + 1, a = s->pend_start > s->sh.sink ? s->pend_start : s->sh.sink;
+    if (b > a) {
+        const float *src = s->pend + (size_t)(a - s->pend_start) * D;
+        if (s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, a, b, src, (size_t)cap * D));
+        else KV_TRY(encode_range(s, a, b, src, (size_t)cap * D));
+        s->n_idx = b;
+    }
+    /* keep the keys not yet indexed [max(b, pend_start), t] at the buffer's front */
+    int keep0 = b > s->pend_start ? b : s->pend_start;
+    if (keep0 > s->pend_start) {
+        for (int g = 0; g < Hkv; g++)
+            memmove(s->pend + (size_t)g * cap * D, s->pend + ((size_t)g * cap + keep0 - s->pend_start) * D,
+                    (size_t)(t + 1 - keep0) * D * sizeof(float));
+        s->pend_start = keep0;
+    }
     return KV_OK;
 }
 
@@ -479,7 +518,7 @@ static int search_one(pk_state *s, pk_scratch *c, int g, int t, int k, int *n_ca
         for (int b = 0; b < nb; b++) sc += c->wt[b * nc + ids[b]];
         c->score[i] = (uint16_t)sc;
     }
-    int C = kv_pariskv_candidates(n, beta, k);
+    int C = kv_pariskv_candidates(n, beta, k, s->cand_floor);
     C = kv_pariskv_bucket_topk(c->score, n, (s->multi ? KV_PARISKV_TIERS : 1) * nb, C, c->cand, c->hist);
     if (s->rerank == RERANK_RSQIP) kv_pariskv_query_lut(cx, c->qt, c->lut);
     for (int j = 0; j < C; j++) {
@@ -506,7 +545,7 @@ static kv_status search_gpu(pk_state *s, int t, const float *q, int k, kv_select
     if (n <= 0 || k <= 0) return KV_OK;
     double beta = s->beta, rho = s->rho, ab, ar;
     kv_pariskv_adaptive_ratios(n, &ab, &ar);
-    kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = s->n_idx, .C = kv_pariskv_candidates(n, beta > 0 ? beta : ab, k),
+    kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = s->n_idx, .C = kv_pariskv_candidates(n, beta > 0 ? beta : ab, k, s->cand_floor),
                                 .k = k, .multi = s->multi, .rho = rho > 0 ? rho : ar};
     int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
     if (k > s->gk_cap) {

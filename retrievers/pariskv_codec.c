@@ -258,9 +258,10 @@ void kv_pariskv_adaptive_ratios(int n, double *beta, double *rho) {
     else { *beta = 0.1; *rho = 0.2; }
 }
 
-int kv_pariskv_candidates(int n, double beta, int k) {
+int kv_pariskv_candidates(int n, double beta, int k, int floor_k) {
     int C = (int)ceil((double)n * beta), kn = k < n ? k : n;
-    if (C < kn) C = kn;
+    if (C < 1) C = 1;
+    if (floor_k && C < kn) C = kn;
     return C > n ? n : C;
 }
 

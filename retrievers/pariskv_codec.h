@@ -87,8 +87,9 @@ int kv_pariskv_bucket_topk(const uint16_t *score, int n, int max_score, int c, i
  * the retrieval-zone length n. */
 void kv_pariskv_adaptive_ratios(int n, double *beta, double *rho);
 
-/* Stage I's candidate count: ceil(beta * n) raised to min(k, n), at most n. */
-int kv_pariskv_candidates(int n, double beta, int k);
+/* Stage I's candidate count: max(1, ceil(beta * n)) as released, raised to
+ * min(k, n) when floor_k, at most n (n >= 1). */
+int kv_pariskv_candidates(int n, double beta, int k, int floor_k);
 /* The device index's configuration for codec cx (its signs and levels are
  * read, not kept, by kv_pariskv_cuda.create). */
 kv_pariskv_gpu_cfg kv_pariskv_gpu_config(const kv_pariskv_codec *cx, const kv_shape *sh, int pool_mean, int update);

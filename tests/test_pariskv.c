@@ -368,14 +368,14 @@ int test_pariskv_stage1_brute_force(void) {
     kv_layer L;
     const int P = 500;
     layer_random(&L, 4, 2, 700, 32, 43);
-    int S = 4, W = 16, k = 24, m = 4, nb = 8, nc = 16, t = 560; /* update 256: positions >= 500 are extra at t */
+    int S = 4, W = 16, k = 24, m = 4, nb = 8, nc = 16, t = 560; /* update 256: positions >= P-W are extra at t */
     const char *pp[] = {"rerank=none", "m=4", "rho=0.3", "beta=0.2", NULL};
     kv_test_driver a;
     CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
     CHECK_OK(kv_test_driver_step(&a, t, k));
     kv_pariskv_codec c;
     CHECK_OK(kv_pariskv_codec_init(&c, L.D, m, 1, 1, 0, a.sh.seed)); /* the method's seed: shape seed + seed=0 */
-    int n = P - S; /* searchable: indexed [S, P) */
+    int n = P - W - S; /* searchable: indexed [S, P-W) (the released layout never indexes the local window) */
     float xt[32];
     uint8_t *id = malloc((size_t)n * nb);
     int *score = calloc((size_t)n, sizeof(int));
@@ -419,10 +419,10 @@ int test_pariskv_stage1_brute_force(void) {
         }
         free(p);
     }
-    /* the positions appended since the build are not indexed yet: extra, within the region */
+    /* the region's positions not indexed yet, [P-W, t+1-W): extra */
     for (int g = 0; g < L.Hkv; g++) {
-        CHECK(a.sel.n_extra[g] == t + 1 - W - P, "extra %d", a.sel.n_extra[g]);
-        for (int j = 0; j < a.sel.n_extra[g]; j++) CHECK(a.sel.extra[g * a.sel.extra_cap + j] == P + j, "extra index");
+        CHECK(a.sel.n_extra[g] == t + 1 - P, "extra %d", a.sel.n_extra[g]);
+        for (int j = 0; j < a.sel.n_extra[g]; j++) CHECK(a.sel.extra[g * a.sel.extra_cap + j] == P - W + j, "extra index");
     }
     free(id); free(score);
     kv_pariskv_codec_free(&c);
@@ -431,43 +431,56 @@ int test_pariskv_stage1_brute_force(void) {
     return KV_TEST_PASS;
 }
 
+/* The index layout and the update buffer, for both layouts, against the
+ * positions worked out here: released (the default) indexes [S, P-W) at
+ * build and, every U decode tokens, what has left the local window, so the
+ * window is never indexed and the extra tokens are the appended % U keys
+ * before it; eager indexes [S, P) and folds the whole buffer. With beta = 1
+ * the candidates are exactly the searchable keys, in position order. */
 int test_pariskv_update_buffer(void) {
     kv_layer L;
     const int P = 200;
     layer_random(&L, 4, 2, 400, 32, 47);
     int S = 4, W = 16, k = 8, U = 32;
-    const char *pp[] = {"update=32", "beta=1", NULL};
-    kv_test_driver a;
-    CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
     size_t per_key = 2 * (4 + 16 + 4 * 4); /* 2 kv heads x (B ids + D/2 code bytes + 4B weight bytes), D=32, m=8 */
-    CHECK(a.m->memory_bytes(a.st) == (size_t)(P - S) * per_key + 2 * 4 * 256 * 4, "index bytes after build: %zu",
-          a.m->memory_bytes(a.st));
-    for (int t = P; t < L.T; t++) {
-        CHECK_OK(kv_test_driver_step(&a, t, k));
-        int appended = t + 1 - P, folded = P + appended / U * U, hi = t + 1 - W;
-        int want_extra = hi > folded ? hi - folded : 0, searchable = (folded < hi ? folded : hi) - S;
-        for (int g = 0; g < L.Hkv; g++) {
-            CHECK(a.sel.n_extra[g] == want_extra, "t %d: %d extra, want %d", t, a.sel.n_extra[g], want_extra);
-            for (int j = 0; j < want_extra; j++) CHECK(a.sel.extra[g * a.sel.extra_cap + j] == folded + j, "extra index");
-        }
-        for (int h = 0; h < L.Hq; h++) {
-            /* beta = 1: the candidates are exactly the searchable keys [S, min(folded, hi)) */
-            CHECK(a.sel.n_cand[h] == searchable, "t %d: %d candidates, want %d", t, a.sel.n_cand[h], searchable);
-            for (int j = 0; j < a.sel.n_cand[h]; j++) CHECK(a.sel.cand[h * a.sel.cand_cap + j] == S + j, "candidate order");
-            for (int j = 0; j < a.sel.count[h]; j++) {
-                int i = a.sel.idx[h * a.sel.cap + j];
-                CHECK(i >= S && i < hi && i < folded, "t %d: selected %d outside the indexed region", t, i);
+    for (int released = 1; released >= 0; released--) {
+        const char *pp[] = {"update=32", "beta=1", released ? "layout=released" : "layout=eager", NULL};
+        const char *name = released ? "released" : "eager";
+        kv_test_driver a;
+        CHECK_OK(drv_open(&a, "pariskv", pp, &L, P, S, W, k));
+        int idx0 = released ? P - W : P;
+        CHECK(a.m->memory_bytes(a.st) == (size_t)(idx0 - S) * per_key + 2 * 4 * 256 * 4, "%s: index bytes after build: %zu",
+              name, a.m->memory_bytes(a.st));
+        for (int t = P; t < L.T; t++) {
+            CHECK_OK(kv_test_driver_step(&a, t, k));
+            int appended = t + 1 - P, hi = t + 1 - W, n_idx = idx0 + appended / U * U;
+            int want_extra = hi > n_idx ? hi - n_idx : 0, searchable = (n_idx < hi ? n_idx : hi) - S;
+            if (released) CHECK(n_idx <= hi && want_extra == appended % U, "%s: layout arithmetic at %d", name, t);
+            for (int g = 0; g < L.Hkv; g++) {
+                CHECK(a.sel.n_extra[g] == want_extra, "%s t %d: %d extra, want %d", name, t, a.sel.n_extra[g], want_extra);
+                for (int j = 0; j < want_extra; j++)
+                    CHECK(a.sel.extra[g * a.sel.extra_cap + j] == n_idx + j, "%s: extra index", name);
             }
-            /* pool=mean: the group's query heads share the list */
-            if (h % 2) CHECK(a.sel.count[h] == a.sel.count[h - 1] &&
-                                 !memcmp(a.sel.idx + h * a.sel.cap, a.sel.idx + (h - 1) * a.sel.cap, a.sel.count[h] * 4),
-                             "group lists differ");
+            for (int h = 0; h < L.Hq; h++) {
+                CHECK(a.sel.n_cand[h] == searchable, "%s t %d: %d candidates, want %d", name, t, a.sel.n_cand[h], searchable);
+                for (int j = 0; j < a.sel.n_cand[h]; j++)
+                    CHECK(a.sel.cand[h * a.sel.cand_cap + j] == S + j, "%s: candidate order", name);
+                CHECK(a.sel.count[h] == (searchable < k ? searchable : k), "%s t %d: %d selected", name, t, a.sel.count[h]);
+                for (int j = 0; j < a.sel.count[h]; j++) {
+                    int i = a.sel.idx[h * a.sel.cap + j];
+                    CHECK(i >= S && i < hi && i < n_idx, "%s t %d: selected %d outside the indexed region", name, t, i);
+                }
+                /* pool=mean: the group's query heads share the list */
+                if (h % 2) CHECK(a.sel.count[h] == a.sel.count[h - 1] &&
+                                     !memcmp(a.sel.idx + h * a.sel.cap, a.sel.idx + (h - 1) * a.sel.cap, a.sel.count[h] * 4),
+                                 "%s: group lists differ", name);
+            }
+            if (appended % U == 0) /* just folded */
+                CHECK(a.m->memory_bytes(a.st) == (size_t)(n_idx - S) * per_key + 2 * 4 * 256 * 4, "%s t %d: index bytes %zu",
+                      name, t, a.m->memory_bytes(a.st));
         }
-        if (appended % U == 0) /* just folded: the whole batch indexed */
-            CHECK(a.m->memory_bytes(a.st) == (size_t)(t + 1 - S) * per_key + 2 * 4 * 256 * 4, "t %d: index bytes %zu", t,
-                  a.m->memory_bytes(a.st));
+        kv_test_driver_close(&a);
     }
-    kv_test_driver_close(&a);
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
@@ -497,7 +510,9 @@ int test_pariskv_ablation_variants(void) {
             int hi = t + 1 - W;
             for (int h = 0; h < L.Hq; h++) {
                 const int32_t *idx = a.sel.idx + h * a.sel.cap, *cand = a.sel.cand + h * a.sel.cand_cap;
-                CHECK(a.sel.count[h] == k, "%s: count %d at %d", variants[v][0], a.sel.count[h], t);
+                /* the list is the top min(k, C) of the C candidates (no floor by default, as released) */
+                CHECK(a.sel.count[h] == (a.sel.n_cand[h] < k ? a.sel.n_cand[h] : k) && a.sel.n_cand[h] >= 1,
+                      "%s: count %d of %d candidates at %d", variants[v][0], a.sel.count[h], a.sel.n_cand[h], t);
                 for (int j = 0; j < a.sel.count[h]; j++) {
                     int in_cand = 0;
                     for (int c = 0; c < a.sel.n_cand[h]; c++) in_cand |= cand[c] == idx[j];

@@ -117,7 +117,7 @@ static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int e
     const kv_pariskv_codec *cx = &f->cx;
     int D = f->D, nb = cx->nb, cb = cx->code_bytes, nc = 1 << cx->m, n = end - lo, R = f->rows;
     int nh = R == f->Hkv ? f->Hq / f->Hkv : 1, G = f->Hq / f->Hkv;
-    int C = kv_pariskv_candidates(n, beta, k), kk = k < C ? k : C, maxs = (multi ? KV_PARISKV_TIERS : 1) * nb;
+    int C = kv_pariskv_candidates(n, beta, k, 1), kk = k < C ? k : C, maxs = (multi ? KV_PARISKV_TIERS : 1) * nb;
     float *q = malloc((size_t)f->Hq * D * 4), *qv = malloc((size_t)D * 4), *qt = malloc((size_t)cx->dp * 4);
     float *lut = malloc((size_t)cx->dp * 16 * 4), *csc = malloc((size_t)R * C * 4), *want_csc = malloc((size_t)C * 4);
     float cs[256];
