@@ -408,6 +408,7 @@ kv_status kv_results_write(const char *dir, const kv_run_meta *mt, const kv_meth
         char *gone;
         st = swap_in(tmp, dir, &gone);
         if (st == KV_OK) {
+            kv_cleanup_test_point("results-swapped");
             untrack(&t, 0);                  /* tmp's names now hold the old files (exchange) or nothing */
             if (track(&old, gone) == KV_OK) untrack(&old, 1);
             else untrack(&old, 0);

@@ -213,8 +213,7 @@ int cmd_run(int argc, char **argv) {
     char *out = o.out ? kv_strfmt("%s", o.out) : NULL;
     if (o.out && !out) return kv_report(KV_ERR_NOMEM);
     for (size_t n = out ? strlen(out) : 0; n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0; /* "dir/" is "dir" */
-    kv_status st = out ? kv_results_check_out(out, o.force)
-                       : kv_check_parent("--out", "results/<trace>-<layer>-<time> (the default)");
+    kv_status st = out ? kv_results_check_out(out, o.force) : KV_OK; /* the default: once the trace is open */
     if (st != KV_OK) { free(out); return kv_report(st); }
 
     kv_run_meta meta = {.k = o.k, .sink = o.sink, .local = o.local, .stride = o.stride, .max_steps = o.max_steps,
@@ -251,7 +250,8 @@ int cmd_run(int argc, char **argv) {
                         "(min(k, region) at each step)\n", o.k, in->num_tokens, o.sink, o.local, region, meta.k_effective);
     if (st == KV_OK && !out) {
         out = default_out(in, meta.layer);
-        st = out ? kv_results_check_out(out, o.force) : KV_ERR_NOMEM;
+        st = !out ? KV_ERR_NOMEM : kv_check_parent("--out", "results/<trace>-<layer>-<time> (the default)");
+        if (st == KV_OK) st = kv_results_check_out(out, o.force);
     }
     if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
     if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }

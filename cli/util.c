@@ -54,8 +54,7 @@ int kv_parse_float(const char *s, double lo, double hi, double *out) {
 }
 
 static void describe_range(long lo, long hi, char *buf, size_t cap) {
-    if (hi >= INT_MAX) snprintf(buf, cap, "an integer >= %ld", lo);
-    else snprintf(buf, cap, "an integer in [%ld, %ld]", lo, hi);
+    snprintf(buf, cap, "an integer in [%ld, %ld]", lo, hi);
 }
 
 int kv_opt_int(const char *cmd, const char *name, const char *s, long lo, long hi, int *out) {
