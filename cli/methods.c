@@ -47,7 +47,9 @@ int kv_pick_methods(const char *cmd, const char *list, const char *const *params
                     if (st != KV_OK) return kv_report(st);
                     applied = 1;
                 }
-            if (!applied) return kv_usage_error(cmd, "--param %s: method '%.*s' is not in --method", a, (int)(dot - a), a);
+            if (!applied)
+                return kv_usage_error(cmd, "--param %s: expected a method of --method (%s), found '%.*s'", a, list,
+                                      (int)(dot - a), a);
             continue;
         }
         size_t nl = eq ? (size_t)(eq - a) : strlen(a);
