@@ -4,9 +4,13 @@
  * softmax_scale, an inf in the trace) is an input error naming the trace,
  * layer, query head, step and key position: left alone it would silently
  * drop rows from every mean and make even exact look imperfect. The CPU
- * path checks every score; the GPU path checks m, Z and o_full of each head
- * (a non-finite score makes m infinite or Z NaN) and then finds the
- * position with the C reference scores of that one head. */
+ * path checks every score. The GPU path checks m, Z and o_full of each
+ * head (a score of +inf or NaN makes m infinite or Z NaN), and, since a
+ * score of -inf leaves them finite, bounds every score by Cauchy-Schwarz:
+ * |s| <= |q| max_i |k_i| max(scale, 1), which also bounds every partial
+ * sum of the dot product; only a head whose bound reaches 1e38 (never, on
+ * real data) has its scores computed on the host to decide. Either way the
+ * position comes from the C reference scores of that one head. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +31,7 @@ struct kv_oracle {
     double *acc;    /* CPU: [Hq][D] output accumulators */
     int *bad_pos;   /* CPU: [Hq], the first non-finite score's position, or -1 */
     float *row;     /* GPU: one head's scores, computed on the host to locate a non-finite score */
+    double *kmax;   /* GPU: [Hkv] the largest key norm of the layer */
     const char *path, *layer; /* for messages */
 };
 
@@ -46,7 +51,17 @@ kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, 
         return KV_ERR_NOMEM;
     }
     kv_status st = KV_OK;
-    if (use_gpu) st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
+    if (use_gpu) {
+        st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
+        if (st == KV_OK && !(o->kmax = kv_calloc((size_t)L->Hkv, sizeof(double), "oracle key norms"))) st = KV_ERR_NOMEM;
+        for (int g = 0; st == KV_OK && g < L->Hkv; g++)
+            for (int i = 0; i < L->T; i++) {
+                const float *k = L->k + ((size_t)g * L->T + i) * L->D;
+                double n = 0;
+                for (int d = 0; d < L->D; d++) n += (double)k[d] * k[d];
+                if (sqrt(n) > o->kmax[g]) o->kmax[g] = sqrt(n);
+            }
+    }
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
         o->scratch = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scratch");
@@ -113,11 +128,15 @@ static kv_status check_gpu(kv_oracle *o, int t, const float *q) {
     for (int h = 0; h < L->Hq; h++) {
         int ok = isfinite(o->res.m[h]) && isfinite(o->res.Z[h]) && o->res.Z[h] > 0;
         for (int d = 0; ok && o->res.o_full && d < L->D; d++) ok = isfinite(o->res.o_full[(size_t)h * L->D + d]);
-        if (ok) continue;
+        double qn = 0;
+        for (int d = 0; d < L->D; d++) qn += (double)q[(size_t)h * L->D + d] * q[(size_t)h * L->D + d];
+        int bounded = sqrt(qn) * o->kmax[h / o->G] * (o->scale > 1 ? o->scale : 1) < 1e38;
+        if (ok && bounded) continue;
         if (!o->row && !(o->row = kv_malloc((size_t)L->T * sizeof(float), "oracle check row"))) return KV_ERR_NOMEM;
         kv_scores_ref(q + (size_t)h * L->D, L->k + (size_t)(h / o->G) * L->T * L->D, t + 1, L->D, o->scale, o->row);
         for (int i = 0; i <= t; i++)
             if (!isfinite(o->row[i])) return nonfinite(o, t, h, i, o->row[i]);
+        if (ok) continue; /* only the bound was large: every score is finite */
         return kv_fail(KV_ERR_INPUT, "%s: layer %s, query head %d, step %d: the GPU oracle's softmax is not finite "
                        "(max %g, sum %g) although every score is: the trace's values are out of range",
                        o->path ? o->path : "trace", o->layer ? o->layer : "?", h, t, o->res.m[h], o->res.Z[h]);
@@ -168,5 +187,6 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->acc);
     free(o->bad_pos);
     free(o->row);
+    free(o->kmax);
     free(o);
 }
