@@ -312,7 +312,7 @@ int cmd_bench(int argc, char **argv) {
     printf("%-10s %9s  %-11s %11s %11s %10s %8s %7s  %s\n", "method", "tokens", "stage", "median_us", "p90_us", "MB",
            "GB/s", use_gpu ? "%copy" : "", "note");
     size_t l2 = 0, flush = 0;
-    char notes[16][512] = {{0}};
+    char notes[16][sizeof ((kv_gpu_stages *)0)->bytes_note] = {{0}}; /* one per method (at most 16), as long as the hook's */
     for (int li = 0; li < o.n_tokens && st == KV_OK; li++) {
         bench_opts ol = o; /* this length's options: k clamped to the retrievable region [0, T) */
         if (ol.k > o.tokens[li]) {

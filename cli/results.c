@@ -387,16 +387,15 @@ kv_status kv_results_write(const char *dir, const kv_run_meta *mt, const kv_meth
     char *tmp = kv_strfmt("%s.tmp.%d", dir, (int)getpid());
     if (!tmp) return KV_ERR_NOMEM;
     tracked_dir t, old;
-    memset(&old, 0, sizeof old);
-    old.id_dir = -1;
     kv_status st = track(&t, tmp);
-    if (st == KV_OK && mkdir(tmp, 0755) != 0) {
+    if (st == KV_OK && mkdir(tmp, 0755) != 0)
         st = kv_fail(KV_ERR_IO, "%s: cannot create directory: %s", tmp, strerror(errno));
-        untrack(&t, 0); /* not ours (or not there): never removed */
+    if (st != KV_OK) {
+        untrack(&t, 0); /* not created, or not ours: never removed */
         free(tmp);
         return st;
     }
-    if (st == KV_OK) st = write_summary(t.file[0], mt, runs, n_runs);
+    st = write_summary(t.file[0], mt, runs, n_runs);
     kv_cleanup_test_point("results-summary");
     if (st == KV_OK) st = write_drift(t.file[1], mt, runs, n_runs);
     if (st == KV_OK) st = write_steps(t.file[2], runs, n_runs);
