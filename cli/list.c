@@ -1,6 +1,7 @@
 /* list.c: `kvbench list`: every registered method, its selection
  * granularity, and its parameter table (the same table validation reads). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../retrievers/kv_retriever.h"
@@ -25,19 +26,23 @@ int cmd_list(int argc, char **argv) {
                m->variable_budget ? ", variable budget" : "", m->uses_logw ? ", log-weights" : "",
                m->has_gpu ? "CPU and GPU" : "CPU only", m->paper);
         for (const kv_param_spec *s = m->params; s && s->name; s++) {
-            char range[128];
-            if (s->type == KV_PARAM_ENUM) snprintf(range, sizeof range, "%s", s->choices);
-            else if (s->type == KV_PARAM_INT) snprintf(range, sizeof range, "int [%.0f, %.0f]", s->min, s->max);
-            else snprintf(range, sizeof range, "float [%g, %g]", s->min, s->max);
-            char def[64];
+            char *range = s->type == KV_PARAM_ENUM ? kv_strfmt("%s", s->choices)
+                        : s->type == KV_PARAM_INT  ? kv_strfmt("int [%.0f, %.0f]", s->min, s->max)
+                                                   : kv_strfmt("float [%g, %g]", s->min, s->max);
+            /* the default as results record it: the table from s on, formatted, cut at its first entry */
+            size_t cap = 1;
+            for (const kv_param_spec *x = s; x->name; x++) cap += strlen(x->name) + 65;
+            char *def = malloc(cap);
+            if (!range || !def) { free(range); free(def); return kv_report(KV_ERR_NOMEM); }
             kv_param_set ps;
             kv_params_init(&ps, s);
-            kv_params_format(&ps, def, sizeof def);
-            /* ps covers the table from s on; its first entry is this one */
+            kv_params_format(&ps, def, cap);
             char *comma = strchr(def, ',');
             if (comma) *comma = 0;
             printf("%-12s   --param %-24s %-24s %-6s %s\n", "", def, range,
                    s->stage == KV_PARAM_BUILD ? "build" : "search", s->help);
+            free(range);
+            free(def);
         }
         if (verbose && m->describe) m->describe(stdout);
     }

@@ -15,13 +15,25 @@ static const kv_command commands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvbench <command> [options]   (kvbench <command> --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: kvbench <command> [options]   (kvbench <command> --help or kvbench help <command> for its "
+               "options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-7s %s\n", commands[i].name, commands[i].summary);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "help") && argc >= 3) { /* kvbench help CMD = kvbench CMD --help */
+        if (argc > 3) { fprintf(stderr, "kvbench help: expected one command name, found %d arguments\n", argc - 2); return 2; }
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (!strcmp(argv[2], commands[i].name)) {
+                char *args[] = {argv[2], "--help", NULL};
+                return commands[i].fn(2, args);
+            }
+        fprintf(stderr, "kvbench help: unknown command '%s'\n", argv[2]);
+        usage(stderr);
+        return 2;
+    }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "--version")) { printf("kvbench %s (%s)\n", KVBENCH_VERSION, kv_git_sha()); return 0; }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -2,8 +2,10 @@
  * "--method a,b" resolved against the registry (unknown or repeated names
  * are usage errors) and the --param assignments applied: "M.N=V" to method
  * M only, "N=V" to every listed method that has a parameter N; a name no
- * listed method has is an error that lists the accepted names. */
+ * listed method has is an error that lists the accepted names. An empty
+ * list or an empty name ("", ",", "exact,") is a usage error. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -11,19 +13,29 @@
 
 int kv_pick_methods(const char *cmd, const char *list, const char *const *params, int n_params, kv_method_run *runs,
                     int max, int *n_runs) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
     int n = 0;
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        const kv_method *m = kv_method_find(tok);
-        if (!m) return kv_usage_error(cmd, "--method: unknown method '%s' (kvbench list shows them)", tok);
-        if (n >= max) return kv_usage_error(cmd, "--method: at most %d methods", max);
+    const char *p0 = list;
+    for (;;) {
+        const char *c = strchr(p0, ',');
+        size_t len = c ? (size_t)(c - p0) : strlen(p0);
+        if (len == 0)
+            return kv_usage_error(cmd, "--method: expected comma-separated method names (kvbench list shows them), "
+                                       "found %s in '%s'", *list ? "an empty name" : "nothing", list);
+        const kv_method *m = NULL;
+        int total;
+        const kv_method *const *all = kv_methods(&total);
+        for (int i = 0; i < total && !m; i++)
+            if (strlen(all[i]->name) == len && !strncmp(all[i]->name, p0, len)) m = all[i];
+        if (!m) return kv_usage_error(cmd, "--method: unknown method '%.*s' (kvbench list shows them)", (int)len, p0);
+        if (n >= max) return kv_usage_error(cmd, "--method: at most %d methods, found more in '%s'", max, list);
         for (int i = 0; i < n; i++)
-            if (runs[i].m == m) return kv_usage_error(cmd, "--method: '%s' listed twice", tok);
+            if (runs[i].m == m) return kv_usage_error(cmd, "--method: '%s' listed twice", m->name);
         memset(&runs[n], 0, sizeof runs[n]);
         runs[n].m = m;
         kv_params_init(&runs[n].ps, m->params);
         n++;
+        if (!c) break;
+        p0 = c + 1;
     }
     for (int p = 0; p < n_params; p++) {
         const char *a = params[p], *eq = strchr(a, '='), *dot = strchr(a, '.');
@@ -35,7 +47,9 @@ int kv_pick_methods(const char *cmd, const char *list, const char *const *params
                     if (st != KV_OK) return kv_report(st);
                     applied = 1;
                 }
-            if (!applied) return kv_usage_error(cmd, "--param %s: method '%.*s' is not in --method", a, (int)(dot - a), a);
+            if (!applied)
+                return kv_usage_error(cmd, "--param %s: expected a method of --method (%s), found '%.*s'", a, list,
+                                      (int)(dot - a), a);
             continue;
         }
         size_t nl = eq ? (size_t)(eq - a) : strlen(a);
@@ -51,7 +65,14 @@ int kv_pick_methods(const char *cmd, const char *list, const char *const *params
             if (st != KV_OK) return kv_report(st);
         }
     }
-    for (int i = 0; i < n; i++) kv_params_format(&runs[i].ps, runs[i].params, sizeof runs[i].params);
+    for (int i = 0; i < n; i++) {
+        size_t need = 1; /* "name=value," per parameter; a value is formatted into at most 63 characters */
+        for (const kv_param_spec *s = runs[i].m->params; s && s->name; s++) need += strlen(s->name) + 65;
+        if (need > sizeof runs[i].params)
+            return kv_report(kv_fail(KV_ERR_INTERNAL, "method %s: its parameter list needs up to %zu bytes, more "
+                                     "than the %zu kept for results", runs[i].m->name, need, sizeof runs[i].params));
+        kv_params_format(&runs[i].ps, runs[i].params, sizeof runs[i].params);
+    }
     *n_runs = n;
     return -1;
 }

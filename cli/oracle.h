@@ -26,7 +26,11 @@ typedef struct {
 
 kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out);
-/* Computes step t for queries q [Hq][D]; fills `res` (buffers owned by the oracle). */
+/* Names the trace and layer in error messages (optional). */
+void kv_oracle_set_context(kv_oracle *o, const char *path, const char *layer);
+/* Computes step t for queries q [Hq][D]; fills `res` (buffers owned by the
+ * oracle). A score that is not finite is KV_ERR_INPUT naming the layer,
+ * query head, step and key position. */
 kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res);
 /* After kv_oracle_step: out[h*cap + j] = s at idx[h*cap + j], j < count[h]. */
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out);

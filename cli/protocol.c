@@ -34,6 +34,7 @@ struct kv_protocol {
     float *cscore;     /* [Hq][ccap] */
     int32_t *cidx;     /* [Hq][ccap] */
     int *ccount;
+    double *acc;       /* [D] the attended output */
 };
 
 static kv_status grow(kv_protocol *p, int cap) {
@@ -56,7 +57,9 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
     p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
     p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
-    if (!p->count || !p->ccount || !p->stamp || grow(p, sink + local + k + 64) != KV_OK) {
+    p->acc = kv_malloc((size_t)L->D * sizeof(double), "attended output");
+    /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
+    if (!p->count || !p->ccount || !p->stamp || !p->acc || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
         return KV_ERR_NOMEM;
     }
@@ -67,7 +70,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
 void kv_protocol_destroy(kv_protocol *p) {
     if (!p) return;
     free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
-    free(p->cscore); free(p->cidx); free(p->ccount);
+    free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc);
     free(p);
 }
 
@@ -194,7 +197,7 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         r->mass = (float)(mass / ores->Z[h]);
         r->outerr = NAN;
         if (L->v && ores->o_full) {
-            double acc[1024], wsum = 0, num = 0, den = 0;
+            double *acc = p->acc, wsum = 0, num = 0, den = 0;
             const float *V = L->v + (size_t)(h / p->G) * T * D;
             for (int d = 0; d < D; d++) acc[d] = 0;
             for (int c = 0; c < p->count[h]; c++) {

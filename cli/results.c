@@ -1,9 +1,13 @@
 /* results.c: aggregation of the raw per-(step, head) metrics into overall
- * and per-window statistics (README, "Result files"), and atomic writing:
- * everything goes to "<dir>.tmp.<pid>" which is renamed to <dir> only once
- * every file is complete, so a failed run leaves no partial results. */
-#define _POSIX_C_SOURCE 200809L
+ * and per-window statistics (README, "Result files"), and all-or-nothing
+ * writing: everything goes to "<dir>.tmp.<pid>" which takes <dir>'s place
+ * by one rename only once every file is complete, so a failed or
+ * interrupted run leaves no partial results and the previous ones intact
+ * (see results.h for the --force rule and the swap). */
+#define _GNU_SOURCE /* renameat2 */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -12,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../datasets/kv_cleanup.h"
 #include "results.h"
 
 kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n) {
@@ -87,14 +92,38 @@ void kv_overall_compute(const kv_method_run *r, kv_overall *o) {
     free(scratch);
 }
 
-static void json_str(FILE *f, const char *s) {
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when the bytes at s
+ * are not one (RFC 3629: no overlongs, no surrogates, at most U+10FFFF). */
+static int utf8_len(const unsigned char *s) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!n) return 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && s[1] < 0xA0) return 0;  /* overlong */
+    if (c == 0xED && s[1] >= 0xA0) return 0; /* surrogate */
+    if (c == 0xF0 && s[1] < 0x90) return 0;  /* overlong */
+    if (c == 0xF4 && s[1] >= 0x90) return 0; /* above U+10FFFF */
+    return n;
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped, valid
+ * UTF-8 copied, and every byte that is not part of valid UTF-8 (a trace's
+ * string attribute may hold any bytes) written as U+FFFD, so the file is
+ * always valid JSON (RFC 8259 requires UTF-8). */
+static void json_str(FILE *f, const char *str) {
+    const unsigned char *s = (const unsigned char *)str;
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+    while (*s) {
+        unsigned c = *s;
+        int n = utf8_len(s);
         if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
         else if (c == '\n') fputs("\\n", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+        else if (n == 0) { fputs("\\ufffd", f); n = 1; }
+        else fwrite(s, 1, (size_t)n, f);
+        s += n ? n : 1;
     }
     fputc('"', f);
 }
@@ -112,7 +141,9 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
     json_str(f, kv_git_sha());
     fprintf(f, ",\n  \"command\": ");
     json_str(f, mt->cmdline);
-    fprintf(f, ",\n  \"started\": \"%s\",\n  \"wall_seconds\": %.3f,\n", mt->started, mt->wall_s);
+    fprintf(f, ",\n  \"started\": ");
+    json_str(f, mt->started);
+    fprintf(f, ",\n  \"wall_seconds\": %.3f,\n", mt->wall_s);
     fprintf(f, "  \"device\": {\"kind\": \"%s\", \"name\": ", mt->use_gpu ? "gpu" : "cpu");
     json_str(f, mt->use_gpu ? mt->gpu.name : "host CPU");
     fprintf(f, ", \"driver_version\": %d, \"runtime_version\": %d},\n", mt->gpu.driver_version, mt->gpu.runtime_version);
@@ -125,12 +156,13 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
     fprintf(f, ", \"layer\": ");
     json_str(f, mt->layer);
     fprintf(f, ", \"num_tokens\": %d, \"prefill_len\": %d, \"num_q_heads\": %d, \"num_kv_heads\": %d, "
-               "\"head_dim\": %d, \"softmax_scale\": %g, \"rope\": \"%s\"},\n",
-            in->num_tokens, in->prefill_len, in->num_q_heads, in->num_kv_heads, in->head_dim, in->softmax_scale,
-            in->rope);
-    fprintf(f, "  \"protocol\": {\"k\": %d, \"sink\": %d, \"local\": %d, \"stride\": %d, \"max_steps\": %d, "
+               "\"head_dim\": %d, \"softmax_scale\": %g, \"rope\": ",
+            in->num_tokens, in->prefill_len, in->num_q_heads, in->num_kv_heads, in->head_dim, in->softmax_scale);
+    json_str(f, in->rope);
+    fprintf(f, "},\n");
+    fprintf(f, "  \"protocol\": {\"k\": %d, \"k_effective\": %d, \"sink\": %d, \"local\": %d, \"stride\": %d, \"max_steps\": %d, "
                "\"window\": %d, \"seed\": %llu, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
-            mt->k, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed,
+            mt->k, mt->k_effective, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed,
             mt->steps_evaluated, mt->steps_skipped);
     fprintf(f, "  \"methods\": [\n");
     for (int i = 0; i < n_runs; i++) {
@@ -184,8 +216,9 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
             while (hi < r->n_rows && (r->rows[hi].step - P) / mt->window == w) hi++;
             window_stats s;
             stats(r->rows, lo, hi, scratch, &s);
-            fprintf(f, "%s,\"%s\",%d,%d,%d,%.6f,%.6f,%.6f,%.6f,", r->m->name, r->params, w, P + w * mt->window,
-                    P + (w + 1) * mt->window, s.recall, s.recall_p10, s.mass, s.mass_p10);
+            fprintf(f, "%s,\"%s\",%d,%lld,%lld,%.6f,%.6f,%.6f,%.6f,", r->m->name, r->params, w,
+                    P + (long long)w * mt->window, P + (long long)(w + 1) * mt->window, s.recall, s.recall_p10, s.mass,
+                    s.mass_p10);
             if (isnan(s.outerr)) fprintf(f, ",,");
             else fprintf(f, "%.6f,%.6f,", s.outerr, s.outerr_p90);
             double by[3] = {s.recall_pre, s.recall_gen, s.gen_share};
@@ -222,32 +255,170 @@ static kv_status write_steps(const char *path, const kv_method_run *runs, int n_
     return KV_OK;
 }
 
-static void remove_tree(const char *dir) {
-    static const char *names[] = {"summary.json", "drift.csv", "steps.csv"};
-    char p[4200];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        remove(p);
+static const char *const result_files[] = {"summary.json", "drift.csv", "steps.csv"};
+#define N_RESULT_FILES 3
+#define SUMMARY_MARK "{\n  \"kvbench_version\": "
+
+/* 1 when dir/summary.json starts with the line kvbench writes first. */
+static int has_marker(const char *dir) {
+    char *p = kv_strfmt("%s/summary.json", dir);
+    FILE *f = p ? fopen(p, "r") : NULL;
+    free(p);
+    if (!f) return 0;
+    char head[sizeof SUMMARY_MARK];
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    head[n] = 0;
+    return !strcmp(head, SUMMARY_MARK);
+}
+
+kv_status kv_results_check_out(const char *dir, int force) {
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    if (!*dir || !*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return kv_fail(KV_ERR_INPUT, "--out '%s': expected the name of a result directory to create (or, with "
+                                     "--force, to replace), found %s%s%s", dir, *base ? "'" : "nothing",
+                       base, *base ? "'" : "");
+    KV_TRY(kv_check_parent("--out", dir));
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) return KV_OK;
+    if (!force) return kv_fail(KV_ERR_INPUT, "--out %s: already exists (use --force to replace it)", dir);
+    if (!S_ISDIR(sb.st_mode))
+        return kv_fail(KV_ERR_INPUT, "--out %s: exists and is not a directory; --force replaces only a kvbench "
+                                     "result directory", dir);
+    DIR *d = opendir(dir);
+    if (!d) return kv_fail(KV_ERR_INPUT, "--out %s: cannot read the existing directory: %s", dir, strerror(errno));
+    struct dirent *e;
+    char foreign[300] = "";
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        int ours = 0;
+        for (int i = 0; i < N_RESULT_FILES; i++) ours |= !strcmp(e->d_name, result_files[i]);
+        if (!ours && !foreign[0]) snprintf(foreign, sizeof foreign, "%.280s%s", e->d_name, strlen(e->d_name) > 280 ? "..." : "");
     }
-    rmdir(dir);
+    closedir(d);
+    if (n == 0) return KV_OK; /* an empty directory: nothing to lose */
+    if (foreign[0])
+        return kv_fail(KV_ERR_INPUT, "--out %s: holds '%s', which kvbench did not write; --force replaces only a "
+                                     "kvbench result directory (summary.json, drift.csv, steps.csv): choose another "
+                                     "--out or move the file", dir, foreign);
+    if (!has_marker(dir))
+        return kv_fail(KV_ERR_INPUT, "--out %s: not a kvbench result directory (no summary.json written by kvbench); "
+                                     "--force replaces only those: choose another --out", dir);
+    return KV_OK;
+}
+
+typedef struct {
+    char *dir;                    /* the directory */
+    char *file[N_RESULT_FILES];   /* its result files */
+    int id_dir, id_file[N_RESULT_FILES];
+} tracked_dir;
+
+/* Registers dir and its result files for removal on a signal. */
+static kv_status track(tracked_dir *t, const char *dir) {
+    memset(t, 0, sizeof *t);
+    t->id_dir = -1;
+    for (int i = 0; i < N_RESULT_FILES; i++) t->id_file[i] = -1;
+    if (!(t->dir = kv_strfmt("%s", dir))) return KV_ERR_NOMEM;
+    for (int i = 0; i < N_RESULT_FILES; i++)
+        if (!(t->file[i] = kv_strfmt("%s/%s", dir, result_files[i]))) return KV_ERR_NOMEM;
+    if ((t->id_dir = kv_cleanup_add(KV_CLEAN_DIR, t->dir, NULL)) < 0) return KV_ERR_INPUT;
+    for (int i = 0; i < N_RESULT_FILES; i++)
+        if ((t->id_file[i] = kv_cleanup_add(KV_CLEAN_FILE, t->file[i], NULL)) < 0) return KV_ERR_INPUT;
+    return KV_OK;
+}
+
+/* Removes the result files and the directory (if that leaves it empty), then forgets them. */
+static void untrack(tracked_dir *t, int remove_files) {
+    for (int i = 0; i < N_RESULT_FILES; i++) {
+        if (remove_files && t->file[i]) unlink(t->file[i]);
+        kv_cleanup_remove(t->id_file[i]);
+        free(t->file[i]);
+    }
+    if (remove_files && t->dir) rmdir(t->dir);
+    kv_cleanup_remove(t->id_dir);
+    free(t->dir);
+    memset(t, 0, sizeof *t);
+    t->id_dir = -1;
+}
+
+/* Puts tmp in place of an existing dir: one atomic exchange where the
+ * kernel has it, else dir -> old, tmp -> dir (old put back if the second
+ * rename fails, and by the signal handler meanwhile). On success *gone
+ * names the directory now holding the previous results. */
+static kv_status swap_in(const char *tmp, const char *dir, char **gone) {
+    *gone = NULL;
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+        *gone = kv_strfmt("%s", tmp);
+        return *gone ? KV_OK : KV_ERR_NOMEM;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+        return kv_fail(KV_ERR_IO, "--out %s: cannot swap %s into place: %s", dir, tmp, strerror(errno));
+#endif
+    char *old = kv_strfmt("%s.old.%d", dir, (int)getpid());
+    if (!old) return KV_ERR_NOMEM;
+    int id = kv_cleanup_add(KV_CLEAN_RESTORE, old, dir);
+    if (id < 0) { free(old); return KV_ERR_INPUT; }
+    if (rename(dir, old) != 0) {
+        kv_status st = kv_fail(KV_ERR_IO, "--out %s: cannot move the previous result aside to %s: %s", dir, old,
+                               strerror(errno));
+        kv_cleanup_remove(id);
+        free(old);
+        return st;
+    }
+    kv_cleanup_test_point("results-swap");
+    if (rename(tmp, dir) != 0) {
+        kv_status st = kv_fail(KV_ERR_IO, "--out %s: cannot rename %s into place: %s", dir, tmp, strerror(errno));
+        rename(old, dir);
+        kv_cleanup_remove(id);
+        free(old);
+        return st;
+    }
+    kv_cleanup_remove(id);
+    *gone = old;
+    return KV_OK;
 }
 
 kv_status kv_results_write(const char *dir, const kv_run_meta *mt, const kv_method_run *runs, int n_runs) {
-    char tmp[4096], p[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
-    if (mkdir(tmp, 0755) != 0) return kv_fail(KV_ERR_IO, "%s: cannot create directory: %s", tmp, strerror(errno));
-    snprintf(p, sizeof p, "%s/summary.json", tmp);
-    kv_status st = write_summary(p, mt, runs, n_runs);
-    snprintf(p, sizeof p, "%s/drift.csv", tmp);
-    if (st == KV_OK) st = write_drift(p, mt, runs, n_runs);
-    snprintf(p, sizeof p, "%s/steps.csv", tmp);
-    if (st == KV_OK) st = write_steps(p, runs, n_runs);
-    if (st == KV_OK) {
-        struct stat sb;
-        if (stat(dir, &sb) == 0) remove_tree(dir); /* --force: replace the previous result */
-        if (rename(tmp, dir) != 0) st = kv_fail(KV_ERR_IO, "%s: cannot rename %s into place: %s", dir, tmp, strerror(errno));
+    kv_cleanup_install();
+    char *tmp = kv_strfmt("%s.tmp.%d", dir, (int)getpid());
+    if (!tmp) return KV_ERR_NOMEM;
+    tracked_dir t, old;
+    kv_status st = track(&t, tmp);
+    if (st == KV_OK && mkdir(tmp, 0755) != 0)
+        st = kv_fail(KV_ERR_IO, "%s: cannot create directory: %s", tmp, strerror(errno));
+    if (st != KV_OK) {
+        untrack(&t, 0); /* not created, or not ours: never removed */
+        free(tmp);
+        return st;
     }
-    if (st != KV_OK) remove_tree(tmp);
+    st = write_summary(t.file[0], mt, runs, n_runs);
+    kv_cleanup_test_point("results-summary");
+    if (st == KV_OK) st = write_drift(t.file[1], mt, runs, n_runs);
+    if (st == KV_OK) st = write_steps(t.file[2], runs, n_runs);
+    kv_cleanup_test_point("results-written");
+    struct stat sb;
+    int replace = st == KV_OK && lstat(dir, &sb) == 0;
+    if (replace) st = kv_results_check_out(dir, mt->force); /* still ours to replace? (checked before the run too) */
+    if (st == KV_OK && replace) {
+        char *gone;
+        st = swap_in(tmp, dir, &gone);
+        if (st == KV_OK) {
+            kv_cleanup_test_point("results-swapped");
+            untrack(&t, 0);                  /* tmp's names now hold the old files (exchange) or nothing */
+            if (track(&old, gone) == KV_OK) untrack(&old, 1);
+            else untrack(&old, 0);
+            free(gone);
+            free(tmp);
+            return KV_OK;
+        }
+    } else if (st == KV_OK && rename(tmp, dir) != 0)
+        st = kv_fail(KV_ERR_IO, "%s: cannot rename %s into place: %s", dir, tmp, strerror(errno));
+    untrack(&t, st != KV_OK);
+    free(tmp);
     return st;
 }
 

@@ -12,7 +12,7 @@
 typedef struct {
     const kv_method *m;
     kv_param_set ps;
-    char params[1024];
+    char params[4096];  /* "k1=v1,..." of every parameter: KV_MAX_PARAMS names + 65 each fit */
     void *state;
     kv_selection sel;
     int on_gpu;
@@ -31,7 +31,9 @@ typedef struct {
     uint64_t seed;
     int use_gpu;
     kv_gpu_info gpu;
-    char cmdline[4096];
+    char *cmdline;        /* malloc'd (kv_command_line) */
+    int k_effective;      /* k after clamping to the largest retrievable region */
+    int force;            /* --force: an existing result directory may be replaced */
     char started[64];
     int steps_evaluated, steps_skipped;
     double wall_s;
@@ -53,7 +55,19 @@ int kv_pick_methods(const char *cmd, const char *list, const char *const *params
 
 kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n);
 void kv_overall_compute(const kv_method_run *r, kv_overall *o);
-/* Writes the run directory atomically: DIR.tmp.<pid>, then rename to DIR. */
+/* Before any work: may `dir` be written? Its parent must exist and be
+ * writable; an existing `dir` is an error without --force, and with it
+ * must be an empty directory or a kvbench result directory (summary.json
+ * written by kvbench, and no file but the three kvbench writes): kvbench
+ * never deletes or overwrites a file it did not write. KV_ERR_INPUT with
+ * the message. */
+kv_status kv_results_check_out(const char *dir, int force);
+/* Writes the run directory all-or-nothing: DIR.tmp.<pid>, then into place
+ * by one rename (an existing result directory is swapped with it by
+ * renameat2(RENAME_EXCHANGE), or moved aside and put back on failure),
+ * then the old files are removed. A failed or interrupted write (SIGINT,
+ * SIGTERM, SIGHUP: datasets/kv_cleanup.h) leaves DIR exactly as it was and
+ * no DIR.tmp.<pid>. */
 kv_status kv_results_write(const char *dir, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
 void kv_results_print(FILE *f, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
 

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../datasets/kv_cleanup.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
 #include "results.h"
@@ -35,9 +36,11 @@ static const char run_help[] =
     "  --seed S            seed for seeded methods (default 0)\n"
     "  --device D          auto|cpu|gpu (default auto: the GPU when one is usable)\n"
     "  --out DIR           result directory (default results/<trace>-<layer>-<time>)\n"
-    "  --force             replace DIR if it exists (otherwise an existing DIR is an error)\n"
+    "  --force             replace DIR if it is a kvbench result directory (otherwise an existing DIR is an\n"
+    "                      error); the old results stay in place until the new ones are complete\n"
     "  --quiet             no table on stdout\n"
-    "Writes DIR/summary.json, DIR/drift.csv, DIR/steps.csv atomically and prints a summary table.\n";
+    "Writes DIR/summary.json, DIR/drift.csv, DIR/steps.csv all-or-nothing (DIR.tmp.<pid>, then one rename;\n"
+    "removed on failure, SIGINT or SIGTERM) and prints a summary table.\n";
 
 typedef struct {
     const char *trace, *layer, *methods, *out;
@@ -56,8 +59,11 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128};
     optind = 1;
-    int li = 0;
-    for (int c; (c = getopt_long(argc, argv, "h", opts, &li)) != -1;) {
+    opterr = 0;
+    /* Every count is at most 2^30, so sums of two of them (sink + local,
+     * t + stride) stay within int; each is checked against the trace later. */
+    const long big = 1L << 30;
+    for (int c; (c = getopt_long(argc, argv, KV_OPTSTRING, opts, NULL)) != -1;) {
         int bad = 0;
         switch (c) {
         case 't': o->trace = optarg; break;
@@ -67,24 +73,24 @@ static int parse_run(int argc, char **argv, run_opts *o) {
             if (o->n_params >= 64) return kv_usage_error("run", "too many --param options (64 at most)");
             o->params[o->n_params++] = optarg;
             break;
-        case 'k': bad = kv_parse_int(optarg, 1, 1 << 30, &o->k); break;
-        case 'S': bad = kv_parse_int(optarg, 0, 1 << 30, &o->sink); break;
-        case 'W': bad = kv_parse_int(optarg, 1, 1 << 30, &o->local); break;
-        case 's': bad = kv_parse_int(optarg, 1, 1 << 30, &o->stride); break;
-        case 'n': bad = kv_parse_int(optarg, 1, 1 << 30, &o->max_steps); break;
-        case 'w': bad = kv_parse_int(optarg, 1, 1 << 30, &o->window); break;
-        case 'e': bad = kv_parse_int(optarg, 0, 2147483647L, &o->seed); break;
-        case 'd': bad = kv_parse_device(optarg, &o->device); break;
+        case 'k': bad = kv_opt_int("run", "k", optarg, 1, big, &o->k); break;
+        case 'S': bad = kv_opt_int("run", "sink", optarg, 0, big, &o->sink); break;
+        case 'W': bad = kv_opt_int("run", "local", optarg, 1, big, &o->local); break;
+        case 's': bad = kv_opt_int("run", "stride", optarg, 1, big, &o->stride); break;
+        case 'n': bad = kv_opt_int("run", "max-steps", optarg, 1, big, &o->max_steps); break;
+        case 'w': bad = kv_opt_int("run", "window", optarg, 1, big, &o->window); break;
+        case 'e': bad = kv_opt_int("run", "seed", optarg, 0, 2147483647L, &o->seed); break;
+        case 'd':
+            if (kv_parse_device(optarg, &o->device))
+                return kv_usage_error("run", "--device: expected auto, cpu or gpu, found '%s'", optarg);
+            break;
         case 'o': o->out = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
         case 'h': fputs(run_help, stdout); return 0;
-        default: return kv_usage_error("run", "unknown option");
+        default: return kv_opt_error("run", c, argv, opts);
         }
-        if (bad)
-            return kv_usage_error("run", "--%s: invalid value '%s'%s", opts[li].name, optarg,
-                                  c == 'd' ? " (expected auto, cpu or gpu)" : c == 'W' ? " (expected an integer >= 1)"
-                                                                                       : " (expected a non-negative integer)");
+        if (bad) return bad;
     }
     if (optind < argc) return kv_usage_error("run", "unexpected argument '%s'", argv[optind]);
     if (!o->trace) return kv_usage_error("run", "--trace FILE is required");
@@ -92,20 +98,18 @@ static int parse_run(int argc, char **argv, run_opts *o) {
     return -1; /* parsed: go on */
 }
 
-
-static void default_out(const kv_trace_info *in, const char *layer, char *out, size_t cap) {
+/* results/<trace stem>-<layer>-<time>, malloc'd. */
+static char *default_out(const kv_trace_info *in, const char *layer) {
     const char *base = strrchr(in->path, '/');
     base = base ? base + 1 : in->path;
-    char stem[1024];
-    snprintf(stem, sizeof stem, "%s", base);
-    char *dot = strrchr(stem, '.');
-    if (dot) *dot = 0;
+    const char *dot = strrchr(base, '.');
+    int stem = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
     char ts[32];
     strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", &tm);
-    snprintf(out, cap, "results/%s-%s-%s", stem, layer, ts);
+    return kv_strfmt("results/%.*s-%s-%s", stem, base, layer, ts);
 }
 
 /* Copies position t of [H][T][D] into [H][D]. */
@@ -156,8 +160,7 @@ static void progress(double t_start, int done, int total, int force) {
 
 static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, kv_method_run *runs, int n_runs,
                           kv_oracle *orc, kv_protocol *proto, kv_run_meta *meta) {
-    int D = L->D, T = L->T, total = 0;
-    for (int t = P; t < T; t += o->stride) total++;
+    int D = L->D, T = L->T, total = T > P ? (int)(((long long)T - P + o->stride - 1) / o->stride) : 0;
     if (o->max_steps && total > o->max_steps) total = o->max_steps;
     float *q = kv_malloc((size_t)L->Hq * D * sizeof(float), "step queries");
     float *k = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step keys");
@@ -186,9 +189,9 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, kv_method
             kv_method_run *r = &runs[i];
             kv_selection_reset(&r->sel);
             double s0 = kv_now();
-            st = r->m->search(r->state, t, q, o->k, &r->sel);
+            st = r->m->search(r->state, t, q, meta->k_effective, &r->sel);
             r->search_s[r->n_steps++] = kv_now() - s0;
-            if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, o->k, rows);
+            if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, meta->k_effective, rows);
             if (st == KV_OK) st = kv_rows_push(r, rows, L->Hq);
         }
         meta->steps_evaluated++;
@@ -205,57 +208,77 @@ int cmd_run(int argc, char **argv) {
     kv_method_run runs[MAX_METHODS];
     int n_runs = 0;
     if ((rc = kv_pick_methods("run", o.methods, o.params, o.n_params, runs, MAX_METHODS, &n_runs)) >= 0) return rc;
+    kv_cleanup_install(); /* from here on, SIGINT/SIGTERM remove whatever temporary path is being written */
+    /* the output is checked before the trace is read: a run never ends on "cannot create --out" */
+    char *out = o.out ? kv_strfmt("%s", o.out) : NULL;
+    if (o.out && !out) return kv_report(KV_ERR_NOMEM);
+    for (size_t n = out ? strlen(out) : 0; n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0; /* "dir/" is "dir" */
+    kv_status st = out ? kv_results_check_out(out, o.force) : KV_OK; /* the default: once the trace is open */
+    if (st != KV_OK) { free(out); return kv_report(st); }
 
     kv_run_meta meta = {.k = o.k, .sink = o.sink, .local = o.local, .stride = o.stride, .max_steps = o.max_steps,
-                        .window = o.window, .seed = (uint64_t)o.seed};
-    kv_command_line(argc + 1, argv - 1, meta.cmdline, sizeof meta.cmdline);
+                        .window = o.window, .seed = (uint64_t)o.seed, .force = o.force};
     kv_trace_info *in = kv_malloc(sizeof *in, "trace info");
-    if (!in) return kv_report(KV_ERR_NOMEM);
-    kv_status st = kv_trace_open(o.trace, in);
-    if (st != KV_OK) { free(in); return kv_report(st); }
+    if (!in || !(meta.cmdline = kv_command_line(argc + 1, argv - 1))) { free(in); free(out); return kv_report(KV_ERR_NOMEM); }
+    st = kv_trace_open(o.trace, in);
+    if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
     int li = o.layer ? kv_trace_find_layer(in, o.layer) : 0;
     if (li < 0) {
         fprintf(stderr, "kvbench: %s: --layer %s: no such layer; the trace has:", in->path, o.layer);
         for (int i = 0; i < in->num_layers; i++) fprintf(stderr, " %s", in->layer_names[i]);
         fprintf(stderr, "\n");
-        free(in);
+        free(in); free(out); free(meta.cmdline);
         return 2;
     }
     meta.info = in;
     meta.layer = in->layer_names[li];
-    char out[4096];
-    if (o.out) snprintf(out, sizeof out, "%s", o.out);
-    else default_out(in, meta.layer, out, sizeof out);
-    struct stat sb;
-    if (!o.force && stat(out, &sb) == 0) {
-        fprintf(stderr, "kvbench: --out %s: already exists (use --force to replace it)\n", out);
-        free(in);
-        return 2;
+    /* The protocol's counts against the trace: the last step's retrievable
+     * region [sink, T - local) must be non-empty, and a budget above it
+     * retrieves the whole region at every step, so it is clamped there
+     * (min(k, region) is what every step uses either way). */
+    long long region = (long long)in->num_tokens - o.sink - o.local;
+    if (region < 1) st = kv_fail(KV_ERR_INPUT, "%s: --sink %d + --local %d leave no retrievable region in the "
+                                 "trace's %d tokens (expected sink + local < T): nothing to evaluate", in->path,
+                                 o.sink, o.local, in->num_tokens);
+    else if (in->prefill_len >= in->num_tokens)
+        st = kv_fail(KV_ERR_INPUT, "%s: prefill_len %d leaves no decode step in the trace's %d tokens", in->path,
+                     in->prefill_len, in->num_tokens);
+    meta.k_effective = o.k < region ? o.k : (int)region;
+    if (st == KV_OK && o.k > region)
+        fprintf(stderr, "kvbench: warning: --k %d is larger than the largest retrievable region (T - sink - local = "
+                        "%d - %d - %d = %lld): every step retrieves its whole region; the effective budget is %d "
+                        "(min(k, region) at each step)\n", o.k, in->num_tokens, o.sink, o.local, region, meta.k_effective);
+    if (st == KV_OK && !out) {
+        out = default_out(in, meta.layer);
+        st = !out ? KV_ERR_NOMEM : kv_check_parent("--out", "results/<trace>-<layer>-<time> (the default)");
+        if (st == KV_OK) st = kv_results_check_out(out, o.force);
     }
-    if ((st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu)) != KV_OK) { free(in); return kv_report(st); }
+    if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
+    if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
     time_t now = time(NULL);
     strftime(meta.started, sizeof meta.started, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
-    char dev[600];
-    if (meta.use_gpu) snprintf(dev, sizeof dev, "%s", meta.gpu.name);
-    else snprintf(dev, sizeof dev, "cpu%s%s%s", meta.gpu.reason[0] ? " (no GPU: " : "", meta.gpu.reason,
-                  meta.gpu.reason[0] ? ")" : "");
     fprintf(stderr, "kvbench %s (%s): trace %s layer %s: T=%d P=%d Hq=%d Hkv=%d D=%d; methods %s; k=%d S=%d W=%d; "
-                    "seed %d; device %s\n",
+                    "seed %d; device ",
             KVBENCH_VERSION, kv_git_sha(), in->path, meta.layer, in->num_tokens, in->prefill_len, in->num_q_heads,
-            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed, dev);
+            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed);
+    if (meta.use_gpu) fprintf(stderr, "%s\n", meta.gpu.name);
+    else fprintf(stderr, "cpu%s%s%s\n", meta.gpu.reason[0] ? " (no GPU: " : "", meta.gpu.reason,
+                 meta.gpu.reason[0] ? ")" : "");
 
     double w0 = kv_now();
     kv_layer L;
-    if ((st = kv_trace_load_layer(in, li, &L)) != KV_OK) { free(in); return kv_report(st); }
+    if ((st = kv_trace_load_layer(in, li, &L)) != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
     kv_shape sh = {.num_q_heads = L.Hq, .num_kv_heads = L.Hkv, .head_dim = L.D, .group = L.Hq / L.Hkv,
                    .max_tokens = L.T, .prefill_len = in->prefill_len, .softmax_scale = in->softmax_scale,
                    .sink = o.sink, .local = o.local, .seed = (uint64_t)o.seed, .use_gpu = meta.use_gpu};
     kv_oracle *orc = NULL;
     kv_protocol *proto = NULL;
-    st = build_all(&L, in->prefill_len, o.k, runs, n_runs, &sh);
+    st = build_all(&L, in->prefill_len, meta.k_effective, runs, n_runs, &sh);
     if (st == KV_OK)
-        st = kv_oracle_create(&L, in->softmax_scale, o.sink, o.local, o.k, in->prefill_len, meta.use_gpu, &orc);
-    if (st == KV_OK) st = kv_protocol_create(&L, o.sink, o.local, o.k, in->prefill_len, &proto);
+        st = kv_oracle_create(&L, in->softmax_scale, o.sink, o.local, meta.k_effective, in->prefill_len, meta.use_gpu,
+                              &orc);
+    if (st == KV_OK) kv_oracle_set_context(orc, in->path, meta.layer);
+    if (st == KV_OK) st = kv_protocol_create(&L, o.sink, o.local, meta.k_effective, in->prefill_len, &proto);
     if (st == KV_OK) st = run_loop(&L, &o, in->prefill_len, runs, n_runs, orc, proto, &meta);
     for (int i = 0; i < n_runs; i++)
         if (runs[i].state) runs[i].index_bytes = runs[i].m->memory_bytes(runs[i].state);
@@ -279,5 +302,7 @@ int cmd_run(int argc, char **argv) {
     kv_oracle_destroy(orc);
     kv_layer_free(&L);
     free(in);
+    free(out);
+    free(meta.cmdline);
     return rc;
 }

@@ -2,19 +2,26 @@
  * as they come (hyperslabs along T), so a 1M-token trace never needs more
  * than one block of rows in memory. The file is created as
  * "<path>.tmp.<pid>" and renamed into place only on a successful close, so
- * an interrupted write leaves no half-written trace. float16 uses the
- * IEEE binary16 layout (the one h5py and numpy write). */
+ * an interrupted write leaves no half-written trace: the temp file is
+ * created exclusively (never truncating a file that is already there) and
+ * registered for removal on SIGINT/SIGTERM (datasets/kv_cleanup.h). The
+ * caller decides whether <path> may be replaced (cli: --force); rename
+ * replaces it atomically. float16 uses the IEEE binary16 layout (the one
+ * h5py and numpy write). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "kv_cleanup.h"
 #include "kv_trace.h"
 
 struct kv_trace_writer {
-    char path[1024], tmp[1100];
+    char *path, *tmp;
+    int clean_id;
     kv_trace_spec spec;
     hid_t file, layer, dq, dk, dv, ftype;
     uint16_t *hbuf;
@@ -55,18 +62,31 @@ kv_status kv_trace_writer_open(const char *path, const kv_trace_spec *s, kv_trac
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     kv_trace_writer *w = kv_calloc(1, sizeof *w, "trace writer");
     if (!w) return KV_ERR_NOMEM;
-    snprintf(w->path, sizeof w->path, "%s", path);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
+    size_t n = strlen(path) + 32;
+    w->path = kv_malloc(strlen(path) + 1, "trace path");
+    w->tmp = kv_malloc(n, "trace temp path");
+    if (!w->path || !w->tmp) { free(w->path); free(w->tmp); free(w); return KV_ERR_NOMEM; }
+    memcpy(w->path, path, strlen(path) + 1);
+    snprintf(w->tmp, n, "%s.tmp.%d", path, (int)getpid());
     w->spec = *s;
     w->layer = w->dq = w->dk = w->dv = -1;
+    kv_cleanup_install();
+    w->clean_id = kv_cleanup_add(KV_CLEAN_FILE, w->tmp, NULL);
+    if (w->clean_id < 0) { kv_status st = KV_ERR_INPUT; free(w->path); free(w->tmp); free(w); return st; }
     w->ftype = s->half ? half_type() : H5Tcopy(H5T_IEEE_F32LE);
-    w->file = H5Fcreate(w->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    w->file = H5Fcreate(w->tmp, H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
     if (w->file < 0) {
-        kv_status st = kv_fail(KV_ERR_IO, "%s: cannot create (directory missing or not writable?)", path);
+        kv_status st = access(w->tmp, F_OK) == 0
+            ? kv_fail(KV_ERR_IO, "%s: cannot create the temporary file %s: it already exists (left by another "
+                      "process? remove it)", path, w->tmp)
+            : kv_fail(KV_ERR_IO, "%s: cannot create %s (directory missing or not writable?)", path, w->tmp);
+        kv_cleanup_remove(w->clean_id); /* an existing one is not ours: never removed */
         H5Tclose(w->ftype);
+        free(w->path); free(w->tmp);
         free(w);
         return st;
     }
+    kv_cleanup_test_point("trace-created");
     int one = 1, ok = 1;
     ok &= put_attr(w->file, "kvtrace_version", H5T_NATIVE_INT, &one);
     ok &= put_str(w->file, "model", s->model ? s->model : "");
@@ -172,9 +192,11 @@ kv_status kv_trace_writer_close(kv_trace_writer *w, int commit) {
     if (H5Fclose(w->file) < 0 && commit) st = wfail(w, "the file");
     H5Tclose(w->ftype);
     if (commit && st == KV_OK && rename(w->tmp, w->path) != 0)
-        st = kv_fail(KV_ERR_IO, "%s: cannot rename %s into place", w->path, w->tmp);
+        st = kv_fail(KV_ERR_IO, "%s: cannot rename %s into place: %s", w->path, w->tmp, strerror(errno));
     if (!commit || st != KV_OK) remove(w->tmp);
+    kv_cleanup_remove(w->clean_id);
     free(w->hbuf);
+    free(w->path); free(w->tmp);
     free(w);
     return st;
 }

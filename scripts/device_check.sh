@@ -2,9 +2,12 @@
 # device_check.sh: everything the GPU path needs checked on a GPU machine,
 # in one call (issue 2, point 9): build, the GPU tests (required to pass),
 # kvbench bench and the PyTorch peer at the same lengths, a GPU-vs-CPU
-# `kvbench run` on a synthetic trace, then the full test suite; full logs
-# under $OUT (at most 8 files), and a short side-by-side table printed LAST.
-#   OUT=/tmp/out scripts/device_check.sh   (TOKENS=..., METHODS=... to change the lengths, methods)
+# `kvbench run` on a synthetic trace, then the full test suite, then the GPU
+# tests under compute-sanitizer (memcheck with leak check, and racecheck:
+# every kernel file uses shared memory); full logs under $OUT, and a short
+# side-by-side table printed LAST.
+#   OUT=/tmp/out scripts/device_check.sh   (TOKENS=..., METHODS=... to change the lengths, methods;
+#                                           SANITIZER=0 skips compute-sanitizer, SAN_TIMEOUT=s per tool)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-device-check}
@@ -96,6 +99,31 @@ step "full test suite"
 KVBENCH_BIN=$PWD/kvbench timeout ${SUITE_TIMEOUT:-200} ./tests/run_tests >"$OUT/tests_all.log" 2>&1
 echo "full suite: exit $? ($(tail -1 "$OUT/tests_all.log"))"; grep -E 'FAIL' "$OUT/tests_all.log" | head -20
 
+SAN_RESULT="skipped (SANITIZER=0)"
+if [ "${SANITIZER:-1}" != 0 ]; then
+    step "GPU tests under compute-sanitizer (memcheck, racecheck); log in $OUT/sanitizer.log"
+    SAN=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    # every GPU test but gpu_oom_is_an_error, whose deliberate failed cudaMalloc is an API error to the sanitizer
+    SAN_TESTS=$(./tests/run_tests --list | grep -E '^(gpu_|[a-z]+_gpu_)' | grep -v '^gpu_oom_is_an_error$' | tr '\n' ' ')
+    SAN_RESULT=""
+    : >"$OUT/sanitizer.log"
+    for tool in memcheck racecheck; do
+        extra=""
+        [ $tool = memcheck ] && extra="--leak-check full"
+        echo "== $tool: $SAN_TESTS" >>"$OUT/sanitizer.log"
+        # shellcheck disable=SC2086
+        KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench timeout "${SAN_TIMEOUT:-300}" \
+            "$SAN" --tool $tool $extra --error-exitcode 99 ./tests/run_tests $SAN_TESTS >>"$OUT/sanitizer.log" 2>&1
+        rc=$?
+        errs=$(grep -E '^=+ (ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY)' "$OUT/sanitizer.log" | tail -1)
+        case $rc in
+            0) r="clean" ;; 99) r="ERRORS" ;; 124) r="TIMEOUT after ${SAN_TIMEOUT:-300} s" ;; *) r="exit $rc" ;;
+        esac
+        echo "$tool: $r ($errs; $(grep -E 'passed,' "$OUT/sanitizer.log" | tail -1))"
+        SAN_RESULT="$SAN_RESULT $tool=$r"
+    done
+fi
+
 step "short table: the whole search per method (per-stage rows in $OUT/summary.txt)"
 python3 - "$OUT/bench_kvbench.csv" "$OUT/bench_torch.csv" <<'EOF' | tee "$OUT/short.txt"
 import csv, sys
@@ -117,4 +145,4 @@ for (m, t), v in rows.items():
     vs = f"{100 * k / ex[t]:>7.1f}%" if t in ex else ""
     print(f"{m:<9} {t:>8} {k:>10.1f} {float(v['kv']['pct_copy']):>5.1f}% {th} {vs}")
 EOF
-echo "GPU tests: $([ $GPU_TESTS = 0 ] && echo PASS || echo FAIL) ($(grep -E 'passed,' "$OUT/tests.log" | tail -1)); total $((SECONDS - T0)) s"
+echo "GPU tests: $([ $GPU_TESTS = 0 ] && echo PASS || echo FAIL) ($(grep -E 'passed,' "$OUT/tests.log" | tail -1)); compute-sanitizer:$SAN_RESULT; total $((SECONDS - T0)) s"

@@ -76,6 +76,18 @@ extern char kv_test_reason[512];
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \
     X(results_atomic_on_failure, KV_NEEDS_SUBPROCESS)      \
     X(ablate_script, KV_NEEDS_SUBPROCESS)                  \
+    X(oracle_nonfinite_scores, 0)                          \
+    X(gpu_oracle_nonfinite_scores, KV_NEEDS_GPU)           \
+    X(cli_option_errors, KV_NEEDS_SUBPROCESS)              \
+    X(cli_help_and_info, KV_NEEDS_SUBPROCESS)              \
+    X(cli_build_failure_message, KV_NEEDS_SUBPROCESS)      \
+    X(cli_k_above_context, KV_NEEDS_SUBPROCESS)            \
+    X(cli_force_rule, KV_NEEDS_SUBPROCESS)                 \
+    X(cli_out_checked_first, KV_NEEDS_SUBPROCESS)          \
+    X(cli_nonfinite_scores, KV_NEEDS_SUBPROCESS)           \
+    X(results_force_all_or_nothing, KV_NEEDS_SUBPROCESS)   \
+    X(results_json_non_utf8, KV_NEEDS_SUBPROCESS)          \
+    X(synth_signal_cleanup, KV_NEEDS_SUBPROCESS)           \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
 
 #define KV_DECLARE(name, needs) int test_##name(void);

@@ -14,11 +14,16 @@
 
 static _Thread_local char kv_err_buf[2048];
 
+/* Formats into a scratch buffer first: a message built from the previous
+ * one (kv_fail(st, "context: %s", kv_last_error())) must not read the
+ * buffer it is writing. */
 kv_status kv_fail(kv_status st, const char *fmt, ...) {
+    static _Thread_local char next[sizeof kv_err_buf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(kv_err_buf, sizeof kv_err_buf, fmt, ap);
+    vsnprintf(next, sizeof next, fmt, ap);
     va_end(ap);
+    memcpy(kv_err_buf, next, sizeof kv_err_buf);
     return st;
 }
 
