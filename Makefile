@@ -1,7 +1,8 @@
 # kvbench: one binary, CPU reference everywhere, CUDA kernels when nvcc is
 # found (built even on machines without a GPU, so CI compiles what it
-# cannot run). HDF5 is linked statically so a binary built here also runs
-# on the GPU machine.
+# cannot run). HDF5 and the CUDA runtime are linked statically and cuBLAS is
+# loaded only when a GPU path needs it, so a binary built here also runs on
+# the GPU machine, and on a machine without any CUDA library.
 #   make deps    install missing system packages (apt-get), idempotent
 #   make         build ./kvbench (and ./tests/run_tests with `make test`)
 #   make demo    deps + build + the main job on the bundled trace
@@ -28,7 +29,11 @@ ifneq ($(and $(NVCC),$(wildcard kernels/*.cu)),)
   NVCCFLAGS += -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
                -Xcompiler -Wall -MMD -MP
   CFLAGS += -DKV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
+  NVCCFLAGS += -DKV_CUDA_HOME='"$(CUDA_HOME)"'
+  # cuBLAS is not linked: kernels/pqcache.cu loads it (dlopen) when its GPU
+  # path starts, so the binary runs on a machine without the CUDA libraries
+  # (the toolkit ships no libcublas_static.a here); cudart is static.
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lstdc++
 else
   HAVE_CUDA := 0
   CU_SRCS :=

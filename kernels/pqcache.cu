@@ -51,6 +51,8 @@
  * kv_topk_launch (kv_topk_ref's order: larger first, smaller index among
  * equals). */
 #include <cublas_v2.h>
+#include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kv_cuda.h"
@@ -62,6 +64,62 @@
         if (kv_b_ != CUBLAS_STATUS_SUCCESS)                                                          \
             return kv_fail(KV_ERR_GPU, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, (int)kv_b_); \
     } while (0)
+
+/* cuBLAS is loaded when the first PQCache GPU index is created (dlopen),
+ * not linked: the binary then starts, and runs every CPU path, on a
+ * machine without the CUDA libraries (issue 16; the toolkit here ships no
+ * libcublas_static.a). The calls below go through this table. */
+namespace {
+struct kv_blas_api {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_math)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*sgemm_sb)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float *,
+                               const float *, int, long long, const float *, int, long long, const float *, float *,
+                               int, long long, int);
+};
+kv_blas_api kv_blas;
+char kv_blas_err[512];
+
+#define KV_STR2(x) #x
+#define KV_STR(x) KV_STR2(x)
+bool kv_blas_open() {
+    const char *names[] = {"libcublas.so." KV_STR(CUBLAS_VER_MAJOR), "libcublas.so",
+                           KV_CUDA_HOME "/lib64/libcublas.so." KV_STR(CUBLAS_VER_MAJOR),
+                           KV_CUDA_HOME "/lib/libcublas.so." KV_STR(CUBLAS_VER_MAJOR)};
+    void *h = NULL;
+    for (const char *n : names)
+        if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!h) {
+        snprintf(kv_blas_err, sizeof kv_blas_err, "cannot load cuBLAS (libcublas.so.%d, needed by the PQCache GPU "
+                 "path): %s", CUBLAS_VER_MAJOR, dlerror());
+        return false;
+    }
+    const char *syms[] = {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetMathMode",
+                          "cublasSgemmStridedBatched"};
+    void **slots[] = {(void **)&kv_blas.create, (void **)&kv_blas.destroy, (void **)&kv_blas.set_stream,
+                      (void **)&kv_blas.set_math, (void **)&kv_blas.sgemm_sb};
+    for (int i = 0; i < 5; i++)
+        if (!(*slots[i] = dlsym(h, syms[i]))) {
+            snprintf(kv_blas_err, sizeof kv_blas_err, "cuBLAS loaded but %s is missing: %s", syms[i], dlerror());
+            return false;
+        }
+    return true;
+}
+kv_status kv_blas_load() {
+    static const bool ok = kv_blas_open(); /* once, thread-safe */
+    return ok ? KV_OK : kv_fail(KV_ERR_GPU, "%s", kv_blas_err);
+}
+}  // namespace
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSetStream
+#define cublasCreate(h) kv_blas.create(h)
+#define cublasDestroy(h) kv_blas.destroy(h)
+#define cublasSetStream(h, s) kv_blas.set_stream(h, s)
+#define cublasSetMathMode(h, m) kv_blas.set_math(h, m)
+#define cublasSgemmStridedBatched(...) kv_blas.sgemm_sb(__VA_ARGS__)
 
 namespace {
 
@@ -651,6 +709,7 @@ namespace {
 kv_status pq_create_go(kv_pq_gpu *p) {
     KV_TRY(kv_cuda_dev_query(&p->dev));
     KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_TRY(kv_blas_load());
     KV_CUBLAS_TRY(cublasCreate(&p->blas));
     KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
     KV_CUBLAS_TRY(cublasSetMathMode(p->blas, CUBLAS_PEDANTIC_MATH)); /* no TF32: float32 distances */
