@@ -21,6 +21,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    kv_passive_wait_policy(argv); /* before any OpenMP region: see cli/util.c */
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(stdout); return 0; }
     if (!strcmp(argv[1], "--version")) { printf("kvbench %s (%s)\n", KVBENCH_VERSION, kv_git_sha()); return 0; }

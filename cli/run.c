@@ -34,6 +34,8 @@ static const char run_help[] =
     "  --window N          decode steps per drift window (default 128)\n"
     "  --seed S            seed for seeded methods (default 0)\n"
     "  --device D          auto|cpu|gpu (default auto: the GPU when one is usable)\n"
+    "  --threads N         CPU threads (OpenMP; default: one per core); recorded in summary.json with the\n"
+    "                      load average at start (a warning when it is above the core count)\n"
     "  --out DIR           result directory (default results/<trace>-<layer>-<time>)\n"
     "  --force             replace DIR if it exists (otherwise an existing DIR is an error)\n"
     "  --quiet             no table on stdout\n"
@@ -44,7 +46,7 @@ typedef struct {
     const char *params[64];
     int n_params;
     int k, sink, local, stride, max_steps, window, force, quiet;
-    int seed;
+    int seed, threads;
     kv_device_choice device;
 } run_opts;
 
@@ -53,7 +55,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         {"trace", 1, 0, 't'}, {"layer", 1, 0, 'l'}, {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'},
         {"k", 1, 0, 'k'}, {"sink", 1, 0, 'S'}, {"local", 1, 0, 'W'}, {"stride", 1, 0, 's'},
         {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"device", 1, 0, 'd'},
-        {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128};
     optind = 1;
     int li = 0;
@@ -75,6 +77,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         case 'w': bad = kv_parse_int(optarg, 1, 1 << 30, &o->window); break;
         case 'e': bad = kv_parse_int(optarg, 0, 2147483647L, &o->seed); break;
         case 'd': bad = kv_parse_device(optarg, &o->device); break;
+        case 'j': bad = kv_parse_int(optarg, 1, 4096, &o->threads); break;
         case 'o': o->out = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
@@ -83,7 +86,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         }
         if (bad)
             return kv_usage_error("run", "--%s: invalid value '%s'%s", opts[li].name, optarg,
-                                  c == 'd' ? " (expected auto, cpu or gpu)" : c == 'W' ? " (expected an integer >= 1)"
+                                  c == 'd' ? " (expected auto, cpu or gpu)" : c == 'W' || c == 'j' ? " (expected an integer >= 1)"
                                                                                        : " (expected a non-negative integer)");
     }
     if (optind < argc) return kv_usage_error("run", "unexpected argument '%s'", argv[optind]);
@@ -233,6 +236,7 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if ((st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu)) != KV_OK) { free(in); return kv_report(st); }
+    kv_host_setup("run", o.threads, &meta.host);
     time_t now = time(NULL);
     strftime(meta.started, sizeof meta.started, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
     char dev[600];
@@ -240,9 +244,10 @@ int cmd_run(int argc, char **argv) {
     else snprintf(dev, sizeof dev, "cpu%s%s%s", meta.gpu.reason[0] ? " (no GPU: " : "", meta.gpu.reason,
                   meta.gpu.reason[0] ? ")" : "");
     fprintf(stderr, "kvbench %s (%s): trace %s layer %s: T=%d P=%d Hq=%d Hkv=%d D=%d; methods %s; k=%d S=%d W=%d; "
-                    "seed %d; device %s\n",
+                    "seed %d; device %s; %d CPU threads (OMP_WAIT_POLICY %s), load %.2f on %d cores\n",
             KVBENCH_VERSION, kv_git_sha(), in->path, meta.layer, in->num_tokens, in->prefill_len, in->num_q_heads,
-            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed, dev);
+            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed, dev, meta.host.threads,
+            meta.host.wait_policy, meta.host.load[0], meta.host.cores);
 
     double w0 = kv_now();
     kv_layer L;
