@@ -77,6 +77,7 @@ extern char kv_test_reason[512];
     X(method_group_flag_truthful, 0)                       \
     X(list_and_summary_report_granularity, KV_NEEDS_SUBPROCESS) \
     X(run_records_host, KV_NEEDS_SUBPROCESS)               \
+    X(bench_cpu_defaults_fit_a_laptop, KV_NEEDS_SUBPROCESS) \
     X(binary_needs_no_cuda_libraries, KV_NEEDS_SUBPROCESS) \
     X(run_traces_keyed_by_config, KV_NEEDS_SUBPROCESS)     \
     X(readme_agrees_with_program, KV_NEEDS_SUBPROCESS)     \

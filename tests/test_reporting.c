@@ -207,3 +207,26 @@ int test_list_and_summary_report_granularity(void) {
           "per_kv_head of pariskv, exact, quest pool=mean, pariskv pool=none: %s (want True False True False)", out);
     return KV_TEST_PASS;
 }
+
+/* `bench --device cpu` without --tokens times 16384 and 65536 tokens (about
+ * 1 GB of RAM at the default shape), not 1M (13 GB); --help says so. */
+int test_bench_cpu_defaults_fit_a_laptop(void) {
+    static char out[16384], err[8192];
+    const char *bin = kv_test_bin();
+    int rc = sh(out, sizeof out, err, sizeof err, "%s bench --help", bin);
+    CHECK(rc == 0 && strstr(out, "on the CPU") && strstr(out, "16384,65536"), "bench --help: %s", out);
+    rc = sh(out, sizeof out, err, sizeof err, "%s bench --method streaming --device cpu --reps 1 --threads 1", bin);
+    CHECK(rc == 0, "bench: exit %d: %s", rc, err);
+    int n16 = 0, n64 = 0, other = 0;
+    for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n")) {
+        char m[64], stage[64];
+        int tok;
+        if (sscanf(l, "%63s %d %63s", m, &tok, stage) != 3 || strcmp(m, "streaming")) continue;
+        if (tok == 16384) n16++;
+        else if (tok == 65536) n64++;
+        else other++;
+    }
+    CHECK(n16 == 2 && n64 == 2 && other == 0, "rows at 16384/65536/other tokens: %d/%d/%d (want 2/2/0)", n16, n64, other);
+    CHECK(strstr(err, "1 OpenMP threads"), "the banner does not report --threads 1: %s", err);
+    return KV_TEST_PASS;
+}
