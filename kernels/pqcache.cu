@@ -82,10 +82,13 @@ struct kv_blas_api {
 kv_blas_api kv_blas;
 char kv_blas_err[512];
 
+#ifndef KV_CUDA_HOME /* the Makefile passes $(CUDA_HOME) */
+#define KV_CUDA_HOME "/usr/local/cuda"
+#endif
 #define KV_STR2(x) #x
 #define KV_STR(x) KV_STR2(x)
 bool kv_blas_open() {
-    const char *names[] = {"libcublas.so." KV_STR(CUBLAS_VER_MAJOR), "libcublas.so",
+    const char *names[] = {"libcublas.so." KV_STR(CUBLAS_VER_MAJOR), /* the loader's path, as a link would */
                            KV_CUDA_HOME "/lib64/libcublas.so." KV_STR(CUBLAS_VER_MAJOR),
                            KV_CUDA_HOME "/lib/libcublas.so." KV_STR(CUBLAS_VER_MAJOR)};
     void *h = NULL;
