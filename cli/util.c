@@ -128,5 +128,6 @@ void kv_host_setup(const char *cmd, int threads, kv_host_info *h) {
     if (h->load[0] > h->cores)
         fprintf(stderr, "kvbench %s: warning: the 1-minute load average (%.2f) is above the %d available cores: "
                         "other work competes for the CPU, so CPU timings (build_seconds, search_us) will be "
-                        "inflated; the accuracy results are not affected\n", cmd, h->load[0], h->cores);
+                        "inflated (fewer --threads, or a quieter machine, steadies them); the accuracy results are "
+                        "not affected\n", cmd, h->load[0], h->cores);
 }
