@@ -1,7 +1,8 @@
 # kvbench: one binary, CPU reference everywhere, CUDA kernels when nvcc is
 # found (built even on machines without a GPU, so CI compiles what it
-# cannot run). HDF5 is linked statically so a binary built here also runs
-# on the GPU machine.
+# cannot run). HDF5 and the CUDA runtime are linked statically and cuBLAS is
+# loaded only when a GPU path needs it, so a binary built here also runs on
+# the GPU machine, and on a machine without any CUDA library.
 #   make deps    install missing system packages (apt-get), idempotent
 #   make         build ./kvbench (and ./tests/run_tests with `make test`)
 #   make demo    deps + build + the main job on the bundled trace
@@ -30,7 +31,11 @@ ifneq ($(and $(NVCC),$(wildcard kernels/*.cu kernels/ops/*.cu)),)
   NVCCFLAGS += -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
                -Xcompiler -Wall -MMD -MP
   CFLAGS += -DKV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
+  NVCCFLAGS += -DKV_CUDA_HOME='"$(CUDA_HOME)"'
+  # cuBLAS is not linked: kernels/pqcache.cu loads it (dlopen) when its GPU
+  # path starts, so the binary runs on a machine without the CUDA libraries
+  # (the toolkit ships no libcublas_static.a here); cudart is static.
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lstdc++
 else
   HAVE_CUDA := 0
   CU_SRCS :=
@@ -126,18 +131,31 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random --out results/demo --force
 
+# The dumper's and the plots' tests need torch, transformers and matplotlib
+# in .venv: the first `make test` installs them (scripts/pydeps.sh, ~3 GB
+# download, ~5.7 GB installed, minutes) and says so; later ones find .venv
+# complete at once. PYDEPS=0 skips the install (those tests then skip).
+PYDEPS ?= 1
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
-	@scripts/pydeps.sh >/dev/null 2>&1 || echo "kvbench: python deps not installable here: python tests will skip" >&2
+	@if [ "$(PYDEPS)" != 1 ]; then echo "kvbench: PYDEPS=$(PYDEPS): not installing the Python packages; python tests will skip"; \
+	 elif ! scripts/pydeps.sh --check >/dev/null 2>&1; then \
+	   echo "kvbench: installing the Python packages of the dumper's and the plots' tests into .venv (scripts/pydeps.sh):"; \
+	   echo "kvbench:   torch (CUDA build, runs on the CPU) + transformers + matplotlib: ~3 GB download, ~5.7 GB on disk,"; \
+	   echo "kvbench:   about 3 minutes on 2 cores the first time, nothing afterwards (make test PYDEPS=0 skips it)"; \
+	   scripts/pydeps.sh || echo "kvbench: python deps not installable here: python tests will skip" >&2; \
+	 fi
 	KVBENCH_BIN=$(abspath $(BIN)) ./$(TEST_BIN)
 
 test-gpu: all $(TEST_BIN)
 	KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$(abspath $(BIN)) ./$(TEST_BIN) --gpu
 
+# OMP_WAIT_POLICY set: kvbench then does not re-execute itself (cli/util.c),
+# which would run the rest outside valgrind.
 valgrind: all $(TEST_BIN)
-	OMP_NUM_THREADS=1 KVBENCH_BIN=$(abspath $(BIN)) valgrind --error-exitcode=9 --leak-check=full \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive KVBENCH_BIN=$(abspath $(BIN)) valgrind --error-exitcode=9 --leak-check=full \
 	  --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp ./$(TEST_BIN) --cpu-only --no-subprocess
-	OMP_NUM_THREADS=1 valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
 	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random \
 	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 

@@ -41,7 +41,8 @@ static const char bench_help[] =
     "  --method LIST     methods to time, comma-separated (every method on the CPU; on a GPU, the methods\n"
     "                    with CUDA kernels)\n"
     "  --param [M.]N=V   set a method parameter, as in kvbench run; repeatable\n"
-    "  --tokens LIST     context lengths, comma-separated (default 16384,131072,1048576)\n"
+    "  --tokens LIST     context lengths, comma-separated (default on a GPU 16384,131072,1048576; on the CPU\n"
+    "                    16384,65536: about 1 GB of RAM with the default shape, where 1048576 needs 13 GB)\n"
     "  --q-heads N       query heads (default 16)\n"
     "  --kv-heads N      kv heads (default 8)\n"
     "  --dim D           head dimension (default 128)\n"
@@ -50,7 +51,10 @@ static const char bench_help[] =
     "  --warmup N        untimed repetitions before them (default 10; CPU: 1)\n"
     "  --seed S          seed of the synthetic data (default 0)\n"
     "  --device D        auto|cpu|gpu (default auto: the GPU when one is usable)\n"
-    "  --csv FILE        also write the rows as CSV (an existing FILE is replaced only with --force)\n"
+    "  --threads N       CPU threads (OpenMP; default: one per core); printed with the load average, with a\n"
+    "                    warning when the load is above the core count (CPU timings are then inflated)\n"
+    "  --csv FILE        also write the rows as CSV (with the CPU threads and the 1-minute load at start; an\n"
+    "                    existing FILE is replaced only with --force)\n"
     "  --force           replace an existing --csv FILE\n"
     "Prints one row per (length, stage): median and p90 microseconds per decode step per layer (all heads),\n"
     "the bytes the stage must move, the achieved GB/s and, on a GPU, the percentage of the copy bandwidth.\n";
@@ -60,7 +64,7 @@ typedef struct {
     const char *params[64];
     int n_params;
     int tokens[BENCH_MAX_LENGTHS], n_tokens;
-    int Hq, Hkv, D, k, reps, warmup, seed, force;
+    int Hq, Hkv, D, k, reps, warmup, seed, force, threads;
     kv_device_choice device;
 } bench_opts;
 
@@ -68,9 +72,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     static const struct option opts[] = {
         {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'}, {"tokens", 1, 0, 't'}, {"q-heads", 1, 0, 'q'}, {"kv-heads", 1, 0, 'K'},
         {"dim", 1, 0, 'd'}, {"k", 1, 0, 'k'}, {"reps", 1, 0, 'r'}, {"warmup", 1, 0, 'w'}, {"seed", 1, 0, 's'},
-        {"device", 1, 0, 'D'}, {"csv", 1, 0, 'c'}, {"force", 0, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10, .n_tokens = 3,
-                      .tokens = {16384, 131072, 1048576}};
+        {"device", 1, 0, 'D'}, {"threads", 1, 0, 'j'}, {"csv", 1, 0, 'c'}, {"force", 0, 0, 'f'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    *o = (bench_opts){.Hq = 16, .Hkv = 8, .D = 128, .k = 100, .reps = 50, .warmup = 10};
+    o->n_tokens = 0; /* the default depends on the device: cmd_bench */
     optind = 1;
     opterr = 0;
     /* lengths <= 2^30 keep T + BENCH_SEG and every position within int; sizes are size_t */
@@ -97,6 +102,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             if (kv_parse_device(optarg, &o->device))
                 return kv_usage_error("bench", "--device: expected auto, cpu or gpu, found '%s'", optarg);
             break;
+        case 'j': bad = kv_opt_int("bench", "threads", optarg, 1, 4096, &o->threads); break;
         case 'c': o->csv = optarg; break;
         case 'f': o->force = 1; break;
         case 'h': fputs(bench_help, stdout); return 0;
@@ -275,10 +281,14 @@ int cmd_bench(int argc, char **argv) {
         if (!runs[i].m->bench_gpu)
             return kv_usage_error("bench", "--method %s has no GPU bench (no CUDA kernels); --device cpu times its "
                                            "C reference", runs[i].m->name);
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
+    if (o.n_tokens == 0) { /* a laptop survives the CPU default: ~1 GB at 65536 tokens with 8 kv heads of 128 */
+        static const int gpu_lengths[] = {16384, 131072, 1048576}, cpu_lengths[] = {16384, 65536};
+        o.n_tokens = use_gpu ? 3 : 2;
+        memcpy(o.tokens, use_gpu ? gpu_lengths : cpu_lengths, (size_t)o.n_tokens * sizeof(int));
+    }
+    kv_host_info host;
+    kv_host_setup("bench", o.threads, &host);
+    int threads = host.threads;
     double copy = 0;
     if (use_gpu) {
         if ((st = kv_gpu_copy_bandwidth((size_t)1 << 30, 20, &copy)) != KV_OK) return kv_report(st);
@@ -288,9 +298,10 @@ int cmd_bench(int argc, char **argv) {
                 gi.runtime_version, gi.sm_count, o.reps, o.warmup);
     } else {
         fprintf(stderr, "kvbench %s (%s): bench %s, Hq=%d Hkv=%d D=%d k=%d on the CPU (%s): the C reference, %d "
-                        "OpenMP threads, wall clock, at most 5 reps after 1 warm-up\n",
+                        "OpenMP threads (OMP_WAIT_POLICY %s; load %.2f on %d cores), wall clock, at most 5 reps "
+                        "after 1 warm-up\n",
                 KVBENCH_VERSION, kv_git_sha(), o.methods, o.Hq, o.Hkv, o.D, o.k,
-                gi.reason[0] ? gi.reason : "--device cpu", threads);
+                gi.reason[0] ? gi.reason : "--device cpu", threads, host.wait_policy, host.load[0], host.cores);
     }
     /* the CSV goes to FILE.tmp.<pid> (removed on failure or a signal) and is renamed over FILE when complete */
     FILE *csv = NULL;
@@ -305,7 +316,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (csv)
         fprintf(csv, "method,device,tokens,q_heads,kv_heads,dim,k,stage,median_us,p90_us,bytes,gbps,pct_copy,"
-                     "copy_gbps,fits_l2,reps,params\n");
+                     "copy_gbps,fits_l2,reps,params,cpu_threads,load1\n");
     printf("%s bench on %s%s\n", o.methods, use_gpu ? gi.name : "the CPU (C reference, wall clock)",
            use_gpu ? "" : ": no GPU timings");
     if (use_gpu) printf("copy bandwidth (cudaMemcpy device-to-device, read + write): %.0f GB/s\n", copy);
@@ -350,11 +361,11 @@ int cmd_bench(int argc, char **argv) {
                     printf("%-10s %9d  %-11s %11.1f %11.1f %10.1f %8.1f\n", runs[mi].m->name, bd.T, g->name,
                            g->t.med_us, g->t.p90_us, g->bytes / 1e6, gbs);
                 if (csv)
-                    fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d,\"%s\"\n",
+                    fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%s,%.3f,%.3f,%.0f,%.2f,%.2f,%.1f,%d,%d,\"%s\",%d,%.2f\n",
                             runs[mi].m->name, use_gpu ? "gpu" : "cpu", bd.T, o.Hq, o.Hkv, o.D, ol.k, g->name,
                             g->t.med_us, g->t.p90_us, g->bytes, gbs, use_gpu ? 100 * gbs / copy : 0.0, copy,
                             use_gpu && (double)o.Hkv * bd.T * o.D * 2 <= (double)l2,
-                            use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5), runs[mi].params);
+                            use_gpu ? o.reps : (o.reps < 5 ? o.reps : 5), runs[mi].params, threads, host.load[0]);
             }
             fflush(stdout);
         }

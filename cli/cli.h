@@ -75,6 +75,22 @@ int kv_parse_device(const char *s, kv_device_choice *out);
 /* Resolves the choice against the probe: *use_gpu; KV_ERR_INPUT for gpu without one. */
 kv_status kv_resolve_device(kv_device_choice c, kv_gpu_info *gi, int *use_gpu);
 
+/* CPU threads and the machine's load (issue 16): what a CPU timing depends
+ * on, recorded with every result. kv_host_setup applies --threads N (0:
+ * OpenMP's default, one thread per available core), probes the cores, the
+ * 1/5/15-minute load average and the OpenMP wait policy (main() makes it
+ * passive unless the user set OMP_WAIT_POLICY), and warns on stderr when
+ * the 1-minute load is above the core count. */
+typedef struct {
+    int threads, cores;
+    double load[3];     /* -1 where the load average is unavailable */
+    char wait_policy[32];
+} kv_host_info;
+void kv_host_setup(const char *cmd, int threads, kv_host_info *h);
+/* Sets OMP_WAIT_POLICY=passive and re-executes the binary once, unless the
+ * variable is already set (main() calls it before anything else). */
+void kv_passive_wait_policy(char **argv);
+
 /* The command line as one malloc'd string (for results; NULL when out of
  * memory), the git sha of the build. */
 char *kv_command_line(int argc, char **argv);

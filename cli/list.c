@@ -7,6 +7,26 @@
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
 
+/* " (pool=none: per query head)" or " (pool=mean|max: per kv head)": how the
+ * method's pooling parameter changes the granularity printed before it. */
+static void pool_hint(const kv_method *m, int pooled, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (m->per_kv_head || !m->group_pool_param) return;
+    for (const kv_param_spec *s = m->params; s && s->name; s++) {
+        if (strcmp(s->name, m->group_pool_param) || !s->choices) continue;
+        if (pooled) { snprintf(buf, cap, " (%s=none: per query head)", s->name); return; }
+        char others[128] = "";
+        for (const char *c = s->choices; c && *c;) {
+            const char *e = strchr(c, '|');
+            int len = e ? (int)(e - c) : (int)strlen(c);
+            if (strncmp(c, "none", 4))
+                snprintf(others + strlen(others), sizeof others - strlen(others), "%s%.*s", others[0] ? "|" : "", len, c);
+            c = e ? e + 1 : NULL;
+        }
+        snprintf(buf, cap, " (%s=%s: per kv head)", s->name, others);
+    }
+}
+
 int cmd_list(int argc, char **argv) {
     int verbose = 0;
     for (int i = 1; i < argc; i++) {
@@ -21,10 +41,15 @@ int cmd_list(int argc, char **argv) {
     const kv_method *const *all = kv_methods(&n);
     for (int i = 0; i < n; i++) {
         const kv_method *m = all[i];
+        kv_param_set dp;
+        kv_params_init(&dp, m->params);
         printf("%-12s %s\n", m->name, m->summary);
-        printf("%-12s selects per %s%s%s; %s; from: %s\n", "", m->per_kv_head ? "kv head (group-consistent)" : "query head",
-               m->variable_budget ? ", variable budget" : "", m->uses_logw ? ", log-weights" : "",
-               m->has_gpu ? "CPU and GPU" : "CPU only", m->paper);
+        int pooled = kv_method_group_consistent(m, &dp);
+        char hint[160];
+        pool_hint(m, pooled, hint, sizeof hint);
+        printf("%-12s selects per %s%s%s%s; %s\n%-12s from: %s\n", "", pooled ? "kv head (group-consistent)" : "query head",
+               hint, m->variable_budget ? ", variable budget" : "", m->uses_logw ? ", log-weights" : "",
+               m->has_gpu ? "CPU and GPU" : "CPU only", "", m->paper);
         for (const kv_param_spec *s = m->params; s && s->name; s++) {
             char *range = s->type == KV_PARAM_ENUM ? kv_strfmt("%s", s->choices)
                         : s->type == KV_PARAM_INT  ? kv_strfmt("int [%.0f, %.0f]", s->min, s->max)

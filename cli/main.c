@@ -22,6 +22,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    kv_passive_wait_policy(argv); /* before any OpenMP region: see cli/util.c */
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "help") && argc >= 3) { /* kvbench help CMD = kvbench CMD --help */
         if (argc > 3) { fprintf(stderr, "kvbench help: expected one command name, found %d arguments\n", argc - 2); return 2; }

@@ -147,6 +147,14 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
     fprintf(f, "  \"device\": {\"kind\": \"%s\", \"name\": ", mt->use_gpu ? "gpu" : "cpu");
     json_str(f, mt->use_gpu ? mt->gpu.name : "host CPU");
     fprintf(f, ", \"driver_version\": %d, \"runtime_version\": %d},\n", mt->gpu.driver_version, mt->gpu.runtime_version);
+    fprintf(f, "  \"host\": {\"cpu_threads\": %d, \"cores\": %d, \"omp_wait_policy\": ", mt->host.threads, mt->host.cores);
+    json_str(f, mt->host.wait_policy);
+    fprintf(f, ", \"load_average_at_start\": [");
+    for (int i = 0; i < 3; i++) {
+        if (i) fputs(", ", f);
+        json_num(f, mt->host.load[i] < 0 ? NAN : mt->host.load[i]);
+    }
+    fprintf(f, "]},\n");
     fprintf(f, "  \"trace\": {\"path\": ");
     json_str(f, in->path);
     fprintf(f, ", \"model\": ");
@@ -172,7 +180,7 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
         fprintf(f, "    {\"method\": \"%s\", \"params\": ", r->m->name);
         json_str(f, r->params);
         fprintf(f, ", \"device\": \"%s\", \"per_kv_head\": %s, \"variable_budget\": %s,\n", r->on_gpu ? "gpu" : "cpu",
-                r->m->per_kv_head ? "true" : "false", r->m->variable_budget ? "true" : "false");
+                kv_method_group_consistent(r->m, &r->ps) ? "true" : "false", r->m->variable_budget ? "true" : "false");
         fprintf(f, "     \"recall\": "); json_num(f, o.recall);
         fprintf(f, ", \"recall_p10\": "); json_num(f, o.recall_p10);
         fprintf(f, ", \"recall_selected\": "); json_num(f, o.recall_sel);

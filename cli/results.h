@@ -37,6 +37,7 @@ typedef struct {
     char started[64];
     int steps_evaluated, steps_skipped;
     double wall_s;
+    kv_host_info host;  /* CPU threads, load average at start */
 } kv_run_meta;
 
 typedef struct {

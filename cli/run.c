@@ -35,6 +35,8 @@ static const char run_help[] =
     "  --window N          decode steps per drift window (default 128)\n"
     "  --seed S            seed for seeded methods (default 0)\n"
     "  --device D          auto|cpu|gpu (default auto: the GPU when one is usable)\n"
+    "  --threads N         CPU threads (OpenMP; default: one per core); recorded in summary.json with the\n"
+    "                      load average at start (a warning when it is above the core count)\n"
     "  --out DIR           result directory (default results/<trace>-<layer>-<time>)\n"
     "  --force             replace DIR if it is a kvbench result directory (otherwise an existing DIR is an\n"
     "                      error); the old results stay in place until the new ones are complete\n"
@@ -47,7 +49,7 @@ typedef struct {
     const char *params[64];
     int n_params;
     int k, sink, local, stride, max_steps, window, force, quiet;
-    int seed;
+    int seed, threads;
     kv_device_choice device;
 } run_opts;
 
@@ -56,7 +58,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         {"trace", 1, 0, 't'}, {"layer", 1, 0, 'l'}, {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'},
         {"k", 1, 0, 'k'}, {"sink", 1, 0, 'S'}, {"local", 1, 0, 'W'}, {"stride", 1, 0, 's'},
         {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"device", 1, 0, 'd'},
-        {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128};
     optind = 1;
     opterr = 0;
@@ -84,6 +86,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
             if (kv_parse_device(optarg, &o->device))
                 return kv_usage_error("run", "--device: expected auto, cpu or gpu, found '%s'", optarg);
             break;
+        case 'j': bad = kv_opt_int("run", "threads", optarg, 1, 4096, &o->threads); break;
         case 'o': o->out = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
@@ -255,15 +258,16 @@ int cmd_run(int argc, char **argv) {
     }
     if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
     if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
+    kv_host_setup("run", o.threads, &meta.host);
     time_t now = time(NULL);
     strftime(meta.started, sizeof meta.started, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
     fprintf(stderr, "kvbench %s (%s): trace %s layer %s: T=%d P=%d Hq=%d Hkv=%d D=%d; methods %s; k=%d S=%d W=%d; "
-                    "seed %d; device ",
+                    "seed %d; device %s%s%s%s; %d CPU threads (OMP_WAIT_POLICY %s), load %.2f on %d cores\n",
             KVBENCH_VERSION, kv_git_sha(), in->path, meta.layer, in->num_tokens, in->prefill_len, in->num_q_heads,
-            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed);
-    if (meta.use_gpu) fprintf(stderr, "%s\n", meta.gpu.name);
-    else fprintf(stderr, "cpu%s%s%s\n", meta.gpu.reason[0] ? " (no GPU: " : "", meta.gpu.reason,
-                 meta.gpu.reason[0] ? ")" : "");
+            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed, meta.use_gpu ? meta.gpu.name : "cpu",
+            !meta.use_gpu && meta.gpu.reason[0] ? " (no GPU: " : "", meta.use_gpu ? "" : meta.gpu.reason,
+            !meta.use_gpu && meta.gpu.reason[0] ? ")" : "", meta.host.threads, meta.host.wait_policy, meta.host.load[0],
+            meta.host.cores);
 
     double w0 = kv_now();
     kv_layer L;

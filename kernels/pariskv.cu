@@ -1,5 +1,6 @@
 /* pariskv.cu: the CUDA path of the ParisKV retriever (issue 4, point 5;
- * ParisKV paper 4.1-4.2 and B.2), reproducing the CPU reference of
+ * "ParisKV: Fast and Drift-Robust KV-Cache Retrieval for Long-Context
+ * LLMs", Qi et al., preprint 2026, secs. 4.1-4.2 and B.2), reproducing the CPU reference of
  * retrievers/pariskv.c / pariskv_codec.c for its default codec
  * (normalise + SRHT, analytic sign centroids, 4-bit codes, RSQ-IP rerank).
  *

@@ -36,10 +36,10 @@
  * agg matches within ~1e-6 relative; top-k per kv head over agg by
  * kv_topk_launch (kv_topk_ref's order: larger first, smaller index among
  * equals). */
-#include <cublas_v2.h>
 #include <string.h>
 
 #include "pqcache_dev.cuh"
+
 
 namespace {
 
@@ -488,6 +488,7 @@ namespace {
 kv_status pq_create_go(kv_pq_gpu *p) {
     KV_TRY(kv_cuda_dev_query(&p->dev));
     KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_TRY(kv_blas_load());
     KV_CUBLAS_TRY(cublasCreate(&p->blas));
     KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));
     KV_CUBLAS_TRY(cublasSetMathMode(p->blas, CUBLAS_PEDANTIC_MATH)); /* no TF32: float32 distances */

@@ -6,8 +6,7 @@
 #ifndef KV_PQCACHE_DEV_CUH
 #define KV_PQCACHE_DEV_CUH
 
-#include <cublas_v2.h>
-
+#include "ops/kv_blas.cuh"
 #include "ops/kv_cuda.h"
 #include "pqcache.h"
 

@@ -79,4 +79,12 @@ typedef struct {
 } kv_mp_view;
 void kv_magicpig_view(const void *state, kv_mp_view *out);
 
+/* ---- Faiss (retrievers/faiss.c) ----
+ * Faiss's k-means warns on stderr when it has fewer than 39 training keys
+ * per centroid; a build prints each distinct warning once, with its count.
+ * kv_faiss_quiet(1) drops them: the test runner sets it, since its tests
+ * train on small synthetic prefills on purpose (issue 16: the warnings
+ * flooded the test output). Without Faiss it does nothing. */
+void kv_faiss_quiet(int on);
+
 #endif

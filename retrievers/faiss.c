@@ -72,7 +72,11 @@
  *   index in Faiss and stays on the CPU. Untested here: no registry this
  *   project installs from ships a GPU Faiss. */
 #define _GNU_SOURCE /* fopencookie: count the serialised bytes */
+#include "baselines.h"
 #include "kv_retriever.h"
+
+static int kv_faiss_quiet_on;
+void kv_faiss_quiet(int on) { kv_faiss_quiet_on = on; }
 
 #ifdef KV_HAVE_FAISS
 #include <faiss/c_api/AutoTune_c.h>
@@ -279,9 +283,9 @@ static void capture_end(faiss_capture *c, const char *name) {
             if (j < n) count[j]++;
             else more++;
         }
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < n && !kv_faiss_quiet_on; j++)
             fprintf(stderr, count[j] > 1 ? "%s: Faiss: %s (%d times)\n" : "%s: Faiss: %s\n", name, seen[j], count[j]);
-        if (more) fprintf(stderr, "%s: Faiss: %d more lines\n", name, more);
+        if (more && !kv_faiss_quiet_on) fprintf(stderr, "%s: Faiss: %d more lines\n", name, more);
     }
     if (c->tmp) fclose(c->tmp);
 }
@@ -452,21 +456,23 @@ static void hnsw_describe(FILE *f) { faiss_describe(f, KV_FAISS_HNSW); }
 #define KV_FAISS_HAS_GPU 0
 #endif
 
+#define KV_FAISS_PAPER "Faiss (\"Billion-Scale Similarity Search with GPUs\", Johnson et al., IEEE Trans. Big Data 2019)"
 #define KV_FAISS_METHOD(var, nm, sum, pap, tbl, gpu, pre)                                                  \
     const kv_method var = {.abi = KV_RETRIEVER_ABI, .name = nm, .summary = sum, .paper = pap, .per_kv_head = 0, \
+                           .group_pool_param = "pool",                                                        \
                            .has_gpu = gpu, .params = tbl, .create = pre##_create, .build = faiss_build,        \
                            .append = faiss_append, .search = faiss_search, .memory_bytes = faiss_memory,      \
                            .destroy = faiss_destroy, .describe = pre##_describe}
 
 KV_FAISS_METHOD(kv_method_faiss_flat, "faiss-flat", "Faiss IndexFlatIP: exact inner-product search (cross-checks exact)",
-                "Faiss (Johnson et al. 2019), C API", flat_params, KV_FAISS_HAS_GPU, flat);
+                KV_FAISS_PAPER ", C API", flat_params, KV_FAISS_HAS_GPU, flat);
 KV_FAISS_METHOD(kv_method_faiss_ivf, "faiss-ivf", "Faiss IVFFlat: k-means lists of the prefill keys, nprobe lists scanned",
-                "Faiss (Johnson et al. 2019), C API", ivf_params, KV_FAISS_HAS_GPU, ivf);
+                KV_FAISS_PAPER ", C API", ivf_params, KV_FAISS_HAS_GPU, ivf);
 KV_FAISS_METHOD(kv_method_faiss_ivfpq, "faiss-ivfpq", "Faiss IVFPQ: IVF lists with product-quantised residuals",
-                "Faiss (Johnson et al. 2019; Jegou et al., PQ, TPAMI 2011), C API", ivfpq_params, KV_FAISS_HAS_GPU, ivfpq);
+                KV_FAISS_PAPER "; \"Product Quantization for Nearest Neighbor Search\", "
+                "Jegou et al., TPAMI 2011; C API", ivfpq_params, KV_FAISS_HAS_GPU, ivfpq);
 KV_FAISS_METHOD(kv_method_faiss_hnsw, "faiss-hnsw", "Faiss HNSWFlat: hierarchical navigable small-world graph",
-                "Faiss; HNSW (Malkov & Yashunin, TPAMI 2018), C API", hnsw_params, 0, hnsw);
+                KV_FAISS_PAPER "; \"Efficient and Robust Approximate Nearest Neighbor Search Using "
+                "Hierarchical Navigable Small World Graphs\", Malkov & Yashunin, TPAMI 2018; C API", hnsw_params, 0, hnsw);
 
-#else
-typedef int kv_faiss_not_built; /* ISO C: a translation unit is not empty */
 #endif

@@ -96,7 +96,7 @@ typedef struct kv_method {
     int abi;                 /* KV_RETRIEVER_ABI */
     const char *name;
     const char *summary;     /* one line for `kvbench list` */
-    const char *paper;       /* where it comes from */
+    const char *paper;       /* where it comes from: title, authors, venue (and released code) */
     int per_kv_head;         /* 1: one list per kv head shared by its group */
     int variable_budget;     /* may return more than k (reports effective budget) */
     int uses_logw;           /* fills selection.logw */
@@ -122,7 +122,19 @@ typedef struct kv_method {
      * counted. Without it the GPU bench of the method is refused. */
     kv_status (*bench_gpu)(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
                            const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out);
+    /* Optional, for per_kv_head = 0: the name of an ENUM parameter whose
+     * values other than "none" pool the queries of a kv group and write
+     * one selection into the G query heads' lists of the group (pool=mean).
+     * The storage is then per query head but the selections are
+     * group-consistent; kv_method_group_consistent() reports that. */
+    const char *group_pool_param;
 } kv_method;
+
+/* 1 when the method's selections with parameters ps are one per kv head,
+ * shared by the G query heads of the group (per_kv_head, or a pooling
+ * parameter set to anything but "none"): what `kvbench list` and
+ * summary.json report as per_kv_head (retrievers/registry.c). */
+int kv_method_group_consistent(const kv_method *m, const kv_param_set *ps);
 
 /* ---- registry (retrievers/registry.c) ---- */
 const kv_method *kv_method_find(const char *name);

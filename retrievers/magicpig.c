@@ -337,7 +337,7 @@ const kv_method kv_method_magicpig = {
     .name = "magicpig",
     .summary = "SimHash LSH (K bits x L tables) on centred keys; keys colliding >= min_collisions times, "
                "importance-weighted",
-    .paper = "MagicPIG (Chen et al., ICLR 2025), code Infini-AI-Lab/MagicPIG",
+    .paper = "\"MagicPIG: LSH Sampling for Efficient LLM Generation\", Chen et al., ICLR 2025, code Infini-AI-Lab/MagicPIG",
     .per_kv_head = 0,
     .variable_budget = 1,
     .uses_logw = 1,

@@ -1,4 +1,5 @@
-/* pariskv.c: ParisKV (papers/pariskv.txt; released code amy-77/ParisKV,
+/* pariskv.c: ParisKV ("ParisKV: Fast and Drift-Robust KV-Cache Retrieval
+ * for Long-Context LLMs", Qi et al., preprint 2026; released code amy-77/ParisKV,
  * cache_hub/polar_cache.py), CPU reference. Sections implemented:
  *   4.1.1  normalise + one shared SRHT rotation, B contiguous subspaces of
  *          m dims, polar form (radius r_b, unit direction u_b);
@@ -26,8 +27,9 @@
  *   number of lists from the static per_kv_head flag, and pool=none needs
  *   one list per query head, so the method registers per_kv_head = 0 and,
  *   with pool=mean, writes the same list (and candidate set) into the G
- *   query heads' lists of the group: results say per_kv_head=false, but
- *   the selections are group-consistent unless pool=none.
+ *   query heads' lists of the group; group_pool_param = "pool" makes
+ *   `kvbench list` and summary.json report per_kv_head=true unless
+ *   pool=none (kv_method_group_consistent).
  * - Tiers exactly as the released fused collision kernel: per subspace the
  *   centroids are ranked by <q~_b, c> (ties: smaller id first); walking in
  *   rank order, a centroid belongs to tier t while the keys of the
@@ -672,8 +674,10 @@ const kv_method kv_method_pariskv = {
     .abi = KV_RETRIEVER_ABI,
     .name = "pariskv",
     .summary = "ParisKV: SRHT + sign-centroid collision voting, then RSQ-IP rerank from 4-bit codes",
-    .paper = "ParisKV (papers/pariskv.txt 4.1-4.2, app. B)",
+    .paper = "\"ParisKV: Fast and Drift-Robust KV-Cache Retrieval for Long-Context LLMs\", Qi et al., "
+             "preprint 2026 (secs. 4.1-4.2, app. B), code amy-77/ParisKV",
     .per_kv_head = 0,
+    .group_pool_param = "pool",
     .has_gpu = 1,
     .params = pariskv_params,
     .create = pk_create,

@@ -378,7 +378,8 @@ const kv_method kv_method_pqcache = {
     .abi = KV_RETRIEVER_ABI,
     .name = "pqcache",
     .summary = "product quantisation (k-means per sub-vector on prefill keys), ADC scores, group softmax sum, top-k",
-    .paper = "PQCache (Zhang et al., SIGMOD 2025), code HugoZHL/PQCache",
+    .paper = "\"PQCache: Product Quantization-based KVCache for Long Context LLM Inference\", Zhang et al., SIGMOD 2025, "
+             "code HugoZHL/PQCache",
     .per_kv_head = 1,
     .has_gpu = 1,
     .params = pq_params,

@@ -1,7 +1,10 @@
 /* quest.c: Quest (Tang et al., "Quest: Query-Aware Sparsity for Efficient
  * Long-Context LLM Inference", ICML 2024; code github mit-han-lab/Quest;
- * described as a baseline in papers/freekv.txt sec. 2.2 and 5.1 and
- * papers/ctkvr.txt sec. 4.1.2), CPU reference.
+ * described as a baseline in "FreeKV: Boosting KV Cache Retrieval for
+ * Efficient LLM Inference", Liu et al., ICLR 2026, secs. 2.2 and 5.1, and
+ * in "CTKVR: Efficient KV Cache Retrieval for Long-Context LLMs via
+ * Centroid-then-Token Indexing", Lu et al., preprint, sec. 4.1.2), CPU
+ * reference.
  *
  * Index. The keys are cut into pages of `page` tokens (default 16); per page
  * and channel i the min and max of the keys. Search. The page bound
@@ -272,8 +275,11 @@ const kv_method kv_method_quest = {
     .abi = KV_RETRIEVER_ABI,
     .name = "quest",
     .summary = "pages with per-channel key min/max; top floor(k/page) pages by the bound sum max(q*max, q*min)",
-    .paper = "Quest (Tang et al., ICML 2024), code mit-han-lab/Quest; pool=mean as FreeKV",
+    .paper = "\"Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference\", Tang et al., ICML 2024, code "
+             "mit-han-lab/Quest; pool=mean as FreeKV (\"FreeKV: Boosting KV Cache Retrieval for Efficient LLM "
+             "Inference\", Liu et al., ICLR 2026)",
     .per_kv_head = 0,
+    .group_pool_param = "pool",
     .has_gpu = 1,
     .params = quest_params,
     .create = quest_create,

@@ -52,6 +52,19 @@ const kv_method *const *kv_methods(int *count) {
     return kv_registry;
 }
 
+int kv_method_group_consistent(const kv_method *m, const kv_param_set *ps) {
+    if (m->per_kv_head) return 1;
+    if (!m->group_pool_param || !ps || !ps->spec) return 0;
+    for (int i = 0; i < ps->n; i++) {
+        const kv_param_spec *s = &ps->spec[i];
+        if (s->type != KV_PARAM_ENUM || strcmp(s->name, m->group_pool_param)) continue;
+        const char *c = s->choices; /* the value's name: field val[i] of "a|b|c" */
+        for (int v = (int)ps->val[i]; v > 0 && c; v--) c = strchr(c, '|') ? strchr(c, '|') + 1 : NULL;
+        return c && strncmp(c, "none", 4) != 0;
+    }
+    return 0;
+}
+
 const kv_method *kv_method_find(const char *name) {
     int n;
     const kv_method *const *all = kv_methods(&n);

@@ -47,7 +47,8 @@ const kv_method kv_method_streaming = {
     .abi = KV_RETRIEVER_ABI,
     .name = "streaming",
     .summary = "recency floor: the k tokens just before the local window",
-    .paper = "StreamingLLM (Xiao et al. 2023), as a budgeted window",
+    .paper = "StreamingLLM (\"Efficient Streaming Language Models with Attention Sinks\", Xiao et al., ICLR 2024), as a "
+             "budgeted window",
     .per_kv_head = 1,
     .params = streaming_params,
     .create = streaming_create,

@@ -65,7 +65,16 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 say "installing $(grep -v '^#' "$REQ" | grep -c .) pinned requirements from $REQ (torch pulls its nvidia-* wheels: ~3 GB download)"
-if ! "$VENV/bin/python" -m pip install --no-input --progress-bar off -r "$REQ" >"$VENV/pydeps-install.log" 2>&1; then
+# pip runs with its output in the log; a line every 20 s says it is alive and how far it got
+"$VENV/bin/python" -m pip install --no-input --progress-bar off -r "$REQ" >"$VENV/pydeps-install.log" 2>&1 &
+pip_pid=$!
+while kill -0 "$pip_pid" 2>/dev/null; do
+  for _ in $(seq 20); do kill -0 "$pip_pid" 2>/dev/null && sleep 1; done
+  kill -0 "$pip_pid" 2>/dev/null || break
+  last=$(grep -aoE '^(Collecting|Downloading|Installing collected packages)[^ ]* ?[^ ]*' "$VENV/pydeps-install.log" | tail -n 1)
+  say "  ... $(( $(date +%s) - start ))s, $(du -sm "$VENV" 2>/dev/null | cut -f1) MB in $VENV${last:+; pip: $last}"
+done
+if ! wait "$pip_pid"; then
   tail -n 25 "$VENV/pydeps-install.log" >&2
   fail "pip could not install the requirements (full log: $VENV/pydeps-install.log)"
 fi

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../kernels/ops/kv_gpu.h"
+#include "../retrievers/baselines.h"
 #include "kv_test.h"
 
 extern char kv_test_reason[512];
@@ -88,6 +89,14 @@ extern char kv_test_reason[512];
     X(results_force_all_or_nothing, KV_NEEDS_SUBPROCESS)   \
     X(results_json_non_utf8, KV_NEEDS_SUBPROCESS)          \
     X(synth_signal_cleanup, KV_NEEDS_SUBPROCESS)           \
+    X(method_group_flag_truthful, 0)                       \
+    X(list_and_summary_report_granularity, KV_NEEDS_SUBPROCESS) \
+    X(run_records_host, KV_NEEDS_SUBPROCESS)               \
+    X(bench_cpu_defaults_fit_a_laptop, KV_NEEDS_SUBPROCESS) \
+    X(binary_needs_no_cuda_libraries, KV_NEEDS_SUBPROCESS) \
+    X(run_traces_keyed_by_config, KV_NEEDS_SUBPROCESS)     \
+    X(readme_agrees_with_program, KV_NEEDS_SUBPROCESS)     \
+    X(plots_style_and_errors, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON) \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
 
 #define KV_DECLARE(name, needs) int test_##name(void);
@@ -107,6 +116,7 @@ int main(int argc, char **argv) {
             return 0;
         } else if (n_names < 64) names[n_names++] = argv[i];
     }
+    kv_faiss_quiet(1); /* the tests train Faiss on small prefills on purpose: no "too few training points" */
     int require_gpu = getenv("KVBENCH_REQUIRE_GPU") && !strcmp(getenv("KVBENCH_REQUIRE_GPU"), "1");
     int passed = 0, failed = 0, skipped = 0;
     for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) {

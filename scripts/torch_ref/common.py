@@ -7,13 +7,14 @@ scripts/device_check.sh can put the two side by side.
 """
 import argparse
 import csv
+import os
 import statistics
 import sys
 
 import torch
 
 CSV_HEADER = ["method", "device", "tokens", "q_heads", "kv_heads", "dim", "k", "stage", "median_us", "p90_us",
-              "bytes", "gbps", "pct_copy", "copy_gbps", "fits_l2", "reps", "params"]
+              "bytes", "gbps", "pct_copy", "copy_gbps", "fits_l2", "reps", "params", "cpu_threads", "load1"]
 
 
 def percentile(v, q):
@@ -98,7 +99,7 @@ class Bench:
               f"{100 * gbs / self.copy:>6.1f}%", flush=True)
         self.rows.append([self.method, "gpu", tokens, a.q_heads, a.kv_heads, a.dim, a.k, stage, f"{med:.3f}",
                           f"{p90:.3f}", int(nbytes), f"{gbs:.2f}", f"{100 * gbs / self.copy:.2f}", f"{self.copy:.1f}",
-                          int(fits_l2), a.reps, self.params])
+                          int(fits_l2), a.reps, self.params, torch.get_num_threads(), f"{os.getloadavg()[0]:.2f}"])
         return med
 
     def tokens(self):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """pariskv.py: the PyTorch peer of `kvbench bench --method pariskv` (issue 4, point 6): the
-same ParisKV search (papers/pariskv.txt 4.1-4.2, app. B; retrievers/pariskv.c) written the
+same ParisKV search ("ParisKV: Fast and Drift-Robust KV-Cache Retrieval for Long-Context LLMs",
+Qi et al., preprint 2026, secs. 4.1-4.2, app. B; retrievers/pariskv.c) written the
 way a researcher prototypes it in tensor ops, timed stage by stage on the same GPU with
 common.py's timer (L2 flushed before every repetition, CUDA events, median/p90).
 
