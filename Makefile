@@ -129,7 +129,7 @@ pydeps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random --out results/demo --force
+	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random,sampled --out results/demo --force
 
 # The dumper's and the plots' tests need torch, transformers and matplotlib
 # in .venv: the first `make test` installs them (scripts/pydeps.sh, ~3 GB
