@@ -78,6 +78,7 @@ typedef struct {
     int cand_cap;    /* capacity of each candidate list */
     int *n_cand;     /* [n_lists]: coarse candidates (-1, the reset value: none reported) */
     int32_t *cand;   /* [n_lists][cand_cap] */
+    float metric;    /* the method's own per-step scalar (kv_method.metric_name), NAN (the reset value): none */
 } kv_selection;
 
 kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap);
@@ -122,6 +123,13 @@ typedef struct kv_method {
      * counted. Without it the GPU bench of the method is refused. */
     kv_status (*bench_gpu)(const kv_shape *shape, const kv_param_set *params, const kv_gpu_bench_spec *spec,
                            const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out);
+    /* Optional: the name of a per-step scalar the method reports in
+     * sel->metric (e.g. FreeKV's "correction_rate": the fraction of kv
+     * heads re-selected at the step). The protocol copies it into every
+     * row of the step; results give its mean overall (summary.json
+     * "method_metric") and per drift window (drift.csv "method_metric").
+     * NULL: the method reports none. */
+    const char *metric_name;
 } kv_method;
 
 /* ---- registry (retrievers/registry.c) ---- */

@@ -1,0 +1,285 @@
+/* racc.c: RACC (papers/racc.txt: sec. 4 compression with grouped
+ * recompression, appendix B the vote, appendix C algorithm 1, eq. 4 the
+ * compression rate), CPU reference. No public code.
+ *
+ * Resident set (per kv head): SnapKV-style voting. At a compression, the
+ * voted set V is every resident token of [sink, n - window) (n = positions
+ * seen; the last `window` tokens are the observation window L_3 and stay,
+ * as does the sink); each of the window's queries (the G query heads of
+ * the kv head, positions [n - window, n)) scores V, and the vote of a token
+ * is its softmax weight summed over the window and the group (appendix B
+ * sums the attention of L_3 over L_2; alg. 1 line 4). The floor(alpha*|V|)
+ * tokens with the highest votes stay resident, the rest are evicted to the
+ * retrieval index. Compressions run at build (on the prefill: the paper's
+ * LILO mode compresses prompt and generated tokens alike) and after every
+ * L_n generated tokens (positions P + j*L_n - 1, j >= 1); tokens generated
+ * in between are resident. Retrieval: at step t the query of step t-1 (the
+ * one append() was handed at t-1: lag 1, the retrieval runs one step ahead
+ * asynchronously in the paper) searches the evicted keys of the region
+ * exactly (index=exact: all inner products, kv_topk_ref) and the top
+ * ceil(beta * (t+1)) are attended too (beta = the fraction of the context,
+ * eq. 4). The selection (one list per kv head) is resident ∪ retrieved;
+ * its size is not k: the method declares a variable budget and its mean
+ * size is its effective budget. Method metric "resident_fraction": the
+ * resident share of the region, averaged over kv heads.
+ *
+ * Choices where the paper is silent:
+ * - Vote: softmax over V of softmax_scale * <q, k> per query (SnapKV's
+ *   attention weights; eq. 5 writes the raw scores, alg. 1 says attention
+ *   weights), max then the sum of exp in double, votes summed in double in
+ *   query order (head, then position); ties to the earlier position.
+ * - GQA: the vote sums over the group (one resident set per kv head, the
+ *   cache is per kv head); the retrieval query of a kv head is the mean of
+ *   its G heads' queries (one MIPS query per kv head, as a single index
+ *   search would be issued), scores in float (kv_dot_ref).
+ * - The retrieval searches the evicted set as it stands at step t (a
+ *   compression at t already evicted its tokens); only the query lags.
+ *   Evicted tokens inside the local window (possible when window < local -
+ *   1) are not candidates (they are attended anyway).
+ * - Without the prefill's queries (kvbench bench) the first compression has
+ *   no window queries: nothing is evicted at build.
+ * - index: exact only. The Faiss retrievers (retrievers/faiss.c) keep their
+ *   indexes private and label vectors by region position in add order;
+ *   RACC adds evicted keys out of position order, which needs a label map
+ *   and an internal header shared with faiss.c: left for later. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
+#include "baselines.h"
+
+typedef struct { double v; int32_t pos; } racc_vote;
+
+static int racc_cmp(const void *a, const void *b) {
+    const racc_vote *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+typedef struct {
+    kv_shape sh;
+    double alpha, beta;
+    int Ln, window;
+    int n;              /* positions seen */
+    int compressions;
+    float *K;           /* [Hkv][T][D] all keys (resident or evicted: the index is exact) */
+    float *Qw;          /* [Hq][window][D] ring of the last `window` queries (slot = position % window) */
+    int nq;             /* consecutive positions with a query handed over */
+    float *q_prev;      /* [Hq][D] the query of position n-2 (n-1 is in the ring) */
+    uint8_t *evicted;   /* [Hkv][T] */
+    int *n_evicted;     /* [Hkv] */
+    /* scratch */
+    int32_t *cand;      /* [T] */
+    double *vote;       /* [T] */
+    float *fs;          /* [T] */
+    float *qw;          /* [G][window][D] the window's queries in position order */
+    int32_t *top;       /* [T] */
+    float *qm;          /* [D] */
+    racc_vote *rank;    /* [T] */
+} racc_state;
+
+static const kv_param_spec racc_params[] = {
+    {"alpha", KV_PARAM_FLOAT, KV_PARAM_BUILD, 0.6, 0, 1, NULL, "fraction of the voted tokens kept at each compression"},
+    {"Ln", KV_PARAM_INT, KV_PARAM_BUILD, 400, 1, 1 << 30, NULL, "generated tokens between compressions (L_n)"},
+    {"window", KV_PARAM_INT, KV_PARAM_BUILD, 32, 1, 65536, NULL, "observation window: the last queries that vote"},
+    {"beta", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0.01, 0, 1, NULL,
+     "keys retrieved per step from the evicted set, as a fraction of the context (t+1)"},
+    {NULL},
+};
+
+void kv_racc_vote(const float *qw, int G, int nw, const float *K, int D, const int32_t *cand, int nc, float scale,
+                  double *vote, float *scratch) {
+    for (int i = 0; i < nc; i++) vote[i] = 0;
+    for (int h = 0; h < G; h++)
+        for (int w = 0; w < nw; w++) {
+            const float *q = qw + ((size_t)h * nw + w) * D;
+            float m = -INFINITY;
+            for (int i = 0; i < nc; i++) {
+                scratch[i] = scale * kv_dot_ref(q, K + (size_t)cand[i] * D, D);
+                m = scratch[i] > m ? scratch[i] : m;
+            }
+            double z = 0;
+            for (int i = 0; i < nc; i++) z += exp((double)scratch[i] - m);
+            for (int i = 0; i < nc; i++) vote[i] += exp((double)scratch[i] - m) / z;
+        }
+}
+
+static void racc_free(racc_state *s) {
+    if (!s) return;
+    free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted);
+    free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->rank);
+    free(s);
+}
+
+static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
+    if (sh->use_gpu) return kv_fail(KV_ERR_GPU, "racc: no CUDA path yet (run with --device cpu)");
+    racc_state *s = kv_calloc(1, sizeof *s, "racc state");
+    if (!s) return KV_ERR_NOMEM;
+    s->sh = *sh;
+    s->alpha = kv_param(ps, "alpha");
+    s->beta = kv_param(ps, "beta");
+    s->Ln = kv_param_int(ps, "Ln");
+    s->window = kv_param_int(ps, "window");
+    size_t T = (size_t)sh->max_tokens, D = (size_t)sh->head_dim, Hkv = (size_t)sh->num_kv_heads,
+           Hq = (size_t)sh->num_q_heads, W = (size_t)s->window, G = (size_t)sh->group;
+    s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
+    s->Qw = kv_calloc(Hq * W * D, sizeof(float), "racc window queries");
+    s->q_prev = kv_malloc(Hq * D * sizeof(float), "racc previous query");
+    s->evicted = kv_calloc(Hkv * T, 1, "racc eviction flags");
+    s->n_evicted = kv_calloc(Hkv, sizeof(int), "racc eviction counts");
+    s->cand = kv_malloc(T * sizeof(int32_t), "racc candidates");
+    s->vote = kv_malloc(T * sizeof(double), "racc votes");
+    s->fs = kv_malloc(T * sizeof(float), "racc scores");
+    s->qw = kv_malloc(G * W * D * sizeof(float), "racc vote queries");
+    s->top = kv_malloc(T * sizeof(int32_t), "racc top-k");
+    s->qm = kv_malloc(D * sizeof(float), "racc mean query");
+    s->rank = kv_malloc(T * sizeof(racc_vote), "racc vote ranks");
+    if (!s->K || !s->Qw || !s->q_prev || !s->evicted || !s->n_evicted || !s->cand || !s->vote || !s->fs || !s->qw ||
+        !s->top || !s->qm || !s->rank) {
+        racc_free(s);
+        return KV_ERR_NOMEM;
+    }
+    *out = s;
+    return KV_OK;
+}
+
+/* One compression over positions [0, n): per kv head, vote on the resident
+ * tokens of [sink, n - window) and evict all but floor(alpha * |V|). */
+static void racc_compress(racc_state *s) {
+    const kv_shape *sh = &s->sh;
+    int n = s->n, W = s->window, D = sh->head_dim, G = sh->group, T = sh->max_tokens;
+    s->compressions++;
+    if (s->nq < W || n - W <= sh->sink) return; /* no full observation window, or nothing older to vote on */
+    for (int g = 0; g < sh->num_kv_heads; g++) {
+        uint8_t *ev = s->evicted + (size_t)g * T;
+        int nc = 0;
+        for (int i = sh->sink; i < n - W; i++)
+            if (!ev[i]) s->cand[nc++] = i;
+        int keep = (int)floor(s->alpha * nc);
+        if (keep >= nc) continue;
+        for (int h = 0; h < G; h++)
+            for (int w = 0; w < W; w++) {
+                int pos = n - W + w;
+                memcpy(s->qw + ((size_t)h * W + w) * D, s->Qw + (((size_t)(g * G + h) * W) + pos % W) * D,
+                       (size_t)D * sizeof(float));
+            }
+        kv_racc_vote(s->qw, G, W, s->K + (size_t)g * T * D, D, s->cand, nc, sh->softmax_scale, s->vote, s->fs);
+        /* rank the votes as doubles (larger first, earlier position among equals) */
+        for (int i = 0; i < nc; i++) s->rank[i] = (racc_vote){s->vote[i], s->cand[i]};
+        qsort(s->rank, (size_t)nc, sizeof *s->rank, racc_cmp);
+        for (int r = keep; r < nc; r++) {
+            ev[s->rank[r].pos] = 1;
+            s->n_evicted[g]++;
+        }
+    }
+}
+
+static void racc_push_query(racc_state *s, int t, const float *q, size_t head_stride) {
+    size_t D = (size_t)s->sh.head_dim, W = (size_t)s->window;
+    for (int h = 0; h < s->sh.num_q_heads; h++) {
+        if (t >= 1) memcpy(s->q_prev + h * D, s->Qw + ((size_t)h * W + (size_t)(t - 1) % W) * D, D * sizeof(float));
+        memcpy(s->Qw + ((size_t)h * W + (size_t)t % W) * D, q + h * head_stride, D * sizeof(float));
+    }
+}
+
+static kv_status racc_build(void *st, const kv_prefill *pre) {
+    racc_state *s = st;
+    size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
+    for (int g = 0; g < s->sh.num_kv_heads; g++)
+        memcpy(s->K + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
+    int W = s->window, t0 = pre->n - W > 0 ? pre->n - W : 0;
+    if (pre->q) {
+        for (int t = t0; t < pre->n; t++) racc_push_query(s, t, pre->q + (size_t)t * D, (size_t)pre->n * D);
+        s->nq = pre->n - t0;
+    }
+    s->n = pre->n;
+    racc_compress(s);
+    return KV_OK;
+}
+
+static kv_status racc_append(void *st, int t, const float *k, const float *v, const float *q) {
+    racc_state *s = st;
+    (void)v;
+    size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
+    if (t != s->n || t >= s->sh.max_tokens)
+        return kv_fail(KV_ERR_INTERNAL, "racc: append of position %d, expected %d", t, s->n);
+    for (int g = 0; g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
+    if (q) { racc_push_query(s, t, q, D); s->nq++; }
+    else s->nq = 0;
+    s->n++;
+    int gen = s->n - s->sh.prefill_len;
+    if (gen > 0 && gen % s->Ln == 0) racc_compress(s);
+    return KV_OK;
+}
+
+static kv_status racc_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    racc_state *s = st;
+    const kv_shape *sh = &s->sh;
+    (void)q; (void)k;
+    int D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    int r = (int)ceil(s->beta * (double)(t + 1)), have_prev = s->nq >= 2;
+    double res = 0;
+    for (int g = 0; g < sh->num_kv_heads; g++) {
+        const uint8_t *ev = s->evicted + (size_t)g * T;
+        int32_t *out = sel->idx + (size_t)g * sel->cap;
+        int c = 0, nc = 0;
+        for (int i = lo; i < hi; i++) {
+            if (!ev[i]) out[c++] = i;
+            else s->cand[nc++] = i;
+        }
+        res += (double)c / (hi - lo);
+        if (r > 0 && nc > 0 && have_prev) {
+            for (int j = 0; j < D; j++) {
+                float a = 0;
+                for (int h = g * G; h < (g + 1) * G; h++) a += s->q_prev[(size_t)h * D + j];
+                s->qm[j] = a / G;
+            }
+            const float *Kg = s->K + (size_t)g * T * D;
+            for (int i = 0; i < nc; i++) s->fs[i] = kv_dot_ref(s->qm, Kg + (size_t)s->cand[i] * D, D);
+            int nr = kv_topk_ref(s->fs, nc, r, 0, s->top, NULL);
+            if (nr < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for top-k scratch");
+            for (int j = 0; j < nr; j++) out[c++] = s->cand[s->top[j]];
+        }
+        sel->count[g] = c;
+    }
+    sel->metric = (float)(res / sh->num_kv_heads);
+    return KV_OK;
+}
+
+static size_t racc_memory(const void *st) {
+    /* the retrieval index: the evicted keys (exact index: the keys themselves) */
+    const racc_state *s = st;
+    size_t n = 0;
+    for (int g = 0; g < s->sh.num_kv_heads; g++) n += (size_t)s->n_evicted[g];
+    return n * (size_t)s->sh.head_dim * sizeof(float);
+}
+
+static void racc_destroy(void *st) { racc_free(st); }
+
+void kv_racc_view_of(const void *st, kv_racc_view *out) {
+    const racc_state *s = st;
+    int res = 0;
+    for (int i = s->sh.sink; i < s->n; i++) res += !s->evicted[i];
+    *out = (kv_racc_view){.n_resident = res, .n_evicted = s->n_evicted[0], .compressions = s->compressions};
+}
+
+const kv_method kv_method_racc = {
+    .abi = KV_RETRIEVER_ABI,
+    .name = "racc",
+    .summary = "resident set by SnapKV voting, recompressed every Ln tokens keeping alpha; plus lag-1 exact retrieval "
+               "of beta*(t+1) evicted keys; variable budget",
+    .paper = "RACC (papers/racc.txt sec. 4, appendices B-C); no public code",
+    .per_kv_head = 1,
+    .variable_budget = 1,
+    .params = racc_params,
+    .create = racc_create,
+    .build = racc_build,
+    .append = racc_append,
+    .search = racc_search,
+    .memory_bytes = racc_memory,
+    .destroy = racc_destroy,
+    .metric_name = "resident_fraction",
+};
