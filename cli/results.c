@@ -130,8 +130,8 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
             in->num_tokens, in->prefill_len, in->num_q_heads, in->num_kv_heads, in->head_dim, in->softmax_scale,
             in->rope);
     fprintf(f, "  \"protocol\": {\"k\": %d, \"sink\": %d, \"local\": %d, \"stride\": %d, \"max_steps\": %d, "
-               "\"window\": %d, \"seed\": %llu, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
-            mt->k, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed,
+               "\"window\": %d, \"seed\": %llu, \"lag\": %d, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
+            mt->k, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed, mt->lag,
             mt->steps_evaluated, mt->steps_skipped);
     fprintf(f, "  \"methods\": [\n");
     for (int i = 0; i < n_runs; i++) {

@@ -29,6 +29,7 @@ typedef struct {
     const char *layer;
     int k, sink, local, stride, max_steps, window;
     uint64_t seed;
+    int lag;            /* --lag: methods saw the query of t - lag */
     int use_gpu;
     kv_gpu_info gpu;
     char cmdline[4096];
