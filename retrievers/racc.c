@@ -27,11 +27,13 @@
  * - Vote: softmax over V of softmax_scale * <q, k> per query (SnapKV's
  *   attention weights; eq. 5 writes the raw scores, alg. 1 says attention
  *   weights), max then the sum of exp in double, votes summed in double in
- *   query order (head, then position); ties to the earlier position.
+ *   query order (head, then position), ranked as float by kv_topk_ref
+ *   (larger first, the earlier position among equals).
  * - GQA: the vote sums over the group (one resident set per kv head, the
  *   cache is per kv head); the retrieval query of a kv head is the mean of
  *   its G heads' queries (one MIPS query per kv head, as a single index
- *   search would be issued), scores in float (kv_dot_ref).
+ *   search would be issued), scores softmax_scale * kv_dot_ref (the shared
+ *   score kernel's, bitwise), ranked by kv_topk_ref.
  * - The retrieval searches the evicted set as it stands at step t (a
  *   compression at t already evicted its tokens); only the query lags.
  *   Evicted tokens inside the local window (possible when window < local -
@@ -41,22 +43,26 @@
  * - index: exact only. The Faiss retrievers (retrievers/faiss.c) keep their
  *   indexes private and label vectors by region position in add order;
  *   RACC adds evicted keys out of position order, which needs a label map
- *   and an internal header shared with faiss.c: left for later. */
+ *   and an internal header shared with faiss.c: left for later.
+ * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
+ *   the vote (all kv heads' window queries as rows of the shared score
+ *   kernel, masked softmax, sum over the window and group) runs there and
+ *   its float votes come back for the ranking here (nc floats once every
+ *   L_n tokens), so votes agree with the CPU's to ~1e-12 relative (CUDA's
+ *   exp, another summation order of the softmax denominators) and the kept
+ *   set can differ only between near-equal votes; the retrieval (scores of
+ *   the mean previous query masked to the evicted keys, the shared top-k,
+ *   at most KV_GPU_TOPK_MAX keys) is bitwise the CPU's for the same
+ *   eviction flags. The resident part of the list and the flags stay on
+ *   the host. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/racc.h"
 #include "../kernels/ops/score.h"
 #include "../kernels/ops/topk.h"
 #include "baselines.h"
-
-typedef struct { double v; int32_t pos; } racc_vote;
-
-static int racc_cmp(const void *a, const void *b) {
-    const racc_vote *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
 
 typedef struct {
     kv_shape sh;
@@ -76,8 +82,13 @@ typedef struct {
     float *fs;          /* [T] */
     float *qw;          /* [G][window][D] the window's queries in position order */
     int32_t *top;       /* [T] */
-    float *qm;          /* [D] */
-    racc_vote *rank;    /* [T] */
+    float *qm;          /* [Hkv][D] the groups' mean previous queries */
+    uint8_t *kept;      /* [T] */
+    float *fv;          /* [T] votes as float (the ranking) */
+    float *vall;        /* GPU path: [Hkv][T] votes from the device */
+    float *qwall;       /* GPU path: [Hq][window][D] the window queries in position order */
+    int *rr;            /* GPU path: [Hkv] keys to retrieve */
+    kv_racc_gpu *gpu;
 } racc_state;
 
 static const kv_param_spec racc_params[] = {
@@ -109,12 +120,13 @@ void kv_racc_vote(const float *qw, int G, int nw, const float *K, int D, const i
 static void racc_free(racc_state *s) {
     if (!s) return;
     free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted);
-    free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->rank);
+    free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->kept); free(s->fv);
+    free(s->vall); free(s->qwall); free(s->rr);
+    if (s->gpu) kv_racc_cuda.destroy(s->gpu);
     free(s);
 }
 
 static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
-    if (sh->use_gpu) return kv_fail(KV_ERR_GPU, "racc: no CUDA path yet (run with --device cpu)");
     racc_state *s = kv_calloc(1, sizeof *s, "racc state");
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
@@ -133,47 +145,70 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     s->vote = kv_malloc(T * sizeof(double), "racc votes");
     s->fs = kv_malloc(T * sizeof(float), "racc scores");
     s->qw = kv_malloc(G * W * D * sizeof(float), "racc vote queries");
-    s->top = kv_malloc(T * sizeof(int32_t), "racc top-k");
-    s->qm = kv_malloc(D * sizeof(float), "racc mean query");
-    s->rank = kv_malloc(T * sizeof(racc_vote), "racc vote ranks");
+    s->top = kv_malloc((sh->use_gpu ? Hkv : 1) * T * sizeof(int32_t), "racc top-k");
+    s->qm = kv_malloc(Hkv * D * sizeof(float), "racc mean query");
+    s->kept = kv_malloc(T, "racc kept flags");
+    s->fv = kv_malloc(T * sizeof(float), "racc float votes");
     if (!s->K || !s->Qw || !s->q_prev || !s->evicted || !s->n_evicted || !s->cand || !s->vote || !s->fs || !s->qw ||
-        !s->top || !s->qm || !s->rank) {
+        !s->top || !s->qm || !s->kept || !s->fv) {
         racc_free(s);
         return KV_ERR_NOMEM;
+    }
+    if (sh->use_gpu) { /* keys, vote and retrieval on the device (kernels/racc.cu) */
+        kv_status st = kv_gpu_table(&kv_racc_cuda);
+        s->vall = kv_malloc(Hkv * T * sizeof(float), "racc device votes");
+        s->qwall = kv_malloc(Hq * W * D * sizeof(float), "racc window queries (device order)");
+        s->rr = kv_malloc(Hkv * sizeof(int), "racc retrieval counts");
+        if (st == KV_OK && (!s->vall || !s->qwall || !s->rr)) st = KV_ERR_NOMEM;
+        if (st == KV_OK)
+            st = kv_racc_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->window, &s->gpu);
+        if (st != KV_OK) { racc_free(s); return st; }
     }
     *out = s;
     return KV_OK;
 }
 
 /* One compression over positions [0, n): per kv head, vote on the resident
- * tokens of [sink, n - window) and evict all but floor(alpha * |V|). */
-static void racc_compress(racc_state *s) {
+ * tokens of [sink, n - window) and evict all but floor(alpha * |V|): the
+ * votes, as float, ranked by kv_topk_ref (larger first, earlier position
+ * among equals: the order the shared GPU top-k reproduces too). */
+static kv_status racc_compress(racc_state *s) {
     const kv_shape *sh = &s->sh;
-    int n = s->n, W = s->window, D = sh->head_dim, G = sh->group, T = sh->max_tokens;
+    int n = s->n, W = s->window, D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = n - W;
     s->compressions++;
-    if (s->nq < W || n - W <= sh->sink) return; /* no full observation window, or nothing older to vote on */
+    if (s->nq < W || hi <= lo) return KV_OK; /* no full observation window, or nothing older to vote on */
+    if (s->gpu) { /* every head's window queries in position order, one vote launch for all kv heads */
+        for (int h = 0; h < sh->num_q_heads; h++)
+            for (int w = 0; w < W; w++)
+                memcpy(s->qwall + ((size_t)h * W + w) * D, s->Qw + (((size_t)h * W) + (hi + w) % W) * D,
+                       (size_t)D * sizeof(float));
+        KV_TRY(kv_racc_cuda.vote(s->gpu, s->qwall, sh->softmax_scale, lo, hi, s->vall));
+    }
     for (int g = 0; g < sh->num_kv_heads; g++) {
         uint8_t *ev = s->evicted + (size_t)g * T;
         int nc = 0;
-        for (int i = sh->sink; i < n - W; i++)
+        for (int i = lo; i < hi; i++)
             if (!ev[i]) s->cand[nc++] = i;
         int keep = (int)floor(s->alpha * nc);
         if (keep >= nc) continue;
-        for (int h = 0; h < G; h++)
-            for (int w = 0; w < W; w++) {
-                int pos = n - W + w;
-                memcpy(s->qw + ((size_t)h * W + w) * D, s->Qw + (((size_t)(g * G + h) * W) + pos % W) * D,
-                       (size_t)D * sizeof(float));
-            }
-        kv_racc_vote(s->qw, G, W, s->K + (size_t)g * T * D, D, s->cand, nc, sh->softmax_scale, s->vote, s->fs);
-        /* rank the votes as doubles (larger first, earlier position among equals) */
-        for (int i = 0; i < nc; i++) s->rank[i] = (racc_vote){s->vote[i], s->cand[i]};
-        qsort(s->rank, (size_t)nc, sizeof *s->rank, racc_cmp);
-        for (int r = keep; r < nc; r++) {
-            ev[s->rank[r].pos] = 1;
-            s->n_evicted[g]++;
+        if (s->gpu)
+            for (int i = 0; i < nc; i++) s->fv[i] = s->vall[(size_t)g * (hi - lo) + s->cand[i] - lo];
+        else {
+            for (int h = 0; h < G; h++) /* the window queries of this kv head in position order */
+                    for (int w = 0; w < W; w++)
+                        memcpy(s->qw + ((size_t)h * W + w) * D, s->Qw + (((size_t)(g * G + h) * W) + (hi + w) % W) * D,
+                               (size_t)D * sizeof(float));
+            kv_racc_vote(s->qw, G, W, s->K + (size_t)g * T * D, D, s->cand, nc, sh->softmax_scale, s->vote, s->fs);
+            for (int i = 0; i < nc; i++) s->fv[i] = (float)s->vote[i];
         }
+        int np = kv_topk_ref(s->fv, nc, keep, 0, s->top, NULL);
+        if (np < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for the compression top-k");
+        memset(s->kept, 0, (size_t)nc);
+        for (int j = 0; j < np; j++) s->kept[s->top[j]] = 1;
+        for (int i = 0; i < nc; i++)
+            if (!s->kept[i]) { ev[s->cand[i]] = 1; s->n_evicted[g]++; }
     }
+    return s->gpu ? kv_racc_cuda.set_evicted(s->gpu, n, s->evicted) : KV_OK;
 }
 
 static void racc_push_query(racc_state *s, int t, const float *q, size_t head_stride) {
@@ -195,8 +230,8 @@ static kv_status racc_build(void *st, const kv_prefill *pre) {
         s->nq = pre->n - t0;
     }
     s->n = pre->n;
-    racc_compress(s);
-    return KV_OK;
+    if (s->gpu) KV_TRY(kv_racc_cuda.write_keys(s->gpu, 0, pre->n, pre->k));
+    return racc_compress(s);
 }
 
 static kv_status racc_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -208,10 +243,10 @@ static kv_status racc_append(void *st, int t, const float *k, const float *v, co
     for (int g = 0; g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
     if (q) { racc_push_query(s, t, q, D); s->nq++; }
     else s->nq = 0;
+    if (s->gpu) KV_TRY(kv_racc_cuda.write_keys(s->gpu, t, 1, k));
     s->n++;
     int gen = s->n - s->sh.prefill_len;
-    if (gen > 0 && gen % s->Ln == 0) racc_compress(s);
-    return KV_OK;
+    return gen > 0 && gen % s->Ln == 0 ? racc_compress(s) : KV_OK;
 }
 
 static kv_status racc_search(void *st, int t, const float *q, int k, kv_selection *sel) {
@@ -222,31 +257,62 @@ static kv_status racc_search(void *st, int t, const float *q, int k, kv_selectio
     if (hi <= lo) return KV_OK;
     int r = (int)ceil(s->beta * (double)(t + 1)), have_prev = s->nq >= 2;
     double res = 0;
-    for (int g = 0; g < sh->num_kv_heads; g++) {
+    for (int g = 0; g < sh->num_kv_heads; g++) { /* the resident part of the region; the group's mean q_{t-1} */
         const uint8_t *ev = s->evicted + (size_t)g * T;
         int32_t *out = sel->idx + (size_t)g * sel->cap;
-        int c = 0, nc = 0;
-        for (int i = lo; i < hi; i++) {
+        int c = 0;
+        for (int i = lo; i < hi; i++)
             if (!ev[i]) out[c++] = i;
-            else s->cand[nc++] = i;
-        }
-        res += (double)c / (hi - lo);
-        if (r > 0 && nc > 0 && have_prev) {
-            for (int j = 0; j < D; j++) {
-                float a = 0;
-                for (int h = g * G; h < (g + 1) * G; h++) a += s->q_prev[(size_t)h * D + j];
-                s->qm[j] = a / G;
-            }
-            const float *Kg = s->K + (size_t)g * T * D;
-            for (int i = 0; i < nc; i++) s->fs[i] = kv_dot_ref(s->qm, Kg + (size_t)s->cand[i] * D, D);
-            int nr = kv_topk_ref(s->fs, nc, r, 0, s->top, NULL);
-            if (nr < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for top-k scratch");
-            for (int j = 0; j < nr; j++) out[c++] = s->cand[s->top[j]];
-        }
         sel->count[g] = c;
+        res += (double)c / (hi - lo);
+        for (int j = 0; j < D; j++) {
+            float a = 0;
+            for (int h = g * G; h < (g + 1) * G; h++) a += s->q_prev[(size_t)h * D + j];
+            s->qm[(size_t)g * D + j] = a / G;
+        }
     }
     sel->metric = (float)(res / sh->num_kv_heads);
+    if (r <= 0 || !have_prev) return KV_OK;
+    if (s->gpu) { /* scores over the region masked to the evicted keys, the shared top-k */
+        int any = 0;
+        for (int g = 0; g < sh->num_kv_heads; g++) {
+            int ne = (hi - lo) - sel->count[g];
+            s->rr[g] = r < ne ? r : ne;
+            any |= s->rr[g] > 0;
+        }
+        if (!any) return KV_OK;
+        int ld = 0;
+        for (int g = 0; g < sh->num_kv_heads; g++) ld = s->rr[g] > ld ? s->rr[g] : ld;
+        KV_TRY(kv_racc_cuda.retrieve(s->gpu, s->qm, sh->softmax_scale, lo, hi, s->rr, s->top, ld));
+        for (int g = 0; g < sh->num_kv_heads; g++) {
+            int32_t *out = sel->idx + (size_t)g * sel->cap;
+            for (int j = 0; j < s->rr[g]; j++) out[sel->count[g]++] = s->top[(size_t)g * ld + j];
+        }
+        return KV_OK;
+    }
+    for (int g = 0; g < sh->num_kv_heads; g++) { /* exact MIPS over the evicted keys of the region */
+        const uint8_t *ev = s->evicted + (size_t)g * T;
+        const float *Kg = s->K + (size_t)g * T * D;
+        int nc = 0;
+        for (int i = lo; i < hi; i++)
+            if (ev[i]) s->cand[nc++] = i;
+        if (!nc) continue;
+        for (int i = 0; i < nc; i++)
+            s->fs[i] = sh->softmax_scale * kv_dot_ref(s->qm + (size_t)g * D, Kg + (size_t)s->cand[i] * D, D);
+        int nr = kv_topk_ref(s->fs, nc, r, 0, s->top, NULL);
+        if (nr < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for top-k scratch");
+        int32_t *out = sel->idx + (size_t)g * sel->cap;
+        for (int j = 0; j < nr; j++) out[sel->count[g]++] = s->cand[s->top[j]];
+    }
     return KV_OK;
+}
+
+/* kvbench bench on a GPU: one compression vote and one lag-1 retrieval. */
+static kv_status racc_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                                const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
+    (void)sh; (void)V;
+    KV_TRY(kv_gpu_table(&kv_racc_cuda));
+    return kv_racc_cuda.bench(spec, kv_param_int(ps, "window"), kv_param(ps, "beta"), K, q, out);
 }
 
 static size_t racc_memory(const void *st) {
@@ -274,6 +340,7 @@ const kv_method kv_method_racc = {
     .paper = "RACC (papers/racc.txt sec. 4, appendices B-C); no public code",
     .per_kv_head = 1,
     .variable_budget = 1,
+    .has_gpu = 1,
     .params = racc_params,
     .create = racc_create,
     .build = racc_build,
@@ -281,5 +348,6 @@ const kv_method kv_method_racc = {
     .search = racc_search,
     .memory_bytes = racc_memory,
     .destroy = racc_destroy,
+    .bench_gpu = racc_bench_gpu,
     .metric_name = "resident_fraction",
 };
