@@ -1,6 +1,8 @@
 /* freekv.c: FreeKV (papers/freekv.txt, sec. 3.2 speculative retrieval and
  * 3.3 fine-grained correction; code github sjtu-zhao-lab/FreeKV), CPU
- * reference, with a CUDA path that reuses Quest's device summaries.
+ * reference, with a CUDA path that reuses Quest's device summaries. The
+ * released code was not in the stored source index this was written from,
+ * so every choice below rests on the paper alone.
  *
  * Index: Quest-style page summaries (retrievers/pages.c, the module Quest
  * uses): pages of `page` tokens (default 32, the paper's sec. 5.1), per page
@@ -24,7 +26,7 @@
  * Choices where the paper is silent:
  * - Cosines in double (dot and norms accumulated in channel order), the group
  *   mean in double, compared with tau as a double; a zero-norm query gives
- *   cosine 0. The released code compares a pooled cosine per kv head too.
+ *   cosine 0 (the paper: mean pooling of C_i over the group, sec. 3.3).
  * - Tokens of the region in no full page (non-empty only when local < page
  *   - 1) are attended densely and reported as extra, as Quest does.
  * - Without the prefill's queries (kvbench bench) the first decode step has

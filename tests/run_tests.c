@@ -76,6 +76,10 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
+    X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
+    X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
+    X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
+    X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
