@@ -33,7 +33,7 @@ kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n) {
     return KV_OK;
 }
 
-typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90, recall_pre, recall_gen, gen_share; } window_stats;
+typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90, recall_pre, recall_gen, gen_share, metric; } window_stats;
 
 /* Mean of a float member over rows[lo, hi), skipping NANs; NAN if none. */
 static double nanmean(const kv_step_metric *rows, size_t lo, size_t hi, size_t off) {
@@ -55,6 +55,7 @@ static void stats(const kv_step_metric *rows, size_t lo, size_t hi, float *scrat
     w->recall_pre = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_pre));
     w->recall_gen = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_gen));
     w->gen_share = nanmean(rows, lo, hi, offsetof(kv_step_metric, gen_share));
+    w->metric = nanmean(rows, lo, hi, offsetof(kv_step_metric, metric));
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].recall;
     w->recall_p10 = kv_percentile_inplace(scratch, n, 0.10);
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].mass;
@@ -84,7 +85,7 @@ void kv_overall_compute(const kv_method_run *r, kv_overall *o) {
     window_stats w;
     stats(r->rows, 0, n, scratch, &w);
     o->recall = w.recall; o->mass = w.mass; o->outerr = w.outerr;
-    o->recall_pre = w.recall_pre; o->recall_gen = w.recall_gen; o->gen_share = w.gen_share;
+    o->recall_pre = w.recall_pre; o->recall_gen = w.recall_gen; o->gen_share = w.gen_share; o->metric = w.metric;
     o->recall_p10 = w.recall_p10; o->mass_p10 = w.mass_p10; o->outerr_p90 = w.outerr_p90;
     for (int i = 0; i < r->n_steps; i++) scratch[i] = (float)(r->search_s[i] * 1e6);
     o->search_p90_us = kv_percentile_inplace(scratch, (size_t)r->n_steps, 0.90);
@@ -169,8 +170,8 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
     json_str(f, in->rope);
     fprintf(f, "},\n");
     fprintf(f, "  \"protocol\": {\"k\": %d, \"k_effective\": %d, \"sink\": %d, \"local\": %d, \"stride\": %d, \"max_steps\": %d, "
-               "\"window\": %d, \"seed\": %llu, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
-            mt->k, mt->k_effective, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed,
+               "\"window\": %d, \"seed\": %llu, \"lag\": %d, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
+            mt->k, mt->k_effective, mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed, mt->lag,
             mt->steps_evaluated, mt->steps_skipped);
     fprintf(f, "  \"methods\": [\n");
     for (int i = 0; i < n_runs; i++) {
@@ -200,6 +201,9 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, const kv
         fprintf(f, ", \"append_seconds_total\": "); json_num(f, r->append_s);
         fprintf(f, ", \"search_us_median\": "); json_num(f, o.search_med_us);
         fprintf(f, ", \"search_us_p90\": "); json_num(f, o.search_p90_us);
+        fprintf(f, ", \"method_metric_name\": ");
+        if (r->m->metric_name) json_str(f, r->m->metric_name); else fputs("null", f);
+        fprintf(f, ", \"method_metric\": "); json_num(f, o.metric);
         fprintf(f, ", \"rows\": %zu}%s\n", o.n, i + 1 < n_runs ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
@@ -212,7 +216,7 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
     FILE *f = fopen(path, "w");
     if (!f) return kv_fail(KV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     fprintf(f, "method,params,window,step_start,step_end,recall_mean,recall_p10,mass_mean,mass_p10,outerr_mean,"
-               "outerr_p90,recall_prefill_keys,recall_generated_keys,generated_share,n\n");
+               "outerr_p90,recall_prefill_keys,recall_generated_keys,generated_share,n,method_metric\n");
     int P = mt->info->prefill_len;
     for (int i = 0; i < n_runs; i++) {
         const kv_method_run *r = &runs[i];
@@ -232,7 +236,8 @@ static kv_status write_drift(const char *path, const kv_run_meta *mt, const kv_m
             double by[3] = {s.recall_pre, s.recall_gen, s.gen_share};
             for (int b = 0; b < 3; b++)
                 if (isnan(by[b])) fputc(',', f); else fprintf(f, "%.6f,", by[b]);
-            fprintf(f, "%zu\n", hi - lo);
+            fprintf(f, "%zu,", hi - lo);
+            if (isnan(s.metric)) fputc('\n', f); else fprintf(f, "%.6f\n", s.metric);
             lo = hi;
         }
         free(scratch);
@@ -246,7 +251,7 @@ static kv_status write_steps(const char *path, const kv_method_run *runs, int n_
     FILE *f = fopen(path, "w");
     if (!f) return kv_fail(KV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     fprintf(f, "method,step,head,recall,recall_selected,candidate_recall,mass,outerr,n_selected,n_extra,"
-               "recall_prefill_keys,recall_generated_keys\n");
+               "recall_prefill_keys,recall_generated_keys,method_metric\n");
     for (int i = 0; i < n_runs; i++)
         for (size_t j = 0; j < runs[i].n_rows; j++) {
             const kv_step_metric *m = &runs[i].rows[j];
@@ -256,7 +261,8 @@ static kv_status write_steps(const char *path, const kv_method_run *runs, int n_
             if (isnan(m->outerr)) fputc(',', f); else fprintf(f, "%.6g,", m->outerr);
             fprintf(f, "%d,%d,", m->n_sel, m->n_extra);
             if (isnan(m->recall_pre)) fputc(',', f); else fprintf(f, "%.6f,", m->recall_pre);
-            if (isnan(m->recall_gen)) fputc('\n', f); else fprintf(f, "%.6f\n", m->recall_gen);
+            if (isnan(m->recall_gen)) fputc(',', f); else fprintf(f, "%.6f,", m->recall_gen);
+            if (isnan(m->metric)) fputc('\n', f); else fprintf(f, "%.6g\n", m->metric);
         }
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) return kv_fail(KV_ERR_IO, "%s: write failed", path);

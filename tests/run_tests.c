@@ -31,6 +31,12 @@ extern char kv_test_reason[512];
     X(conformance_all_methods, 0)                          \
     X(sampled_full_is_exact, 0)                            \
     X(sampled_topk_of_its_sample, 0)                       \
+    X(freekv_tau_never_is_previous_step, 0)                \
+    X(freekv_tau_always_is_current_step, 0)                \
+    X(freekv_correction_fires_at_the_jump, 0)              \
+    X(racc_vote_matches_direct, 0)                         \
+    X(racc_resident_follows_alpha_and_ln, 0)               \
+    X(racc_retrieval_is_lag1_mips, 0)                      \
     X(pqcache_codes_are_nearest, 0)                        \
     X(pqcache_kmeans_lowers_error, 0)                      \
     X(pqcache_adc_matches_direct, 0)                       \
@@ -71,6 +77,10 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
+    X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
+    X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
+    X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
+    X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
@@ -97,6 +107,8 @@ extern char kv_test_reason[512];
     X(run_traces_keyed_by_config, KV_NEEDS_SUBPROCESS)     \
     X(readme_agrees_with_program, KV_NEEDS_SUBPROCESS)     \
     X(plots_style_and_errors, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON) \
+    X(lag0_equals_normal_run, KV_NEEDS_SUBPROCESS)         \
+    X(lag_shows_query_of_t_minus_d, KV_NEEDS_SUBPROCESS)   \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
 
 #define KV_DECLARE(name, needs) int test_##name(void);
