@@ -19,6 +19,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvstyle  # noqa: E402
+
 
 def main():
     argv = sys.argv[1:]
@@ -70,35 +73,35 @@ def main():
     print(f"lag_study.py: {csv_path}")
     if a.no_plot:
         return
-    import matplotlib
-    matplotlib.use("Agg")
+    kvstyle.need_matplotlib("lag_study.py")
     import matplotlib.pyplot as plt
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+    methods = kvstyle.method_order(list(dict.fromkeys(r["method"] for r in rows)))
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     xs = sorted(set(lags))
     pos = {d: i for i, d in enumerate(xs)}  # lag 0 on a log-like axis: evenly spaced ticks
     for m in methods:
         rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["lag"])
         x = [pos[r["lag"]] for r in rs]
-        ax[0].plot(x, [r["recall"] for r in rs], marker="o", label=m)
+        c, mk = kvstyle.style(m)
+        ax[0].plot(x, [r["recall"] for r in rs], color=c, marker=mk, linewidth=1.8, markersize=6)
         oe = [r["output_error"] if r["output_error"] is not None else float("nan") for r in rs]
-        ax[1].plot(x, oe, marker="o", label=m)
+        ax[1].plot(x, oe, color=c, marker=mk, linewidth=1.8, markersize=6)
     for i, (t, yl) in enumerate((("recall@k", "mean recall@k"), ("output error", "mean relative output error"))):
         ax[i].set_xticks(range(len(xs)))
         ax[i].set_xticklabels([str(d) for d in xs])
         ax[i].set_xlabel("query lag d (steps): methods see q_{t-d}, scored against step t")
         ax[i].set_ylabel(yl)
-        ax[i].set_title(t)
+        ax[i].set_title(t, fontsize=10)
         ax[i].grid(alpha=0.3)
     ax[1].set_yscale("log")
-    ax[0].legend(fontsize=8)
     s0 = json.load(open(os.path.join(a.out, f"lag{lags[0]}", "summary.json")))
-    tr = s0["trace"]
-    fig.suptitle(f"{os.path.basename(tr['path'])} {tr['layer']}  k={s0['protocol']['k']}  "
-                 f"steps={s0['protocol']['steps_evaluated']}", fontsize=10)
-    fig.tight_layout()
+    tr, pr = s0["trace"], s0["protocol"]
+    fig.suptitle(f"{os.path.basename(tr['path'])} {tr['layer']}: cost of a lagged query\n"
+                 f"k={pr['k']}, sink={pr['sink']}, local={pr['local']}, stride={pr['stride']}, "
+                 f"{pr['steps_evaluated']} steps", fontsize=10)
+    kvstyle.legend_outside(fig, methods)
     png = os.path.join(a.out, "lag.png")
-    fig.savefig(png, dpi=120)
+    kvstyle.save(fig, png)
     print(f"lag_study.py: {png}")
 
 
