@@ -1,0 +1,73 @@
+/* csattention.h: the C face of kernels/csattention.cu, CSAttention's CUDA
+ * path, as one table of launchers. The table is a weak symbol outside nvcc:
+ * a build without nvcc leaves it undefined, &kv_csattention_gpu == NULL,
+ * and retrievers/csattention.c refuses use_gpu with KV_NO_CUDA.
+ *
+ * Device state per retriever: centroids [Hkv][m][C][ds] (float32, unit),
+ * lists [Hkv][m][C][L] of (int32 index, float32 score) kept as the same
+ * weakest-at-root heaps as the C reference (so the try-insert is the same
+ * operation), the keys are not kept. Scores are kv_dot_ref's (8 partial
+ * sums in a fixed order) so lists and sums are bitwise the CPU's given the
+ * same centroids. */
+#ifndef KV_CSATTENTION_GPU_H
+#define KV_CSATTENTION_GPU_H
+
+#include "kv_gpu.h"
+
+#ifndef KV_GPU_TABLE
+#if defined(__CUDACC__)
+#define KV_GPU_TABLE
+#else
+#define KV_GPU_TABLE __attribute__((weak))
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int Hq, Hkv, T, D, m, C, L, sink;
+} kv_cs_gpu_config;
+
+typedef struct {
+    int m, C, iters, pool, missing;
+    double alpha;
+    uint64_t seed;
+} kv_cs_bench_params;
+
+typedef struct {
+    /* All device memory for a layer of cfg's shape. */
+    kv_status (*create)(const kv_cs_gpu_config *cfg, void **out);
+    /* The index from the prefill (host [Hkv][n][D] keys, [Hq][n][D]
+     * queries): cosine k-means per (kv head, subspace) exactly as
+     * kv_cs_kmeans (centroids = 0 queries, 1 keys; max_points, iters, the
+     * per-job seeds of retrievers/csattention.c: seed is the base seed),
+     * then the top-L list of every centroid over positions [sink, n). */
+    kv_status (*build)(void *g, const float *k, const float *q, int n, int centroids, int max_points, int iters,
+                       uint64_t seed);
+    /* Host copies of the index (the view): cent [Hkv][m][C][ds], lidx/lval
+     * [Hkv][m][C][L], lcnt [Hkv][m][C]. */
+    kv_status (*read_index)(void *g, float *cent, int32_t *lidx, float *lval, int *lcnt);
+    /* Try-insert key t (host [Hkv][D]) into every list. */
+    kv_status (*append)(void *g, int t, const float *key);
+    /* Queries q [Hq][D] (host); region [sink, hi); pool 0 none / 1 mean;
+     * missing 0 zero / 1 min. Per query head h: idx[h*ld ..] (count[h]
+     * entries, kv_topk_ref order of the sums), cand[h*cand_ld ..] (ncand[h]
+     * distinct gathered keys, any order; cand may be NULL). */
+    kv_status (*search)(void *g, const float *q, int pool, int missing, int hi, int k, int32_t *idx, int ld,
+                        int *count, int32_t *cand, int cand_ld, int *ncand);
+    void (*destroy)(void *g);
+    /* kvbench bench --method csattention: index of the float16 keys K
+     * [Hkv][>= n][D] with centroids drawn from the keys (the bench hands no
+     * queries: documented), then per-stage timings of one search. */
+    kv_status (*bench)(const kv_gpu_bench_spec *s, const kv_cs_bench_params *p, const kv_gpu_keys *K, const float *q,
+                       kv_gpu_stages *out);
+} kv_csattention_gpu_ops;
+
+extern const kv_csattention_gpu_ops kv_csattention_gpu KV_GPU_TABLE;
+
+#ifdef __cplusplus
+}
+#endif
+#endif
