@@ -41,7 +41,11 @@
  *   the paper argues against, sec. 2.4), everything else unchanged.
  * - `update=0` freezes the lists after the build (generated keys are then
  *   never selected; that is the ablation of the streaming update).
- * - Weights w_b = 1 (the paper's default, table 6). The budget is the
+ * - Weights (`weight`): w_b = 1 (one, the paper's default, table 6): the
+ *   unit centroids drop each subspace's query norm |q^(b)|, which the true
+ *   partial <q^(b), k^(b)> carries (the paper's sec. 2.3 observes the
+ *   subspaces contribute unevenly and app. D allows other weights);
+ *   weight=qnorm sets w_b = |q^(b)| at decode (no index change). The budget is the
  *   protocol's k (the paper's rho*N). Scores accumulate in float in subspace
  *   order; ties in the top-k go to the smaller index (kernels/topk.h).
  * - Candidate set: the distinct keys of the region gathered from the m
@@ -62,7 +66,7 @@ enum { CS_CENT_QUERIES = 0, CS_CENT_KEYS = 1 };
 
 typedef struct {
     kv_shape sh;
-    int m, C, ds, L, iters, pool, update, missing, centroids, max_points;
+    int m, C, ds, L, iters, pool, update, missing, centroids, max_points, weight;
     double alpha;
     uint64_t seed;
     int n;                /* positions seen */
@@ -90,6 +94,8 @@ static const kv_param_spec cs_params[] = {
     {"update", KV_PARAM_INT, KV_PARAM_BUILD, 1, 0, 1, NULL, "try-insert appended keys into the lists (1, paper)"},
     {"missing", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "zero|min",
      "score of a key absent from a gathered list: zero (paper's sum) or the list minimum"},
+    {"weight", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "one|qnorm",
+     "subspace weight w_b: one (paper, table 6) or |q^(b)| (restores each subspace's query norm)"},
     {"pool", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "none|mean",
      "GQA: none = per query head; mean = group-mean query, one selection per group"},
     {"seed", KV_PARAM_INT, KV_PARAM_BUILD, 0, 0, 2147483647, NULL, "seed of the k-means++ init (added to --seed)"},
@@ -179,8 +185,8 @@ kv_status kv_cs_kmeans(const float *x, int n, int d, int C, int iters, uint64_t 
     return KV_OK;
 }
 
-int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, const int *cnt, int lo, int hi,
-                 int missing, int32_t *u, float *acc, float *tmp, int *stamp, int *epoch) {
+int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, const int *cnt, const float *w, int lo,
+                 int hi, int missing, int32_t *u, float *acc, float *tmp, int *stamp, int *epoch) {
     int nu = 0;
     int e0 = ++*epoch; /* membership of U */
     for (int b = 0; b < m; b++)
@@ -204,9 +210,10 @@ int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, cons
             stamp[i] = e;
             tmp[i] = val[b][j];
         }
+        float wb = w ? w[b] : 1.f;
         for (int a = 0; a < nu; a++) {
             int i = u[a];
-            acc[i] += stamp[i] == e ? tmp[i] : miss;
+            acc[i] += wb * (stamp[i] == e ? tmp[i] : miss);
         }
     }
     return nu;
@@ -276,6 +283,7 @@ static kv_status cs_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->update = kv_param_int(ps, "update");
     s->missing = kv_param_int(ps, "missing");
     s->pool = kv_param_int(ps, "pool");
+    s->weight = kv_param_int(ps, "weight");
     s->seed = sh->seed + (uint64_t)kv_param_int(ps, "seed");
     int N = sh->prefill_len - sh->sink;
     s->L = N > 0 ? (int)ceil(s->alpha * N - 1e-9) : 0;
@@ -412,8 +420,10 @@ static int cs_select(cs_state *s, int g, const float *qv, int hi, int k, int32_t
     const int32_t *idx[128];
     const float *val[128];
     int cnt[128];
+    float w[128];
     for (int b = 0; b < m; b++) {
         size_t cb = ((size_t)g * m + b) * C;
+        w[b] = sqrtf(kv_dot_ref(qv + (size_t)b * ds, qv + (size_t)b * ds, ds));
         int j = kv_cs_nearest(qv + (size_t)b * ds, s->cent + cb * ds, C, ds);
         idx[b] = s->lidx + (cb + j) * L;
         val[b] = s->lval + (cb + j) * L;
@@ -421,7 +431,7 @@ static int cs_select(cs_state *s, int g, const float *qv, int hi, int k, int32_t
     }
     float *acc = s->acc + g * T, *sc = s->sc + g * T;
     int32_t *u = s->u + (size_t)g * m * L;
-    int n = kv_cs_reduce(m, idx, val, cnt, lo, hi, s->missing, u, acc, s->tmp + g * T, s->stamp + g * T,
+    int n = kv_cs_reduce(m, idx, val, cnt, s->weight ? w : NULL, lo, hi, s->missing, u, acc, s->tmp + g * T, s->stamp + g * T,
                          &s->epoch[g]);
     *nu = n;
     if (cand) memcpy(cand, u, (size_t)n * sizeof(int32_t));

@@ -25,12 +25,12 @@ int kv_cs_nearest(const float *x, const float *cent, int C, int d);
 /* Reduce-by-key of m lists (list b: idx[b][0..cnt[b]), val[b][..]): the
  * union U of the keys in [lo, hi) in first-seen order (lists in order b =
  * 0..m-1) to u (returns |U|), and acc[i] for every i in U (acc is indexed
- * by key position) = the sum over b in order of val_b[i] when i is in list
- * b, else 0 (missing = zero) or the minimum of list b's values (missing =
- * min; 0 for an empty list). stamp/tmp: scratch indexed by position
+ * by key position) = the sum over b in order of w_b * (val_b[i] when i is
+ * in list b, else 0 (missing = zero) or the minimum of list b's values
+ * (missing = min; 0 for an empty list)); w NULL: w_b = 1 (and no product). stamp/tmp: scratch indexed by position
  * (stamp zeroed before the first call; *epoch carried between calls). */
-int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, const int *cnt, int lo, int hi,
-                 int missing, int32_t *u, float *acc, float *tmp, int *stamp, int *epoch);
+int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, const int *cnt, const float *w, int lo,
+                 int hi, int missing, int32_t *u, float *acc, float *tmp, int *stamp, int *epoch);
 
 typedef struct {
     int m, C, ds, L, n;          /* n: positions seen */

@@ -181,8 +181,11 @@ int test_csattention_reduce_matches_direct(void) {
     float acc[N], tmp[N];
     int stamp[N] = {0}, epoch = 0, lo = 5, hi = 90;
     int32_t u[M * LL];
-    for (int missing = 0; missing < 2; missing++) {
-        int nu = kv_cs_reduce(M, ip, vp, cnt, lo, hi, missing, u, acc, tmp, stamp, &epoch);
+    const float wts[M] = {0.5f, 2.25f, 1.5f};
+    for (int mw = 0; mw < 4; mw++) {
+        int missing = mw & 1;
+        const float *w = mw & 2 ? wts : NULL;
+        int nu = kv_cs_reduce(M, ip, vp, cnt, w, lo, hi, missing, u, acc, tmp, stamp, &epoch);
         /* direct: membership and per-key sums in subspace order */
         int inu[N] = {0}, want_n = 0;
         for (int i = lo; i < hi; i++) {
@@ -197,7 +200,7 @@ int test_csattention_reduce_matches_direct(void) {
                 int found = -1;
                 for (int j = 0; j < cnt[b]; j++) found = idx[b][j] == i ? j : found;
                 any |= found >= 0;
-                s += found >= 0 ? val[b][found] : miss;
+                s += (w ? w[b] : 1.f) * (found >= 0 ? val[b][found] : miss);
             }
             if (!any) continue;
             want_n++;
@@ -215,14 +218,14 @@ int test_csattention_reduce_matches_direct(void) {
     int T = 500, P = 300, sink = 4, local = 16, k = 20, Hq = 4, G = 2, D = 32;
     kv_layer Ly;
     CHECK_OK(kv_test_synth_layer(T, P, Hq, 2, D, 9, &Ly));
-    for (int missing = 0; missing < 2; missing++)
-        for (int pool = 0; pool < 2; pool++) {
+    for (int combo = 0; combo < 8; combo++) {
+            int missing = combo & 1, pool = (combo >> 1) & 1, weight = combo >> 2;
             char pm[32], pp[32];
             snprintf(pm, sizeof pm, "missing=%s", missing ? "min" : "zero");
             snprintf(pp, sizeof pp, "pool=%s", pool ? "mean" : "none");
-            const char *ps[] = {"m=4", "C=6", "alpha=0.15", "iters=4", pm, pp};
+            const char *ps[] = {"m=4", "C=6", "alpha=0.15", "iters=4", pm, pp, weight ? "weight=qnorm" : "weight=one"};
             kv_test_driver dr;
-            CHECK_OK(kv_test_driver_open(&dr, "csattention", ps, 6, &Ly, P, sink, local, k));
+            CHECK_OK(kv_test_driver_open(&dr, "csattention", ps, 7, &Ly, P, sink, local, k));
             for (int t = P; t < T; t += 60) {
                 CHECK_OK(kv_test_driver_step(&dr, t, k));
                 kv_cs_view v;
@@ -248,11 +251,12 @@ int test_csattention_reduce_matches_direct(void) {
                         int c = v.lcnt[cb + j];
                         float mn = c ? lv[0] : 0.f;
                         for (int a = 1; a < c; a++) mn = fminf(mn, lv[a]);
+                        float wb = weight ? sqrtf(kv_dot_ref(qv + b * v.ds, qv + b * v.ds, v.ds)) : 1.f;
                         for (int i = sink; i < hi; i++) {
                             int f = -1;
                             for (int a = 0; a < c; a++) f = li[a] == i ? a : f;
                             if (f >= 0 && !member[i]) { member[i] = 1; nmem++; }
-                            sum[i] = (float)(sum[i] + (f >= 0 ? lv[f] : (missing ? mn : 0.f)));
+                            sum[i] = (float)(sum[i] + wb * (f >= 0 ? lv[f] : (missing ? mn : 0.f)));
                         }
                     }
                     pair *pr = malloc((size_t)nmem * sizeof(pair));
