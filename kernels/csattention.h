@@ -28,10 +28,11 @@ extern "C" {
 
 typedef struct {
     int Hq, Hkv, T, D, m, C, L, sink;
+    int k_max;   /* largest k a search will ask for (0: checked at search) */
 } kv_cs_gpu_config;
 
 typedef struct {
-    int m, C, iters, pool, missing;
+    int m, C, iters, pool, missing, weight;
     double alpha;
     uint64_t seed;
 } kv_cs_bench_params;
@@ -39,28 +40,29 @@ typedef struct {
 typedef struct {
     /* All device memory for a layer of cfg's shape. */
     kv_status (*create)(const kv_cs_gpu_config *cfg, void **out);
-    /* The index from the prefill (host [Hkv][n][D] keys, [Hq][n][D]
-     * queries): cosine k-means per (kv head, subspace) exactly as
-     * kv_cs_kmeans (centroids = 0 queries, 1 keys; max_points, iters, the
-     * per-job seeds of retrievers/csattention.c: seed is the base seed),
-     * then the top-L list of every centroid over positions [sink, n). */
-    kv_status (*build)(void *g, const float *k, const float *q, int n, int centroids, int max_points, int iters,
-                       uint64_t seed);
-    /* Host copies of the index (the view): cent [Hkv][m][C][ds], lidx/lval
+    /* The lists from the prefill keys (host [Hkv][n][D]) and the centroids
+     * (host [Hkv][m][C][ds], the C reference's k-means: the cuBLAS k-means
+     * of the issue is not written yet): every centroid's top-L over
+     * positions [sink, n) (threshold by the shared top-k, ties at the
+     * threshold to the smaller positions, as kv_topk_ref), as heaps. */
+    kv_status (*build)(void *g, const float *k, int n, const float *cent);
+    /* Host copies of the index (the view): cent (nullable) [Hkv][m][C][ds], lidx/lval
      * [Hkv][m][C][L], lcnt [Hkv][m][C]. */
     kv_status (*read_index)(void *g, float *cent, int32_t *lidx, float *lval, int *lcnt);
     /* Try-insert key t (host [Hkv][D]) into every list. */
     kv_status (*append)(void *g, int t, const float *key);
     /* Queries q [Hq][D] (host); region [sink, hi); pool 0 none / 1 mean;
-     * missing 0 zero / 1 min. Per query head h: idx[h*ld ..] (count[h]
+     * missing 0 zero / 1 min; weight 0 one / 1 qnorm. Per query head h: idx[h*ld ..] (count[h]
      * entries, kv_topk_ref order of the sums), cand[h*cand_ld ..] (ncand[h]
      * distinct gathered keys, any order; cand may be NULL). */
-    kv_status (*search)(void *g, const float *q, int pool, int missing, int hi, int k, int32_t *idx, int ld,
-                        int *count, int32_t *cand, int cand_ld, int *ncand);
+    kv_status (*search)(void *g, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx,
+                        int ld, int *count, int32_t *cand, int cand_ld, int *ncand);
     void (*destroy)(void *g);
-    /* kvbench bench --method csattention: index of the float16 keys K
-     * [Hkv][>= n][D] with centroids drawn from the keys (the bench hands no
-     * queries: documented), then per-stage timings of one search. */
+    /* kvbench bench --method csattention: lists over the float16 keys K
+     * [Hkv][>= n][D] with C centroids per subspace taken as normalised key
+     * sub-vectors at evenly spaced positions (the bench hands no queries and
+     * the search's cost does not depend on the centroids' values), then
+     * per-stage timings of one search. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, const kv_cs_bench_params *p, const kv_gpu_keys *K, const float *q,
                        kv_gpu_stages *out);
 } kv_csattention_gpu_ops;

@@ -50,6 +50,9 @@
  *   order; ties in the top-k go to the smaller index (kernels/topk.h).
  * - Candidate set: the distinct keys of the region gathered from the m
  *   lists (|U| <= mL, app. B.2), per query head.
+ * - GPU path (shape->use_gpu, kernels/csattention.cu): the k-means runs
+ *   here (the C code above, so both paths share the centroids); the lists
+ *   are built, searched and try-inserted on the device (see its header).
  * - memory_bytes: centroids (float32) + lists (int32 index + float32 score
  *   per entry: 8 B; the paper stores fp16 scores, 6 B). */
 #include <math.h>
@@ -349,13 +352,6 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
     int D = sh->head_dim, P = pre->n, m = s->m, C = s->C, ds = s->ds, L = s->L, lo = sh->sink;
     int Hkv = sh->num_kv_heads;
     kv_status rc = KV_OK;
-    if (s->gpu) {
-        /* the device clusters and builds the lists; the host mirrors come back for the view */
-        KV_TRY(kv_csattention_gpu.build(s->gpu, pre->k, pre->q, P, s->centroids, s->max_points, s->iters, s->seed));
-        KV_TRY(kv_csattention_gpu.read_index(s->gpu, s->cent, s->lidx, s->lval, s->lcnt));
-        s->n = P;
-        return KV_OK;
-    }
 #pragma omp parallel for schedule(dynamic) collapse(2)
     for (int g = 0; g < Hkv; g++)
         for (int b = 0; b < m; b++) {
@@ -366,12 +362,12 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
             kv_status r = n < 0 ? KV_ERR_NOMEM : KV_OK;
             float *cent = s->cent + ((size_t)g * m + b) * C * ds;
             if (r == KV_OK) r = kv_cs_kmeans(x, n, ds, C, s->iters, cs_job_seed(s, g, b), cent);
-            int nk = P > lo ? P - lo : 0;
+            int nk = P > lo && !s->gpu ? P - lo : 0; /* the GPU builds the lists itself */
             scores = kv_malloc((size_t)(nk > 0 ? nk : 1) * sizeof(float), "csattention partial scores");
             ti = kv_malloc((size_t)L * sizeof(int32_t), "csattention top-L");
             tv = kv_malloc((size_t)L * sizeof(float), "csattention top-L");
             if (!scores || !ti || !tv) r = KV_ERR_NOMEM;
-            for (int c = 0; c < C && r == KV_OK; c++) {
+            for (int c = 0; c < C && r == KV_OK && !s->gpu; c++) {
                 for (int i = 0; i < nk; i++)
                     scores[i] = kv_dot_ref(cent + (size_t)c * ds, pre->k + ((size_t)g * P + lo + i) * D + (size_t)b * ds, ds);
                 int got = kv_topk_ref(scores, nk, L, lo, ti, tv);
@@ -389,7 +385,9 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
             }
         }
     s->n = P;
-    return rc;
+    if (rc != KV_OK || !s->gpu) return rc;
+    KV_TRY(kv_csattention_gpu.build(s->gpu, pre->k, P, s->cent));
+    return kv_csattention_gpu.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
 }
 
 static kv_status cs_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -447,8 +445,8 @@ static kv_status cs_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, G = sh->group, hi = t + 1 - sh->local;
     if (hi <= sh->sink || k <= 0) return KV_OK;
     if (s->gpu)
-        return kv_csattention_gpu.search(s->gpu, q, s->pool, s->missing, hi, k, sel->idx, sel->cap, sel->count,
-                                         sel->cand, sel->cand_cap, sel->n_cand);
+        return kv_csattention_gpu.search(s->gpu, q, s->pool, s->missing, s->weight, hi, k, sel->idx, sel->cap,
+                                         sel->count, sel->cand, sel->cand_cap, sel->n_cand);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -497,6 +495,8 @@ static void cs_describe(FILE *f) {
 
 void kv_csattention_view(const void *st, kv_cs_view *out) {
     const cs_state *s = st;
+    if (s->gpu) /* the lists live on the device: refresh the host mirror */
+        (void)kv_csattention_gpu.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
     *out = (kv_cs_view){.m = s->m, .C = s->C, .ds = s->ds, .L = s->L, .n = s->n, .cent = s->cent,
                         .lidx = s->lidx, .lval = s->lval, .lcnt = s->lcnt};
 }
@@ -509,7 +509,7 @@ static kv_status cs_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const 
         return kv_fail(KV_ERR_INPUT, "csattention: m=%d must divide head_dim %d", kv_param_int(ps, "m"), spec->D);
     kv_cs_bench_params bp = {.m = kv_param_int(ps, "m"), .C = kv_param_int(ps, "C"), .alpha = kv_param(ps, "alpha"),
                              .iters = kv_param_int(ps, "iters"), .pool = kv_param_int(ps, "pool"),
-                             .missing = kv_param_int(ps, "missing"),
+                             .missing = kv_param_int(ps, "missing"), .weight = kv_param_int(ps, "weight"),
                              .seed = sh->seed + (uint64_t)kv_param_int(ps, "seed")};
     return kv_csattention_gpu.bench(spec, &bp, K, q, out);
 }

@@ -77,6 +77,8 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
+    X(csattention_gpu_matches_cpu, KV_NEEDS_GPU)           \
+    X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
