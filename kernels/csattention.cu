@@ -24,7 +24,16 @@
  * stamps its keys and one adds w_b * (v or the list's minimum = its heap
  * root) to every union member, again in subspace order. The candidates are
  * the finite entries (compacted, any order), the top k by the shared top-k
- * over the row (kv_topk_ref order; -inf entries never reach the host). */
+ * over the row (kv_topk_ref order; -inf entries never reach the host).
+ * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
+ * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
+ * distances in the CPU's order, the running total and the walk by a block
+ * reduction/scan (another order than the CPU's running sum: a pick differs
+ * only when a uniform lands within rounding of a boundary); Lloyd rounds
+ * with the assignment in kv_dot_ref's order (a direct kernel rather than a
+ * cuBLAS GEMM: 16-dim subspaces gain little from a GEMM and its rounding
+ * would break the equality with the CPU) and the centroid sums as a tree
+ * in double (a coordinate may differ from the CPU's in its last bit). */
 #include <string.h>
 
 #include "csattention.h"
@@ -240,6 +249,140 @@ __global__ void cs_cent_from_keys(const TK *K, int T, int D, int m, int C, int d
     for (int j = 0; j < ds; j++) cent[(size_t)t * ds + j] = cs_tof(src[j]) * inv;
 }
 
+
+/* ---- cosine k-means, all (kv head, subspace) jobs at once (blockIdx.y = job) ---- */
+/* pick[j] = (int)(draw0 * n) (the CPU's first centre). */
+__global__ void km_first(const double *draws, int C, const int *npts, int jobs, int *pick) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < jobs) pick[j] = npts[j] > 0 ? (int)(draws[(size_t)j * C] * npts[j]) : 0;
+}
+
+/* centre c of job j <- point pick[j]. */
+__global__ void km_set(const float *pts, int maxn, int ds, int C, int c, const int *pick, float *cent) {
+    const int j = blockIdx.x;
+    for (int d = threadIdx.x; d < ds; d += blockDim.x)
+        cent[((size_t)j * C + c) * ds + d] = pts[((size_t)j * maxn + pick[j]) * ds + d];
+}
+
+/* dist[i] = min(dist[i], ||x_i - centre c||^2) in double, the CPU's order (c = 0: assign). */
+__global__ void km_dist(const float *pts, int maxn, const int *npts, int ds, int C, int c, const float *cent,
+                        double *dist) {
+    const int j = blockIdx.y, n = npts[j];
+    const float *cc = cent + ((size_t)j * C + c) * ds;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float *x = pts + ((size_t)j * maxn + i) * ds;
+        double s = 0;
+        for (int d = 0; d < ds; d++) {
+            const double e = __dsub_rn((double)x[d], (double)cc[d]);
+            s = __dadd_rn(s, __dmul_rn(e, e));
+        }
+        double *o = dist + (size_t)j * maxn + i;
+        *o = c == 0 || s < *o ? s : *o;
+    }
+}
+
+__device__ __forceinline__ double km_block_sum(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    __syncthreads();
+    return t;
+}
+
+/* One block per job: the next centre, the first i with dist > 0 whose inclusive prefix sum of dist
+ * exceeds u * total (the last i with dist > 0 when rounding runs past the end); total == 0: fallback. */
+__global__ void km_pick(const double *dist, int maxn, const int *npts, const double *draws, int C, int round,
+                        int *pick, int *fallback) {
+    __shared__ double sh[32], wsum[32];
+    __shared__ int found, lastpos;
+    const int j = blockIdx.x, n = npts[j], lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const double *dv = dist + (size_t)j * maxn;
+    double part = 0;
+    int lastp = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        part += dv[i];
+        if (dv[i] > 0) lastp = i;
+    }
+    const double total = km_block_sum(part, sh);
+    if (threadIdx.x == 0) { found = 0x7fffffff; lastpos = -1; }
+    __syncthreads();
+    atomicMax(&lastpos, lastp);
+    __syncthreads();
+    if (!(total > 0)) {
+        if (threadIdx.x == 0) { fallback[j] = 1; pick[j] = 0; }
+        return;
+    }
+    const double u = draws[(size_t)j * C + round + 1] * total;
+    double carry = 0;
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x;
+        const double v = i < n ? dv[i] : 0.0;
+        double x = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) wsum[w] = x;
+        __syncthreads();
+        double pre = carry;
+        for (int k = 0; k < w; k++) pre += wsum[k];
+        double tot = carry;
+        for (int k = 0; k < nw; k++) tot += wsum[k];
+        const double run = pre + x;
+        if (i < n && v > 0 && run > u) atomicMin(&found, i);
+        __syncthreads();
+        carry = tot;
+        if (found != 0x7fffffff) break;
+    }
+    if (threadIdx.x == 0) pick[j] = found != 0x7fffffff ? found : lastpos;
+}
+
+/* asg[i] = the centre with the largest kv_dot_ref (ties: smaller). */
+__global__ void km_assign(const float *pts, int maxn, const int *npts, int ds, int C, const float *cent, int *asg) {
+    const int j = blockIdx.y, n = npts[j];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float *x = pts + ((size_t)j * maxn + i) * ds;
+        int best = 0;
+        float bv = -INFINITY;
+        for (int c = 0; c < C; c++) {
+            const float v = cs_dot(x, cent + ((size_t)j * C + c) * ds, ds);
+            if (v > bv) { bv = v; best = c; }
+        }
+        asg[(size_t)j * maxn + i] = best;
+    }
+}
+
+/* One block per (centre, job): the normalised sum of its points (double); empty: unchanged. */
+__global__ void km_update(const float *pts, int maxn, const int *npts, int ds, int C, const int *asg, float *cent) {
+    __shared__ double sh[32];
+    __shared__ double ssum[128];
+    const int c = blockIdx.x, j = blockIdx.y, n = npts[j];
+    int cnt = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cnt += asg[(size_t)j * maxn + i] == c;
+    const double tc = km_block_sum((double)cnt, sh);
+    if (tc == 0) return;
+    for (int d = 0; d < ds; d++) {
+        double a = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            if (asg[(size_t)j * maxn + i] == c) a += pts[((size_t)j * maxn + i) * ds + d];
+        const double t = km_block_sum(a, sh);
+        if (threadIdx.x == 0) ssum[d] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double nn = 0;
+        for (int d = 0; d < ds; d++) nn = __dadd_rn(nn, __dmul_rn(ssum[d], ssum[d]));
+        if (nn > 0) {
+            const double inv = 1.0 / sqrt(nn);
+            for (int d = 0; d < ds; d++) cent[((size_t)j * C + c) * ds + d] = (float)__dmul_rn(ssum[d], inv);
+        }
+    }
+}
+
 }  // namespace
 
 struct kv_cs_gpu {
@@ -326,6 +469,68 @@ kv_status cs_create(const kv_cs_gpu_config *cfg, void **out) {
     return KV_OK;
 }
 
+kv_status cs_kmeans_go(kv_cs_gpu *g, const float *pts, const int *npts, int maxn, int iters, const double *draws,
+                       float *cent, int *fallback, float *dpts, int *dn, double *ddraw, double *dist, int *pick,
+                       int *dfb, int *asg) {
+    const kv_cs_gpu_config &c = g->c;
+    const int jobs = c.Hkv * c.m, C = c.C, ds = g->ds;
+    KV_CUDA_TRY(cudaMemcpyAsync(dpts, pts, (size_t)jobs * maxn * ds * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(dn, npts, jobs * sizeof(int), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(ddraw, draws, (size_t)jobs * C * sizeof(double), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemsetAsync(dfb, 0, jobs * sizeof(int), g->st));
+    KV_CUDA_TRY(cudaMemsetAsync(g->cent, 0, (size_t)jobs * C * ds * sizeof(float), g->st));
+    const int bx = (maxn + 255) / 256 < 256 ? (maxn + 255) / 256 : 256;
+    km_first<<<(jobs + 127) / 128, 128, 0, g->st>>>(ddraw, C, dn, jobs, pick);
+    KV_LAUNCH_CHECK();
+    for (int k = 0; k < C; k++) { /* k-means++ */
+        km_set<<<jobs, 32, 0, g->st>>>(dpts, maxn, ds, C, k, pick, g->cent);
+        KV_LAUNCH_CHECK();
+        if (k == C - 1) break;
+        km_dist<<<dim3(bx, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, k, g->cent, dist);
+        KV_LAUNCH_CHECK();
+        km_pick<<<jobs, 1024, 0, g->st>>>(dist, maxn, dn, ddraw, C, k, pick, dfb);
+        KV_LAUNCH_CHECK();
+    }
+    for (int it = 0; it < iters; it++) { /* Lloyd */
+        km_assign<<<dim3(bx, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, g->cent, asg);
+        KV_LAUNCH_CHECK();
+        km_update<<<dim3(C, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, asg, g->cent);
+        KV_LAUNCH_CHECK();
+    }
+    KV_CUDA_TRY(cudaMemcpyAsync(cent, g->cent, (size_t)jobs * C * ds * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(fallback, dfb, jobs * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+kv_status cs_kmeans(void *p, const float *pts, const int *npts, int maxn, int iters, const double *draws, float *cent,
+                    int *fallback) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const int jobs = g->c.Hkv * g->c.m;
+    if (g->ds > 128) return kv_fail(KV_ERR_INPUT, "csattention GPU k-means: %d dims per subspace (at most 128)", g->ds);
+    float *dpts = NULL;
+    int *dn = NULL, *pick = NULL, *dfb = NULL, *asg = NULL;
+    double *ddraw = NULL, *dist = NULL;
+    kv_status st = kv_cuda_alloc((void **)&dpts, (size_t)jobs * maxn * g->ds * sizeof(float), 0, "k-means points",
+                                 __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&dn, jobs * sizeof(int), 0, "k-means counts", __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&pick, jobs * sizeof(int), 0, "k-means picks", __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&dfb, jobs * sizeof(int), 0, "k-means fallbacks", __FILE__, __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&asg, (size_t)jobs * maxn * sizeof(int), 0, "k-means assignment", __FILE__, __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&ddraw, (size_t)jobs * g->c.C * sizeof(double), 0, "k-means uniforms", __FILE__,
+                           __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&dist, (size_t)jobs * maxn * sizeof(double), 0, "k-means distances", __FILE__,
+                           __LINE__);
+    if (st == KV_OK) st = cs_kmeans_go(g, pts, npts, maxn, iters, draws, cent, fallback, dpts, dn, ddraw, dist, pick,
+                                       dfb, asg);
+    cudaStreamSynchronize(g->st);
+    cudaFree(dpts); cudaFree(dn); cudaFree(pick); cudaFree(dfb); cudaFree(asg); cudaFree(ddraw); cudaFree(dist);
+    return st;
+}
+
 /* Lists of every centroid over [sink, n) of the keys K (device), centroids already on the device. */
 kv_status cs_build_lists(kv_cs_gpu *g, const kv_dev_kv *K, int n) {
     const kv_cs_gpu_config &c = g->c;
@@ -388,6 +593,7 @@ kv_status cs_build_lists(kv_cs_gpu *g, const kv_dev_kv *K, int n) {
 kv_status cs_build(void *p, const float *k, int n, const float *cent) {
     kv_cs_gpu *g = (kv_cs_gpu *)p;
     const kv_cs_gpu_config &c = g->c;
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     KV_CUDA_TRY(cudaMemcpy(g->cent, cent, (size_t)g->nlists * g->ds * sizeof(float), cudaMemcpyHostToDevice));
     kv_gpu_keys *K = NULL;
     KV_TRY(kv_gpu_keys_create(c.Hkv, n > 0 ? n : 1, c.D, 0, &K));
@@ -574,5 +780,5 @@ kv_status cs_bench(const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, con
 }  // namespace
 
 extern "C" const kv_csattention_gpu_ops kv_csattention_gpu = {
-    cs_create, cs_build, cs_read_index, cs_append, cs_search, cs_destroy, cs_bench,
+    cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_search, cs_destroy, cs_bench,
 };

@@ -40,6 +40,19 @@ typedef struct {
 typedef struct {
     /* All device memory for a layer of cfg's shape. */
     kv_status (*create)(const kv_cs_gpu_config *cfg, void **out);
+    /* Cosine k-means of every (kv head, subspace) job j = g*m + b on the
+     * device: pts [jobs][maxn][ds] unit points (host, npts[j] of them),
+     * draws [jobs][C] the job's uniforms in kv_rng order (first: the first
+     * centre; then one per k-means++ round), `iters` Lloyd rounds; the
+     * distances, the assignment and the sums follow kv_cs_kmeans's
+     * arithmetic (double distances in the CPU's order, kv_dot_ref's
+     * assignment), only the k-means++ running total and the centroid sums
+     * are added in another order (a tree in double). Centroids to host cent
+     * [jobs][C][ds] (and kept on the device); fallback[j] = 1 when a round
+     * found every point at distance 0 (the CPU then draws again: rerun the
+     * job there). */
+    kv_status (*kmeans)(void *g, const float *pts, const int *npts, int maxn, int iters, const double *draws,
+                        float *cent, int *fallback);
     /* The lists from the prefill keys (host [Hkv][n][D]) and the centroids
      * (host [Hkv][m][C][ds], the C reference's k-means: the cuBLAS k-means
      * of the issue is not written yet): every centroid's top-L over

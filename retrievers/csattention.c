@@ -50,9 +50,12 @@
  *   order; ties in the top-k go to the smaller index (kernels/topk.h).
  * - Candidate set: the distinct keys of the region gathered from the m
  *   lists (|U| <= mL, app. B.2), per query head.
- * - GPU path (shape->use_gpu, kernels/csattention.cu): the k-means runs
- *   here (the C code above, so both paths share the centroids); the lists
- *   are built, searched and try-inserted on the device (see its header).
+ * - GPU path (shape->use_gpu, kernels/csattention.cu): kmeans=gpu (default)
+ *   runs the k-means on the device from the same points and uniforms (its
+ *   centroid sums add in another order: a coordinate may differ in its last
+ *   bit), kmeans=host runs the C code above (both paths then share the
+ *   centroids bitwise); the lists are built, searched and try-inserted on
+ *   the device (see its header).
  * - memory_bytes: centroids (float32) + lists (int32 index + float32 score
  *   per entry: 8 B; the paper stores fp16 scores, 6 B). */
 #include <math.h>
@@ -69,7 +72,7 @@ enum { CS_CENT_QUERIES = 0, CS_CENT_KEYS = 1 };
 
 typedef struct {
     kv_shape sh;
-    int m, C, ds, L, iters, pool, update, missing, centroids, max_points, weight;
+    int m, C, ds, L, iters, pool, update, missing, centroids, max_points, weight, kmeans_gpu;
     double alpha;
     uint64_t seed;
     int n;                /* positions seen */
@@ -95,6 +98,8 @@ static const kv_param_spec cs_params[] = {
     {"centroids", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "queries|keys",
      "cluster the prefill queries (paper) or keys (key-centric ablation)"},
     {"update", KV_PARAM_INT, KV_PARAM_BUILD, 1, 0, 1, NULL, "try-insert appended keys into the lists (1, paper)"},
+    {"kmeans", KV_PARAM_ENUM, KV_PARAM_BUILD, 1, 0, 1, "host|gpu",
+     "GPU path only: run the k-means on the host (the C reference) or on the device"},
     {"missing", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "zero|min",
      "score of a key absent from a gathered list: zero (paper's sum) or the list minimum"},
     {"weight", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "one|qnorm",
@@ -287,6 +292,7 @@ static kv_status cs_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     s->missing = kv_param_int(ps, "missing");
     s->pool = kv_param_int(ps, "pool");
     s->weight = kv_param_int(ps, "weight");
+    s->kmeans_gpu = kv_param_int(ps, "kmeans");
     s->seed = sh->seed + (uint64_t)kv_param_int(ps, "seed");
     int N = sh->prefill_len - sh->sink;
     s->L = N > 0 ? (int)ceil(s->alpha * N - 1e-9) : 0;
@@ -343,6 +349,38 @@ static int cs_points(const cs_state *s, const kv_prefill *pre, int g, int b, flo
     return (int)n;
 }
 
+/* The k-means of every job on the device (kmeans=gpu): the same points and
+ * uniforms as the C reference; done[j] = 1 for the jobs it finished. */
+static kv_status cs_gpu_kmeans(cs_state *s, const kv_prefill *pre, int *done) {
+    int m = s->m, C = s->C, ds = s->ds, jobs = s->sh.num_kv_heads * m, maxn = 0;
+    float **x = kv_calloc((size_t)jobs, sizeof(float *), "csattention k-means jobs");
+    int *npts = kv_calloc((size_t)jobs, sizeof(int), "csattention k-means point counts");
+    int *fb = kv_calloc((size_t)jobs, sizeof(int), "csattention k-means fallbacks");
+    double *draws = kv_malloc((size_t)jobs * C * sizeof(double), "csattention k-means uniforms");
+    kv_status rc = x && npts && fb && draws ? KV_OK : KV_ERR_NOMEM;
+    for (int j = 0; j < jobs && rc == KV_OK; j++) {
+        npts[j] = cs_points(s, pre, j / m, j % m, &x[j]);
+        if (npts[j] < 0) rc = KV_ERR_NOMEM;
+        maxn = npts[j] > maxn ? npts[j] : maxn;
+        kv_rng r;
+        kv_rng_seed(&r, cs_job_seed(s, j / m, j % m));
+        for (int c = 0; c < C; c++) draws[(size_t)j * C + c] = kv_rng_uniform(&r);
+    }
+    float *pts = NULL;
+    if (rc == KV_OK && maxn > 0) {
+        pts = kv_calloc((size_t)jobs * maxn * ds, sizeof(float), "csattention k-means points");
+        if (!pts) rc = KV_ERR_NOMEM;
+        for (int j = 0; j < jobs && rc == KV_OK; j++)
+            memcpy(pts + (size_t)j * maxn * ds, x[j], (size_t)npts[j] * ds * sizeof(float));
+        if (rc == KV_OK)
+            rc = kv_csattention_gpu.kmeans(s->gpu, pts, npts, maxn, s->iters, draws, s->cent, fb);
+    }
+    for (int j = 0; j < jobs && rc == KV_OK; j++) done[j] = maxn > 0 && npts[j] > 0 && !fb[j];
+    for (int j = 0; x && j < jobs; j++) free(x[j]);
+    free(x); free(npts); free(fb); free(draws); free(pts);
+    return rc;
+}
+
 static kv_status cs_build(void *st, const kv_prefill *pre) {
     cs_state *s = st;
     const kv_shape *sh = &s->sh;
@@ -352,6 +390,9 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
     int D = sh->head_dim, P = pre->n, m = s->m, C = s->C, ds = s->ds, L = s->L, lo = sh->sink;
     int Hkv = sh->num_kv_heads;
     kv_status rc = KV_OK;
+    int *done = kv_calloc((size_t)Hkv * m, sizeof(int), "csattention k-means flags");
+    if (!done) return KV_ERR_NOMEM;
+    if (s->gpu && s->kmeans_gpu && (rc = cs_gpu_kmeans(s, pre, done)) != KV_OK) { free(done); return rc; }
 #pragma omp parallel for schedule(dynamic) collapse(2)
     for (int g = 0; g < Hkv; g++)
         for (int b = 0; b < m; b++) {
@@ -361,7 +402,7 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
             int n = cs_points(s, pre, g, b, &x);
             kv_status r = n < 0 ? KV_ERR_NOMEM : KV_OK;
             float *cent = s->cent + ((size_t)g * m + b) * C * ds;
-            if (r == KV_OK) r = kv_cs_kmeans(x, n, ds, C, s->iters, cs_job_seed(s, g, b), cent);
+            if (r == KV_OK && !done[g * m + b]) r = kv_cs_kmeans(x, n, ds, C, s->iters, cs_job_seed(s, g, b), cent);
             int nk = P > lo && !s->gpu ? P - lo : 0; /* the GPU builds the lists itself */
             scores = kv_malloc((size_t)(nk > 0 ? nk : 1) * sizeof(float), "csattention partial scores");
             ti = kv_malloc((size_t)L * sizeof(int32_t), "csattention top-L");
@@ -384,6 +425,7 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
                 rc = r;
             }
         }
+    free(done);
     s->n = P;
     if (rc != KV_OK || !s->gpu) return rc;
     KV_TRY(kv_csattention_gpu.build(s->gpu, pre->k, P, s->cent));

@@ -66,16 +66,17 @@ int test_csattention_gpu_matches_cpu(void) {
     int T = 640, P = 400, sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
-    const char *sets[][6] = {
-        {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none"},
-        {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean"},
-        {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean"},
-        {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm"},
+    /* kmeans=host: both paths share the centroids, so everything after is bitwise */
+    const char *sets[][7] = {
+        {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
+        {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
+        {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
+        {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
     };
     for (int s = 0; s < 4; s++) {
         kv_test_driver c, g;
-        CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 6, &L, P, sink, local, k));
-        kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 6, &L, P, sink, local, k);
+        CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
+        kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
@@ -129,6 +130,49 @@ int test_ctkvr_gpu_matches_cpu(void) {
         kv_test_driver_close(&c);
         kv_test_driver_close(&g);
     }
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
+}
+
+/* kmeans=gpu: the device's k-means from the same points and uniforms; its
+ * centroid sums add in another order, so a coordinate may differ in its
+ * last bits (and then a list at a near tie): the centroids agree to 1e-6
+ * and the selections to 99% of their entries. */
+int test_csattention_gpu_kmeans_matches_cpu(void) {
+    int T = 600, P = 400, sink = 4, local = 16, k = 24;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 47, &L));
+    const char *ps[] = {"m=4", "C=16", "alpha=0.2", "iters=6", "kmeans=gpu"};
+    kv_test_driver c, g;
+    CHECK_OK(kv_test_driver_open(&c, "csattention", ps, 5, &L, P, sink, local, k));
+    kv_status st = kv_test_driver_open_gpu(&g, "csattention", ps, 5, &L, P, sink, local, k);
+    CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
+    kv_cs_view vc, vg;
+    kv_csattention_view(c.st, &vc);
+    kv_csattention_view(g.st, &vg);
+    int n = 2 * vc.m * vc.C * vc.ds, same = 0;
+    double worst = 0;
+    for (int a = 0; a < n; a++) {
+        double d = fabs((double)vc.cent[a] - vg.cent[a]);
+        worst = d > worst ? d : worst;
+        same += vc.cent[a] == vg.cent[a];
+    }
+    fprintf(stderr, "    k-means: %d of %d coordinates bitwise equal, max |diff| %.3g\n", same, n, worst);
+    CHECK(worst <= 1e-6, "centroids differ by %.3g", worst);
+    long tot = 0, hit = 0;
+    for (int t = P; t < T; t += 20) {
+        CHECK_OK(kv_test_driver_step(&c, t, k));
+        CHECK_OK(kv_test_driver_step(&g, t, k));
+        for (int h = 0; h < 4; h++)
+            for (int a = 0; a < c.sel.count[h]; a++) {
+                tot++;
+                for (int b = 0; b < g.sel.count[h]; b++)
+                    hit += c.sel.idx[(size_t)h * c.sel.cap + a] == g.sel.idx[(size_t)h * g.sel.cap + b];
+            }
+    }
+    CHECK(hit >= 0.99 * tot, "selections overlap %ld of %ld", hit, tot);
+    kv_test_driver_close(&c);
+    kv_test_driver_close(&g);
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
