@@ -39,6 +39,8 @@
  * - Ablation `centroids=keys` clusters the normalised prefill keys of the kv
  *   head instead of the queries (the key-centric path Q -> K-centroid -> K
  *   the paper argues against, sec. 2.4), everything else unchanged.
+ * - A prefill without queries (only `kvbench bench` hands one) is clustered
+ *   from its keys, as centroids=keys (the bench measures cost, not recall).
  * - `update=0` freezes the lists after the build (generated keys are then
  *   never selected; that is the ablation of the streaming update).
  * - Weights (`weight`): w_b = 1 (one, the paper's default, table 6): the
@@ -335,13 +337,14 @@ static uint64_t cs_job_seed(const cs_state *s, int g, int b) {
 static int cs_points(const cs_state *s, const kv_prefill *pre, int g, int b, float **out) {
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, G = sh->group, P = pre->n, ds = s->ds;
-    long total = s->centroids == CS_CENT_KEYS ? (long)P : (long)G * P;
+    int keys = s->centroids == CS_CENT_KEYS || !pre->q; /* no queries: kvbench bench (the keys stand in) */
+    long total = keys ? (long)P : (long)G * P;
     long n = s->max_points > 0 && total > s->max_points ? s->max_points : total;
     *out = kv_malloc((size_t)(n > 0 ? n : 1) * ds * sizeof(float), "csattention k-means points");
     if (!*out) return -1;
     for (long i = 0; i < n; i++) {
         long p = n == total ? i : (long)((double)i * total / n);
-        const float *src = s->centroids == CS_CENT_KEYS
+        const float *src = keys
                                ? pre->k + ((size_t)g * P + p) * D + (size_t)b * ds
                                : pre->q + ((size_t)(g * G + p / P) * P + p % P) * D + (size_t)b * ds;
         kv_cs_normalise(src, 1, D, ds, *out + (size_t)i * ds);
@@ -384,9 +387,6 @@ static kv_status cs_gpu_kmeans(cs_state *s, const kv_prefill *pre, int *done) {
 static kv_status cs_build(void *st, const kv_prefill *pre) {
     cs_state *s = st;
     const kv_shape *sh = &s->sh;
-    if (s->centroids == CS_CENT_QUERIES && !pre->q)
-        return kv_fail(KV_ERR_INPUT, "csattention: the prefill has no queries (its index clusters them); "
-                                     "use centroids=keys or a trace with queries");
     int D = sh->head_dim, P = pre->n, m = s->m, C = s->C, ds = s->ds, L = s->L, lo = sh->sink;
     int Hkv = sh->num_kv_heads;
     kv_status rc = KV_OK;

@@ -44,6 +44,8 @@
  *   (labelled upper bound, not the paper). The FIFO is shared by the kv
  *   heads (a slot is one position); the initial slots are in position order,
  *   so the first replaced is the earliest position.
+ * - A prefill without queries (only `kvbench bench` hands one): the keys of
+ *   the centroid positions stand in for their queries (cost, not recall).
  * - Centroid choice (`centroids`, table 4): final (paper), init (the first
  *   C), random (C distinct positions, seeded), equi (evenly spaced).
  * - Candidate set: the rerank set (union, plus the generated keys with
@@ -228,7 +230,6 @@ static kv_status ct_build(void *st, const kv_prefill *pre) {
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, P = pre->n, Hq = sh->num_q_heads, Hkv = sh->num_kv_heads, C = s->C;
     size_t T = (size_t)sh->max_tokens;
-    if (!pre->q) return kv_fail(KV_ERR_INPUT, "ctkvr: the prefill has no queries (its centroids are queries)");
     s->idx_hi = P - sh->local > sh->sink ? P - sh->local : sh->sink;
     s->n = P;
     s->next = 0;
@@ -237,7 +238,9 @@ static kv_status ct_build(void *st, const kv_prefill *pre) {
     for (int j = 0; j < nc; j++)
         for (int h = 0; h < Hq; h++) {
             float *dst = s->cq + ((size_t)j * Hq + h) * D;
-            memcpy(dst, pre->q + ((size_t)h * P + s->cpos[j]) * D, (size_t)D * sizeof(float));
+            const float *src = pre->q ? pre->q + ((size_t)h * P + s->cpos[j]) * D /* no queries (kvbench bench): */
+                                      : pre->k + ((size_t)(h / sh->group) * P + s->cpos[j]) * D; /* the keys stand in */
+            memcpy(dst, src, (size_t)D * sizeof(float));
             s->cnorm[(size_t)j * Hq + h] = sqrtf(kv_dot_ref(dst, dst, D));
         }
     if (s->gpu) {
