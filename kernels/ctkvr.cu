@@ -358,9 +358,8 @@ kv_status ct_front(kv_ct_gpu *g, int cp, int hi, int gen_lo) {
 }
 
 /* The rerank after ct_front: set scores, lse, ranking, top k (and DCU's top rho). */
-kv_status ct_back(kv_ct_gpu *g, int k, int hi, int dcu, int nmax) {
+kv_status ct_back(kv_ct_gpu *g, int k, int dcu, int nmax) {
     const kv_ctkvr_gpu_config &c = g->c;
-    const int lo = c.sink;
     if (nmax <= 0) return KV_OK;
     const int bx = (nmax + 127) / 128 < 512 ? (nmax + 127) / 128 : 512;
     if (g->K->half)
@@ -380,8 +379,15 @@ kv_status ct_back(kv_ct_gpu *g, int k, int hi, int dcu, int nmax) {
     if (dcu == 1)
         KV_TRY(kv_topk_launch(&g->tk, g->rank, g->sld, 0, nmax, c.Hkv, c.rho < nmax ? c.rho : nmax, 0, NULL, 1, g->odcu,
                               NULL, c.rho, NULL, g->st));
-    if (dcu == 2 && hi > lo) {
-        const int n = hi - lo, bo = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+    return KV_OK;
+}
+
+/* DCU oracle: the exact top rho of all of [sink, ohi) by the same ranking, to odcu (positions). */
+kv_status ct_oracle(kv_ct_gpu *g, int ohi) {
+    const kv_ctkvr_gpu_config &c = g->c;
+    const int lo = c.sink;
+    if (ohi > lo) {
+        const int n = ohi - lo, bo = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
         KV_TRY(kv_scores_launch(g->K, g->q, c.Hq, c.scale, lo, n, g->S, g->sld, NULL, &g->dev, g->st));
         ct_lse<<<c.Hq, 256, 0, g->st>>>(g->S, g->sld, NULL, n, g->G, g->lse);
         KV_LAUNCH_CHECK();
@@ -394,13 +400,14 @@ kv_status ct_back(kv_ct_gpu *g, int k, int hi, int dcu, int nmax) {
 }
 
 /* The device part of one search, all on g->st; nmax = the bound on the set size. dcu 2 also scores [lo, hi). */
-kv_status ct_search_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax) {
+kv_status ct_search_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int oracle_hi) {
     KV_TRY(ct_front(g, cp, hi, gen_lo));
-    return ct_back(g, k, hi, dcu, nmax);
+    KV_TRY(ct_back(g, k, dcu, nmax));
+    return dcu == 2 ? ct_oracle(g, oracle_hi) : KV_OK;
 }
 
-kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int32_t *idx, int ld,
-                    int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list, int *dcu_cnt) {
+kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi, int32_t *idx,
+                    int ld, int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list, int *dcu_cnt) {
     kv_ct_gpu *g = (kv_ct_gpu *)p;
     const kv_ctkvr_gpu_config &c = g->c;
     const int Hkv = c.Hkv, lo = c.sink;
@@ -414,7 +421,7 @@ kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, 
     if (nmax > hi - lo) nmax = hi - lo;
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
-    KV_TRY(ct_search_launch(g, cp, k, hi, gen_lo, dcu, nmax));
+    KV_TRY(ct_search_launch(g, cp, k, hi, gen_lo, dcu, nmax, oracle_hi));
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_nset, g->nset, Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(g->h_set, nmax * sizeof(int32_t), g->set, g->sld * sizeof(int32_t),
                                   nmax * sizeof(int32_t), Hkv, cudaMemcpyDeviceToHost, g->st));
@@ -439,7 +446,7 @@ kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, 
             for (int a = 0; a < m; a++) dcu_list[(size_t)r * c.rho + a] = s[g->h_odcu[(size_t)r * c.rho + a]];
             dcu_cnt[r] = m;
         } else if (dcu == 2) {
-            const int m = c.rho < hi - lo ? c.rho : hi - lo;
+            const int m = c.rho < oracle_hi - lo ? c.rho : oracle_hi - lo;
             memcpy(dcu_list + (size_t)r * c.rho, g->h_odcu + (size_t)r * c.rho, (size_t)(m > 0 ? m : 0) * sizeof(int32_t));
             dcu_cnt[r] = m > 0 ? m : 0;
         }
@@ -516,8 +523,8 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
     };
     KV_TRY(kv_bench_time(&x->tm, recall, &t[1]));
     KV_TRY(kv_bench_time(&x->tm, gather, &t[2]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_back(g, k, n, 0, nmax); }, &t[3]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax); }, &t[4]));
+    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
+    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[4]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));

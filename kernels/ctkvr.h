@@ -46,9 +46,10 @@ typedef struct {
      * lists' union inside [sink, hi) plus every position in [gen_lo, hi),
      * rerank, top k. Per kv head g: idx[g*ld ..] count[g], cand[g*cand_ld
      * ..] ncand[g] (ascending positions). dcu 1: dcu_list[g*rho ..]
-     * dcu_cnt[g] = the top rho of the rerank; 2: of the whole region. */
-    kv_status (*search)(void *g, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int32_t *idx, int ld,
-                        int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list, int *dcu_cnt);
+     * dcu_cnt[g] = the top rho of the rerank; 2: of all of [sink, oracle_hi). */
+    kv_status (*search)(void *g, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi,
+                        int32_t *idx, int ld, int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list,
+                        int *dcu_cnt);
     /* Writes the last search's DCU lists and the queries q into slot `slot`. */
     kv_status (*dcu_commit)(void *g, int slot, const float *q);
     void (*destroy)(void *g);

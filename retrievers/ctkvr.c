@@ -40,14 +40,20 @@
  *   then go to the smaller position (kernels/topk.h). Cosines in float.
  * - DCU (`dcu`): on = the paper (at every search call: with a step stride
  *   the FIFO advances once per evaluated step); off = frozen lists;
- *   oracle = the exact top-rho of the whole region by the same ranking
- *   (labelled upper bound, not the paper). The FIFO is shared by the kv
+ *   oracle = the exact top-rho by the same ranking of every key the method
+ *   may select ([sink, hi) with gen=rerank; [sink, P - local) with
+ *   gen=dense, whose later keys are attended densely anyway) (labelled
+ *   upper bound, not the paper). The FIFO is shared by the kv
  *   heads (a slot is one position); the initial slots are in position order,
  *   so the first replaced is the earliest position.
  * - A prefill without queries (only `kvbench bench` hands one): the keys of
  *   the centroid positions stand in for their queries (cost, not recall).
  * - Centroid choice (`centroids`, table 4): final (paper), init (the first
  *   C), random (C distinct positions, seeded), equi (evenly spaced).
+ * - Parameter stages: dcu and gen are build parameters although they act
+ *   at search time, because with DCU every search changes the index (a
+ *   search-parameter sweep must not share one index); cp likewise changes
+ *   what DCU inserts when dcu is on.
  * - Candidate set: the rerank set (union, plus the generated keys with
  *   gen=rerank), per kv head.
  * - memory_bytes: slot queries (Hq x D float32 per slot) + lists (int32).
@@ -96,11 +102,11 @@ static const kv_param_spec ct_params[] = {
     {"cp", KV_PARAM_INT, KV_PARAM_SEARCH, 4, 1, 1e9, NULL, "C': centroids retrieved per kv head"},
     {"rho", KV_PARAM_INT, KV_PARAM_BUILD, 0, 0, 1e9, NULL, "keys per centroid list (0: ceil(2.5 * k_hint))"},
     {"k_hint", KV_PARAM_INT, KV_PARAM_BUILD, 100, 1, 1e9, NULL, "the k the lists are sized for when rho=0"},
-    {"dcu", KV_PARAM_ENUM, KV_PARAM_SEARCH, 1, 0, 2, "off|on|oracle",
-     "dynamic centroid update: on = step's query + top-rho of its rerank (paper); oracle = exact top-rho"},
+    {"dcu", KV_PARAM_ENUM, KV_PARAM_BUILD, 1, 0, 2, "off|on|oracle",
+     "dynamic centroid update: on = step's query + top-rho of its rerank (paper); oracle = exact top-rho (upper bound)"},
     {"centroids", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 3, "final|init|random|equi",
      "which prefill query positions become centroids (table 4)"},
-    {"gen", KV_PARAM_ENUM, KV_PARAM_SEARCH, 0, 0, 1, "dense|rerank",
+    {"gen", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 1, "dense|rerank",
      "keys after the build: attended densely as extra (GPU-resident cache) or reranked every step"},
     {"seed", KV_PARAM_INT, KV_PARAM_BUILD, 0, 0, 2147483647, NULL, "seed of centroids=random (added to --seed)"},
     {NULL},
@@ -309,10 +315,13 @@ static kv_status ct_search(void *st, int t, const float *q, int k, kv_selection 
             sel->n_extra[g] = c;
         }
     int cp = s->cp < C ? s->cp : C;
+    /* the oracle ranks every key the method could index: with gen=dense the generated keys are attended
+     * densely already, so only [sink, gen_lo) */
+    int oracle_hi = s->gen == CT_GEN_RERANK ? hi : (gen_lo < hi ? gen_lo : hi);
     if (s->gpu) {
-        KV_TRY(kv_ctkvr_gpu.search(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, sel->idx,
-                                   sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand, s->dcu_list,
-                                   s->dcu_cnt));
+        KV_TRY(kv_ctkvr_gpu.search(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, oracle_hi,
+                                   sel->idx, sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand,
+                                   s->dcu_list, s->dcu_cnt));
         if (s->dcu != CT_DCU_OFF) {
             KV_TRY(kv_ctkvr_gpu.dcu_commit(s->gpu, s->next, q));
             ct_dcu_insert(s, t, q); /* host mirror of the slot queries and lists */
@@ -364,7 +373,7 @@ static kv_status ct_search(void *st, int t, const float *q, int k, kv_selection 
             for (int a = 0; a < nr; a++) s->dcu_list[(size_t)g * s->rho + a] = set[pick[a]];
             s->dcu_cnt[g] = nr < 0 ? 0 : nr;
         } else if (s->dcu == CT_DCU_ORACLE) {
-            n = hi - lo;
+            n = oracle_hi - lo;
             for (int a = 0; a < n; a++) set[a] = lo + a;
             ct_rank(s, g, q, (size_t)D, set, n, rank);
             int nr = kv_topk_ref(rank, n, s->rho, lo, s->dcu_list + (size_t)g * s->rho, NULL);

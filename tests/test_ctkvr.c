@@ -231,8 +231,8 @@ int test_ctkvr_dcu_fifo(void) {
             int hi = t + 1 - local;
             for (int g = 0; g < 2; g++) {
                 int n;
-                if (oracle) {
-                    n = hi - sink;
+                if (oracle) { /* gen=dense: every key the method may select, [sink, P - local) */
+                    n = (hi < P - local ? hi : P - local) - sink;
                     for (int a = 0; a < n; a++) set[a] = sink + a;
                 } else {
                     n = dr.sel.n_cand[g];
