@@ -25,6 +25,8 @@
  *   indicator [i in I_jb], so a key absent from a list contributes zero:
  *   the default. `missing=min` charges it the list's minimum score instead
  *   (an absent key scores at most that), offered as the alternative.
+ *   Partial scores can be negative: when a list's minimum is below zero,
+ *   `zero` ranks an absent key above present keys with negative partials.
  * - k-means points: the paper runs mini-batch k-means on the GPU; here full
  *   Lloyd on at most `max_points` points (default 65536; 0 = all) taken at
  *   evenly spaced indices of the G*P query sub-vectors of the group (head
