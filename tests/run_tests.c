@@ -56,6 +56,15 @@ extern char kv_test_reason[512];
     X(pariskv_stage1_brute_force, 0)                       \
     X(pariskv_update_buffer, 0)                            \
     X(pariskv_ablation_variants, 0)                        \
+    X(csattention_kmeans_fixed_point, 0)                   \
+    X(csattention_lists_are_top_l, 0)                      \
+    X(csattention_reduce_matches_direct, 0)                \
+    X(csattention_variants, 0)                             \
+    X(ctkvr_positions, 0)                                  \
+    X(ctkvr_lists_brute_force, 0)                          \
+    X(ctkvr_union_matches_direct, 0)                       \
+    X(ctkvr_all_centroids_is_exact, 0)                     \
+    X(ctkvr_dcu_fifo, 0)                                   \
     X(faiss_flat_matches_exact, 0)                         \
     X(faiss_ivf_full_probe_is_exact, 0)                    \
     X(faiss_hnsw_ivfpq_recall, 0)                          \
@@ -77,6 +86,9 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
+    X(csattention_gpu_matches_cpu, KV_NEEDS_GPU)           \
+    X(csattention_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)    \
+    X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
