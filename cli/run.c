@@ -97,7 +97,7 @@ static void default_out(const kv_trace_info *in, const char *layer, char *out, s
     const char *base = strrchr(in->path, '/');
     base = base ? base + 1 : in->path;
     char stem[1024];
-    snprintf(stem, sizeof stem, "%s", base);
+    snprintf(stem, sizeof stem, "%.255s", base); /* a file name: at most NAME_MAX (255) bytes */
     char *dot = strrchr(stem, '.');
     if (dot) *dot = 0;
     time_t now = time(NULL);
