@@ -9,7 +9,11 @@
  * default action: die) and an address-space limit (RLIMIT_AS: its current
  * size plus a budget); its result and error message come back through a
  * MAP_SHARED page block the parent mapped before fork, and bulk data
- * through shared mappings the caller passes (kv_shared_alloc). Only the
+ * (a layer's floats) through a pipe that the parent drains into its own
+ * malloc'd arrays while the child reads the next head: shared mappings
+ * were measured slower (first-touch faults of shmem pages cost more than
+ * of private ones, and the copy through the pipe overlaps the reading).
+ * Only the
  * parent's own state is trusted: the child's death by any signal, a
  * timeout or an exit without a result all become
  * "FILE: corrupt or unreadable HDF5 metadata (...)". The child calls
@@ -18,6 +22,7 @@
  * terabytes of shadow address space). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,19 +71,27 @@ static size_t current_vm_bytes(void) {
     return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
 }
 
-kv_status kv_isolated(const char *path, const char *what, double timeout_s, size_t mem_budget,
-                      kv_status (*fn)(void *arg, void *out), void *arg, void *out, size_t out_bytes) {
+kv_status kv_isolated_stream(const char *path, const char *what, double timeout_s, size_t mem_budget,
+                             kv_status (*fn)(void *arg, void *out, int fd), void *arg, void *out, size_t out_bytes,
+                             kv_status (*consume)(int fd, void *carg), void *carg) {
     size_t total = sizeof(result_hdr) + out_bytes;
     unsigned char *blk = kv_shared_alloc(total, "trace reader result");
     if (!blk) return KV_ERR_NOMEM;
     result_hdr *h = (result_hdr *)blk;
     unsigned char *res = blk + sizeof(result_hdr);
+    int pfd[2] = {-1, -1};
+    if (consume && pipe(pfd) != 0) {
+        kv_shared_free(blk, total);
+        return kv_fail(KV_ERR_INTERNAL, "%s: cannot create a pipe for the trace reader: %s", path, strerror(errno));
+    }
+    if (consume) fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20); /* fewer wake-ups; best effort */
     size_t vm = current_vm_bytes();
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
         kv_shared_free(blk, total);
+        if (consume) { close(pfd[0]); close(pfd[1]); }
         return kv_fail(KV_ERR_INTERNAL, "%s: cannot start the trace reader process: %s", path, strerror(errno));
     }
     if (pid == 0) {
@@ -87,9 +100,11 @@ kv_status kv_isolated(const char *path, const char *what, double timeout_s, size
         signal(SIGTERM, SIG_DFL);
         signal(SIGHUP, SIG_DFL);
         signal(SIGALRM, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
+        if (consume) close(pfd[0]);
 #ifndef KV_ASAN
         if (vm) {
             struct rlimit rl = {vm + mem_budget, vm + mem_budget};
@@ -101,11 +116,17 @@ kv_status kv_isolated(const char *path, const char *what, double timeout_s, size
         unsigned secs = timeout_s < 1 ? 1 : timeout_s > 86400 ? 86400 : (unsigned)(timeout_s + 0.999);
         alarm(secs);
         kv_clear_error();
-        kv_status st = fn(arg, res);
+        kv_status st = fn(arg, res, consume ? pfd[1] : -1);
         h->st = st;
         snprintf(h->msg, sizeof h->msg, "%s", st == KV_OK ? "" : kv_last_error());
         __atomic_store_n(&h->done, 1, __ATOMIC_SEQ_CST);
         _exit(0);
+    }
+    kv_status cst = KV_OK;
+    if (consume) {
+        close(pfd[1]);
+        cst = consume(pfd[0], carg); /* ends at the child's exit or death (EOF) at the latest */
+        close(pfd[0]);
     }
     int ws = 0;
     pid_t r;
@@ -114,8 +135,9 @@ kv_status kv_isolated(const char *path, const char *what, double timeout_s, size
     kv_status st;
     if (r == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0 && __atomic_load_n(&h->done, __ATOMIC_SEQ_CST)) {
         st = h->st;
-        if (st == KV_OK) memcpy(out, res, out_bytes);
-        else kv_fail(st, "%s", h->msg);
+        if (st != KV_OK) kv_fail(st, "%s", h->msg);
+        else if (cst != KV_OK) st = kv_fail(KV_ERR_INTERNAL, "%s: the trace reader's data ended early", path);
+        else if (out_bytes) memcpy(out, res, out_bytes);
     } else if (r == pid && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGALRM) {
         st = kv_fail(KV_ERR_INPUT, "%s: corrupt or unreadable HDF5 metadata (%s did not finish within %.0f s: "
                      "the HDF5 library hangs on this file)", path, what, timeout_s < 1 ? 1 : timeout_s);
@@ -128,4 +150,41 @@ kv_status kv_isolated(const char *path, const char *what, double timeout_s, size
     }
     kv_shared_free(blk, total);
     return st;
+}
+
+typedef struct { kv_status (*fn)(void *, void *); void *arg; } plain_call;
+static kv_status call_plain(void *arg, void *out, int fd) {
+    (void)fd;
+    plain_call *c = arg;
+    return c->fn(c->arg, out);
+}
+
+kv_status kv_isolated(const char *path, const char *what, double timeout_s, size_t mem_budget,
+                      kv_status (*fn)(void *arg, void *out), void *arg, void *out, size_t out_bytes) {
+    plain_call c = {fn, arg};
+    return kv_isolated_stream(path, what, timeout_s, mem_budget, call_plain, &c, out, out_bytes, NULL, NULL);
+}
+
+kv_status kv_write_all(int fd, const void *buf, size_t bytes) {
+    const char *p = buf;
+    while (bytes) {
+        ssize_t n = write(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return kv_fail(KV_ERR_IO, "write to the trace reader's pipe failed: %s", strerror(errno));
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return KV_OK;
+}
+
+kv_status kv_read_all(int fd, void *buf, size_t bytes) {
+    char *p = buf;
+    while (bytes) {
+        ssize_t n = read(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return KV_ERR_IO; /* EOF: the child stopped (its status says why) */
+        p += n;
+        bytes -= (size_t)n;
+    }
+    return KV_OK;
 }

@@ -43,7 +43,6 @@ typedef struct {
     float *k; /* [Hkv][T][D] */
     float *v; /* [Hkv][T][D], NULL when the trace has no values */
     int half; /* the file stored k as float16 (so k is exactly representable in half) */
-    int shared; /* q/k/v are shared mappings filled by the reader process (kv_layer_free unmaps them) */
 } kv_layer;
 
 /* Open and validate the root attributes and the layer groups' dataset
@@ -64,6 +63,7 @@ kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
  * harness's entry points: a crash there is what the fuzzer looks for). */
 kv_status kv_trace_open_direct(const char *path, kv_trace_info *info);
 kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_layer *out);
+kv_status kv_trace_load_tokens_direct(const kv_trace_info *info, int **tokens);
 
 /* ---- process isolation (datasets/isolate.c) ---- */
 /* Runs fn(arg, out) in a forked child with `timeout_s` seconds and
@@ -72,6 +72,13 @@ kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_la
  * KV_ERR_INPUT "PATH: corrupt or unreadable HDF5 metadata (WHAT ...)". */
 kv_status kv_isolated(const char *path, const char *what, double timeout_s, size_t mem_budget,
                       kv_status (*fn)(void *arg, void *out), void *arg, void *out, size_t out_bytes);
+/* The same with a pipe: fn gets its write end, and consume(read end) runs
+ * in the parent meanwhile (it must read until it has all or gets EOF). */
+kv_status kv_isolated_stream(const char *path, const char *what, double timeout_s, size_t mem_budget,
+                             kv_status (*fn)(void *arg, void *out, int fd), void *arg, void *out, size_t out_bytes,
+                             kv_status (*consume)(int fd, void *carg), void *carg);
+kv_status kv_write_all(int fd, const void *buf, size_t bytes);
+kv_status kv_read_all(int fd, void *buf, size_t bytes); /* KV_ERR_IO (no message) at EOF */
 /* Anonymous shared memory (visible to the parent after the child writes it). */
 void *kv_shared_alloc(size_t bytes, const char *what);
 void kv_shared_free(void *p, size_t bytes);

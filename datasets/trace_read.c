@@ -568,9 +568,10 @@ int kv_trace_find_layer(const kv_trace_info *in, const char *name) {
     return -1;
 }
 
-/* Reads dataset [H, T, D] into float32 out, one head at a time. */
+/* Reads dataset [H, T, D] as float32, one head at a time, into out or
+ * (fd >= 0: in the reader child) down the pipe fd. */
 static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lname, const char *dname, int H,
-                              kv_dtype dt, float *out) {
+                              kv_dtype dt, float *out, int fd) {
     int T = in->num_tokens, D = in->head_dim;
     size_t per_head = (size_t)T * D;
     char obj[KV_NAME_MAX + 16];
@@ -586,8 +587,9 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
     if (half) { mt = H5Tcopy(ft); H5Tset_order(mt, H5T_ORDER_LE); } /* same layout, host byte order */
     uint16_t *raw = half ? kv_malloc(per_head * sizeof(uint16_t), "16-bit read buffer") : NULL;
     float *lut = half ? kv_malloc(65536 * sizeof(float), "16-bit float table") : NULL;
+    float *head = fd >= 0 ? kv_malloc(per_head * sizeof(float), "one head") : NULL;
     if (ft < 0 || fsp < 0) st = BAD("%s: %s: unreadable type or shape (corrupt dataset header)", in->path, obj);
-    else if (half && (!raw || !lut)) st = KV_ERR_NOMEM;
+    else if ((half && (!raw || !lut)) || (fd >= 0 && !head)) st = KV_ERR_NOMEM;
     if (lut)
         for (uint32_t u = 0; u < 65536; u++) {
             if (dt == KV_DTYPE_F16) lut[u] = kv_half_to_float((uint16_t)u);
@@ -595,7 +597,7 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
         }
     for (int h = 0; h < H && st == KV_OK; h++) {
         hsize_t off[3] = {(hsize_t)h, 0, 0};
-        float *dst = out + (size_t)h * per_head;
+        float *dst = fd >= 0 ? head : out + (size_t)h * per_head;
         H5Sselect_hyperslab(fsp, H5S_SELECT_SET, off, NULL, cnt, NULL);
         herr_t rc = half ? H5Dread(d, mt, msp, fsp, H5P_DEFAULT, raw)
                          : H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, dst);
@@ -611,8 +613,9 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
                          dt == KV_DTYPE_F64 ? "; float64 values must also fit in float32" : "");
                 break;
             }
+        if (st == KV_OK && fd >= 0) st = kv_write_all(fd, head, per_head * sizeof(float));
     }
-    free(raw); free(lut);
+    free(raw); free(lut); free(head);
     if (mt >= 0) H5Tclose(mt);
     H5Sclose(msp);
     if (fsp >= 0) H5Sclose(fsp);
@@ -621,8 +624,8 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
     return st;
 }
 
-/* Reads layer `layer` into L's already allocated arrays. */
-static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L) {
+/* Reads layer `layer` into L's already allocated arrays, or down the pipe fd. */
+static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int fd) {
     silence_hdf5();
     const char *ln = in->layer_names[layer];
     hid_t f = H5Fopen(in->path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -632,9 +635,9 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L) {
     kv_status st = KV_OK;
     hid_t lg = open_member(f, in->path, "/layers", "layers", 1, &st);
     hid_t g = lg >= 0 ? open_member(lg, in->path, gp, ln, 1, &st) : -1;
-    if (g >= 0) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q);
-    if (st == KV_OK) st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k);
-    if (st == KV_OK && L->v) st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v);
+    if (g >= 0) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q, fd);
+    if (st == KV_OK) st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k, fd);
+    if (st == KV_OK && L->v) st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v, fd);
     if (g >= 0) H5Gclose(g);
     if (lg >= 0) H5Gclose(lg);
     H5Fclose(f);
@@ -652,12 +655,11 @@ static double mem_available(void) {
     return kb < 0 ? -1 : kb * 1024.0;
 }
 
-static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L, int shared) {
+static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L) {
     memset(L, 0, sizeof *L);
     if (layer < 0 || layer >= in->num_layers) return kv_fail(KV_ERR_INTERNAL, "layer slot %d out of range", layer);
     L->Hq = in->num_q_heads; L->Hkv = in->num_kv_heads; L->T = in->num_tokens; L->D = in->head_dim;
     L->half = in->layer_half[layer];
-    L->shared = shared;
     size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
     int has_v = in->layer_has_v[layer];
     double need = 4.0 * ((double)nq + (double)nk * (has_v ? 2 : 1)), avail = mem_available();
@@ -665,62 +667,55 @@ static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L, in
         return kv_fail(KV_ERR_NOMEM, "%s: /layers/%s: loading it needs %.2f GB (q, k%s as float32: %d+%d heads x %d "
                        "tokens x %d dims) but only %.2f GB of memory is available", in->path, in->layer_names[layer],
                        need / 1e9, has_v ? ", v" : "", L->Hq, L->Hkv * (has_v ? 2 : 1), L->T, L->D, avail / 1e9);
-    if (shared) {
-        L->q = kv_shared_alloc(nq * sizeof(float), "layer queries");
-        L->k = L->q ? kv_shared_alloc(nk * sizeof(float), "layer keys") : NULL;
-        if (has_v && L->k) L->v = kv_shared_alloc(nk * sizeof(float), "layer values");
-    } else {
-        L->q = kv_malloc(nq * sizeof(float), "layer queries");
-        L->k = kv_malloc(nk * sizeof(float), "layer keys");
-        if (has_v) L->v = kv_malloc(nk * sizeof(float), "layer values");
-    }
+    L->q = kv_malloc(nq * sizeof(float), "layer queries");
+    L->k = kv_malloc(nk * sizeof(float), "layer keys");
+    if (has_v) L->v = kv_malloc(nk * sizeof(float), "layer values");
     if (!L->q || !L->k || (has_v && !L->v)) { kv_layer_free(L); return KV_ERR_NOMEM; }
     return KV_OK;
 }
 
 kv_status kv_trace_load_layer_direct(const kv_trace_info *in, int layer, kv_layer *L) {
-    KV_TRY(layer_alloc(in, layer, L, 0));
-    kv_status st = read_layer(in, layer, L);
+    KV_TRY(layer_alloc(in, layer, L));
+    kv_status st = read_layer(in, layer, L, -1);
     if (st != KV_OK) kv_layer_free(L);
     return st;
 }
 
 typedef struct { const kv_trace_info *in; int layer; kv_layer *L; } load_arg;
 
-static kv_status load_child(void *arg, void *out) {
+static kv_status load_child(void *arg, void *out, int fd) {
     (void)out;
     load_arg *a = arg;
-    return read_layer(a->in, a->layer, a->L);
+    return read_layer(a->in, a->layer, a->L, fd);
+}
+
+static kv_status load_consume(int fd, void *arg) {
+    kv_layer *L = arg;
+    size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
+    KV_TRY(kv_read_all(fd, L->q, nq * sizeof(float)));
+    KV_TRY(kv_read_all(fd, L->k, nk * sizeof(float)));
+    return L->v ? kv_read_all(fd, L->v, nk * sizeof(float)) : KV_OK;
 }
 
 kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
-    KV_TRY(layer_alloc(in, layer, L, 1));
+    KV_TRY(layer_alloc(in, layer, L));
     load_arg a = {in, layer, L};
-    size_t scratch = (size_t)in->num_tokens * in->head_dim * 2 + 65536 * 4;
-    kv_status st = kv_isolated(in->path, "reading its data", child_timeout(in->file_bytes) + 25.0,
-                               ((size_t)1 << 30) + scratch, load_child, &a, NULL, 0);
+    size_t scratch = (size_t)in->num_tokens * in->head_dim * 6 + 65536 * 4;
+    kv_status st = kv_isolated_stream(in->path, "reading its data", child_timeout(in->file_bytes) + 25.0,
+                                      ((size_t)1 << 30) + scratch, load_child, &a, NULL, 0, load_consume, L);
     if (st != KV_OK) kv_layer_free(L);
     return st;
 }
 
 void kv_layer_free(kv_layer *L) {
-    if (L->shared) {
-        size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
-        kv_shared_free(L->q, nq * sizeof(float));
-        kv_shared_free(L->k, nk * sizeof(float));
-        kv_shared_free(L->v, nk * sizeof(float));
-    } else {
-        free(L->q); free(L->k); free(L->v);
-    }
+    free(L->q); free(L->k); free(L->v);
     L->q = L->k = L->v = NULL;
 }
 
 typedef struct { const kv_trace_info *in; int *t; } tok_arg;
 
-static kv_status tokens_child(void *arg, void *out) {
-    (void)out;
-    tok_arg *a = arg;
-    const kv_trace_info *in = a->in;
+/* Token ids as int into t, or (fd >= 0) down the pipe. */
+static kv_status read_tokens(const kv_trace_info *in, int *t, int fd) {
     silence_hdf5();
     kv_status st = KV_OK;
     long long *wide = kv_malloc((size_t)in->num_tokens * sizeof(long long), "token ids");
@@ -730,10 +725,16 @@ static kv_status tokens_child(void *arg, void *out) {
     if (f < 0) st = BAD("%s: cannot open as HDF5 (the file changed since it was opened, or is corrupt)", in->path);
     else if (d >= 0 && H5Dread(d, H5T_NATIVE_LLONG, H5S_ALL, H5S_ALL, H5P_DEFAULT, wide) < 0)
         st = BAD("%s: /tokens: read failed (truncated or corrupt data)", in->path);
+    int *ids = (int *)wide; /* narrowed in place: ids[i] is written after wide[i] is read */
     for (int i = 0; i < in->num_tokens && st == KV_OK; i++) {
-        if (wide[i] < INT_MIN || wide[i] > INT_MAX)
-            st = BAD("%s: /tokens: token id %lld at position %d does not fit in int32", in->path, wide[i], i);
-        a->t[i] = (int)wide[i];
+        long long w = wide[i];
+        if (w < INT_MIN || w > INT_MAX)
+            st = BAD("%s: /tokens: token id %lld at position %d does not fit in int32", in->path, w, i);
+        ids[i] = (int)w;
+    }
+    if (st == KV_OK) {
+        if (fd >= 0) st = kv_write_all(fd, ids, (size_t)in->num_tokens * sizeof(int));
+        else memcpy(t, ids, (size_t)in->num_tokens * sizeof(int));
     }
     free(wide);
     if (d >= 0) H5Dclose(d);
@@ -741,20 +742,37 @@ static kv_status tokens_child(void *arg, void *out) {
     return st;
 }
 
+static kv_status tokens_child(void *arg, void *out, int fd) {
+    (void)out;
+    return read_tokens(arg, NULL, fd);
+}
+
+typedef struct { int *t; size_t bytes; } tok_sink;
+static kv_status tokens_consume(int fd, void *arg) {
+    tok_sink *s = arg;
+    return kv_read_all(fd, s->t, s->bytes);
+}
+
 kv_status kv_trace_load_tokens(const kv_trace_info *in, int **tokens) {
     *tokens = NULL;
     if (!in->has_tokens) return KV_OK;
-    size_t bytes = (size_t)in->num_tokens * sizeof(int);
-    int *shared = kv_shared_alloc(bytes, "token ids");
-    if (!shared) return KV_ERR_NOMEM;
-    tok_arg a = {in, shared};
-    kv_status st = kv_isolated(in->path, "reading its token ids", child_timeout(in->file_bytes),
-                               ((size_t)1 << 30) + (size_t)in->num_tokens * 8, tokens_child, &a, NULL, 0);
-    int *t = st == KV_OK ? kv_malloc(bytes, "token ids") : NULL;
-    if (st == KV_OK && !t) st = KV_ERR_NOMEM;
-    if (t) memcpy(t, shared, bytes);
-    kv_shared_free(shared, bytes);
-    if (st != KV_OK) return st;
+    tok_sink s = {kv_malloc((size_t)in->num_tokens * sizeof(int), "token ids"), (size_t)in->num_tokens * sizeof(int)};
+    if (!s.t) return KV_ERR_NOMEM;
+    kv_status st = kv_isolated_stream(in->path, "reading its token ids", child_timeout(in->file_bytes),
+                                      ((size_t)1 << 30) + (size_t)in->num_tokens * 8, tokens_child, (void *)in, NULL, 0,
+                                      tokens_consume, &s);
+    if (st != KV_OK) { free(s.t); return st; }
+    *tokens = s.t;
+    return KV_OK;
+}
+
+kv_status kv_trace_load_tokens_direct(const kv_trace_info *in, int **tokens) {
+    *tokens = NULL;
+    if (!in->has_tokens) return KV_OK;
+    int *t = kv_malloc((size_t)in->num_tokens * sizeof(int), "token ids");
+    if (!t) return KV_ERR_NOMEM;
+    kv_status st = read_tokens(in, t, -1);
+    if (st != KV_OK) { free(t); return st; }
     *tokens = t;
     return KV_OK;
 }

@@ -1,0 +1,46 @@
+#!/bin/bash
+# triage.sh: sorts what `make fuzz` found into the regression corpora.
+# usage: tests/fuzz/triage.sh [loader|cli] [MINIMISE_SECONDS]   (from the repository root, after make fuzz)
+# For each artifact in build-fuzz/artifacts-<target>/: reproduce it with the
+# fuzz binary and take its signature (crash kind + the first three frames
+# outside the sanitizer runtime); where that frame is kvbench's own code
+# (not libhdf5's H5* functions) it is a kvbench bug, reported as such. One
+# input per new signature is minimised (libFuzzer -minimize_crash) into
+# tests/corpus/<target>/, its signature appended to SIGNATURES there, and
+# (loader) replayed against ./kvbench info: it must exit 2 naming the file.
+set -u
+target=${1:-loader}
+secs=${2:-30}
+bin=$PWD/build-fuzz/fuzz_$target
+art=build-fuzz/artifacts-$target
+corp=tests/corpus/$target
+mkdir -p "$corp"
+touch "$corp/SIGNATURES"
+export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0
+new=0 seen=0 ours=0
+for a in "$art"/*; do
+    [ -f "$a" ] || continue
+    out=$(timeout 60 "$bin" -timeout=10 -rss_limit_mb=2560 -runs=1 "$a" 2>&1)
+    kind=$(grep -oE 'ERROR: (AddressSanitizer|UndefinedBehaviorSanitizer|libFuzzer): [a-z-]+|runtime error|deadly signal|timeout' <<<"$out" | head -1)
+    [ -z "$kind" ] && { echo "no longer reproduces: $a"; continue; }
+    frames=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -vE ' in (__asan|__ubsan|__sanitizer|fuzzer::|LLVMFuzzer|__interceptor|malloc|calloc|realloc|free|abort|raise|__libc|_start|main)' \
+             | sed -E 's/.* in ([^ ]+).*/\1/' | head -3 | tr '\n' ' ')
+    sig="$kind | $frames"
+    first=$(awk '{print $1}' <<<"$frames")
+    case "$first" in H5*|"") where=libhdf5 ;; *) where=kvbench; ours=$((ours + 1)); echo "KVBENCH CODE: $a: $sig" ;; esac
+    if grep -qF -- "$sig" "$corp/SIGNATURES"; then seen=$((seen + 1)); continue; fi
+    name=$where-$(sha1sum "$a" | cut -c1-10)
+    ext=; [ "$target" = loader ] && ext=.h5
+    timeout $((secs + 60)) "$bin" -minimize_crash=1 -timeout=10 -max_total_time="$secs" \
+        -exact_artifact_path="$corp/$name$ext" "$a" >/dev/null 2>&1
+    [ -s "$corp/$name$ext" ] || cp "$a" "$corp/$name$ext"
+    printf '%s\t%s\n' "$name$ext" "$sig" >>"$corp/SIGNATURES"
+    new=$((new + 1))
+    if [ "$target" = loader ]; then
+        err=$(timeout 30 ./kvbench info "$corp/$name$ext" 2>&1 >/dev/null); rc=$?
+        echo "new: $name$ext ($sig): kvbench info exit $rc: ${err:0:200}"
+    else
+        echo "new: $name ($sig)"
+    fi
+done
+echo "triage $target: $new new signatures, $seen already in $corp, $ours in kvbench's own code"
