@@ -155,7 +155,7 @@ FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD ?= build-fuzz
 FUZZ_CFLAGS := -g -O1 -std=c11 -fopenmp -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
-               -fno-sanitize-recover=undefined -I$(HDF5_INC) -DKV_GIT_SHA=\"fuzz\" -w
+               -fno-sanitize-recover=undefined -I$(HDF5_INC) -DKV_GIT_SHA=\"fuzz\" -w -MMD -MP
 FUZZ_SRCS := $(filter-out cli/main.c,$(wildcard kernels/*.c kernels/*/*.c datasets/*.c retrievers/*.c cli/*.c)) \
              tests/fuzz_targets.c
 FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/%.o)
@@ -178,7 +178,7 @@ fuzz-build: $(FUZZ_BUILD)/fuzz_loader $(FUZZ_BUILD)/fuzz_cli
 
 fuzz: fuzz-build
 	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: needs clang (apt-get install clang)" >&2; exit 2; }
-	@mkdir -p $(FUZZ_BUILD)/corpus-loader $(FUZZ_BUILD)/corpus-cli $(FUZZ_BUILD)/artifacts-loader $(FUZZ_BUILD)/artifacts-cli
+	@mkdir -p tests/corpus/loader tests/corpus/cli $(FUZZ_BUILD)/corpus-loader $(FUZZ_BUILD)/corpus-cli $(FUZZ_BUILD)/artifacts-loader $(FUZZ_BUILD)/artifacts-cli
 	cd $(FUZZ_BUILD) && $(FUZZ_ENV) nice -n 10 ./fuzz_loader $(FUZZ_RUN) -max_total_time=$(FUZZ_SECONDS) \
 	  -artifact_prefix=artifacts-loader/ corpus-loader ../tests/fuzz/seeds/loader ../tests/corpus/loader 2>&1 | tail -25
 	cd $(FUZZ_BUILD) && $(FUZZ_ENV) nice -n 10 ./fuzz_cli $(FUZZ_RUN) -close_fd_mask=2 -max_total_time=$(FUZZ_SECONDS) \
@@ -188,4 +188,4 @@ fuzz: fuzz-build
 clean:
 	rm -rf $(BUILD) $(BIN) $(TEST_BIN) $(FUZZ_BUILD)
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(wildcard $(FUZZ_BUILD)/*/*.d)

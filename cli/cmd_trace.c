@@ -144,15 +144,33 @@ int cmd_slice(int argc, char **argv) {
     int chosen[KV_MAX_LAYERS], nl = 0;
     if (layers) {
         char buf[1024];
+        if (strlen(layers) >= sizeof buf) {
+            free(in);
+            return kv_usage_error("slice", "--layers: the list is %zu characters long; at most %zu are accepted",
+                                  strlen(layers), sizeof buf - 1);
+        }
         snprintf(buf, sizeof buf, "%s", layers);
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             int li = kv_trace_find_layer(in, tok);
+            for (int j = 0; li >= 0 && j < nl; j++)
+                if (chosen[j] == li) { free(in); return kv_usage_error("slice", "--layers: '%s' listed twice", tok); }
             if (li < 0) { fprintf(stderr, "kvbench: %s: no layer '%s' (the trace has %d layers, e.g. %s)\n", in_path, tok, in->num_layers, in->layer_names[0]); free(in); return 2; }
             chosen[nl++] = li;
         }
     } else for (int i = 0; i < in->num_layers; i++) chosen[nl++] = i;
-    char desc[KV_TEXT_MAX + 64];
-    snprintf(desc, sizeof desc, "%s [slice: first %d tokens, prefill %d]", in->description, T, P);
+    /* the source's description plus what was cut, within what the reader accepts
+     * (KV_TEXT_MAX - 1 bytes): a long description is shortened visibly ("..."),
+     * at a UTF-8 character boundary */
+    char desc[KV_TEXT_MAX], suffix[96];
+    snprintf(suffix, sizeof suffix, " [slice: first %d tokens, prefill %d]", T, P);
+    size_t keep = strlen(in->description), room = sizeof desc - 1 - strlen(suffix);
+    const char *dots = "";
+    if (keep > room) {
+        keep = room - 3;
+        while (keep > 0 && (in->description[keep] & 0xC0) == 0x80) keep--;
+        dots = "...";
+    }
+    snprintf(desc, sizeof desc, "%.*s%s%s", (int)keep, in->description, dots, suffix);
     kv_trace_spec ts = {.model = in->model, .description = desc, .rope = in->rope, .head_dim = in->head_dim,
                         .num_q_heads = in->num_q_heads, .num_kv_heads = in->num_kv_heads, .num_tokens = T,
                         .prefill_len = P, .softmax_scale = in->softmax_scale,

@@ -644,8 +644,11 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
     return st;
 }
 
-/* Bytes of memory available now (MemAvailable), or -1 when unknown. */
+/* Bytes of memory available now (MemAvailable), or -1 when unknown;
+ * KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
 static double mem_available(void) {
+    const char *e = getenv("KVBENCH_MEM_AVAILABLE");
+    if (e && *e) return strtod(e, NULL);
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
     double kb = -1;

@@ -30,6 +30,7 @@ extern char kv_test_reason[512];
     X(loader_messages, 0)                                  \
     X(loader_corpus, 0)                                    \
     X(cli_corpus, KV_NEEDS_SUBPROCESS)                     \
+    X(cli_fuzz_corpus, 0)                                  \
     X(synth_deterministic, 0)                              \
     X(exact_matches_brute_force, 0)                        \
     X(protocol_hand_case, 0)                               \

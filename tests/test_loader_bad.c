@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../datasets/kv_trace.h"
@@ -274,6 +275,18 @@ int test_loader_resource_bombs(void) {
     CHECK(kv_now() - t0 < 1, "refused in %.1f s", kv_now() - t0);
     st = kv_trace_open(kv_test_tmpdir(), &in);
     CHECK(st == KV_ERR_INPUT && strstr(kv_last_error(), "found a directory"), "%s", kv_last_error());
+    /* a layer bigger than the memory available is refused before allocating, with both numbers */
+    const char *ok = tp("ok.h5");
+    s = (spec){0};
+    build(ok, &s);
+    CHECK_OK(kv_trace_open(ok, &in));
+    setenv("KVBENCH_MEM_AVAILABLE", "100", 1); /* the layer needs 512 bytes */
+    kv_layer L;
+    st = kv_trace_load_layer(&in, 0, &L);
+    unsetenv("KVBENCH_MEM_AVAILABLE");
+    if (st == KV_OK) kv_layer_free(&L);
+    CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "/layers/L1: loading it needs 0.00 GB (q, k, v as float32: 2+2 "
+                                       "heads x 8 tokens x 4 dims) but only 0.00 GB"), "%s", kv_last_error());
     return KV_TEST_PASS;
 }
 
@@ -478,5 +491,42 @@ int test_cli_corpus(void) {
         n++;
     }
     CHECK(n > 0, "empty corpus");
+    return KV_TEST_PASS;
+}
+
+/* The option-parser fuzz corpus (tests/corpus/cli/): each input, run through
+ * the fuzz target in a child (so a crash fails this test, not the runner),
+ * must end normally within 5 s. */
+int kv_fuzz_cli(const uint8_t *data, size_t size);
+
+int test_cli_fuzz_corpus(void) {
+    DIR *dir = opendir("tests/corpus/cli");
+    if (!dir) return KV_TEST_PASS; /* nothing found yet */
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "SIGNATURES")) continue;
+        char p[600];
+        snprintf(p, sizeof p, "tests/corpus/cli/%s", e->d_name);
+        static unsigned char buf[1 << 16];
+        FILE *f = fopen(p, "rb");
+        CHECK(f, "open %s", p);
+        size_t len = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen("/dev/null", "w", stderr)) _exit(3);
+            alarm(5);
+            kv_fuzz_cli(buf, len);
+            _exit(0);
+        }
+        int ws = 0;
+        waitpid(pid, &ws, 0);
+        CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "%s: the option parsers %s %d", p,
+              WIFSIGNALED(ws) ? "died of signal" : "exited with", WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+        n++;
+    }
+    closedir(dir);
     return KV_TEST_PASS;
 }
