@@ -304,7 +304,7 @@ static kv_status check_storage(hid_t d, const char *path, const char *obj, const
             st = BAD("%s: %s: chunks of %.0f bytes ([%llu, %llu, %llu]) are larger than the whole dataset (%.0f bytes): "
                      "refused, reading one would cost the whole chunk", path, obj, cbytes, (unsigned long long)cd[0],
                      (unsigned long long)(rank > 1 ? cd[1] : 0), (unsigned long long)(rank > 2 ? cd[2] : 0), declared);
-        else if (grid * 16 > (double)file_bytes)
+        else if (grid * 4 > (double)file_bytes) /* each stored chunk costs at least its address and its data */
             st = BAD("%s: %s: declares %.0f chunks, more than a %lld-byte file can index (truncated or corrupt)", path,
                      obj, grid, file_bytes);
         else if ((fsp = H5Dget_space(d)) < 0 || H5Dget_num_chunks(d, fsp, &nstored) < 0)

@@ -69,6 +69,7 @@ int kv_fuzz_cli(const uint8_t *data, size_t size) {
         kv_parse_device(s[i], &dc);
     }
     static kv_method_run runs[16];
+    memset(runs, 0, sizeof runs); /* as the commands' own arrays start (a stale entry would hide a bug) */
     int nr = 0;
     int rc = kv_pick_methods("run", s[0], s + 1, n - 1, runs, 16, &nr);
     free(buf);

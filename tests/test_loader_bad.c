@@ -211,7 +211,7 @@ int test_loader_long_paths(void) {
 }
 
 /* ---- 3: resource bombs ---- */
-static hsize_t bomb_chunk = 4096;
+static hsize_t bomb_chunk = 256;
 static void huge_t_unwritten(hid_t f, hid_t l, hid_t g) {
     (void)l;
     long long big = 4194304;
@@ -250,16 +250,33 @@ static void huge_chunk(hid_t f, hid_t l, hid_t g) {
     H5Dclose(d); H5Pclose(pl); H5Sclose(sp);
 }
 
+static void gzip_bomb(hid_t f, hid_t l, hid_t g) {
+    (void)f; (void)l;
+    H5Ldelete(g, "v", H5P_DEFAULT);
+    hsize_t dims[3] = {HKV, T, D}, maxd[3] = {H5S_UNLIMITED, H5S_UNLIMITED, H5S_UNLIMITED}, ch[3] = {1, 4096, D};
+    hid_t sp = H5Screate_simple(3, dims, maxd), pl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(pl, 3, ch); /* 64 KiB chunks, within the 1 MiB allowance over the dataset */
+    H5Pset_deflate(pl, 1);
+    hid_t d = H5Dcreate2(g, "v", H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    hsize_t off[3] = {0, 0, 0};
+    const char raw[10] = {0x78, 0x9c}; /* 10 bytes claimed to inflate to 64 KiB: more than gzip can */
+    H5Dwrite_chunk(d, H5P_DEFAULT, 0, off, sizeof raw, raw);
+    H5Dclose(d); H5Pclose(pl); H5Sclose(sp);
+}
+
 int test_loader_resource_bombs(void) {
     spec s = {.tweak = huge_t_unwritten};
-    /* 2048 chunks declared: more than the file could index */
-    if (expect("huge-t.h5", &s, "/layers/L1/q: declares 2048 chunks, more than a")) return KV_TEST_FAIL;
+    /* 32768 chunks declared: more than the file could index */
+    if (expect("huge-t.h5", &s, "/layers/L1/q: declares 32768 chunks, more than a")) return KV_TEST_FAIL;
     bomb_chunk = 1 << 20; /* 8 chunks: indexable, but none stored */
     if (expect("huge-t2.h5", &s, "/layers/L1/q: 0 of its 8 chunks are stored")) return KV_TEST_FAIL;
     struct stat sb;
     CHECK(stat(tp("huge-t.h5"), &sb) == 0 && sb.st_size < 100000, "the bomb is small: %lld bytes", (long long)sb.st_size);
     s.tweak = contiguous_unwritten;
     if (expect("unwritten.h5", &s, "/layers/L1/k: declares 128 bytes but stores no data")) return KV_TEST_FAIL;
+    s.tweak = gzip_bomb;
+    if (expect("gzip-bomb.h5", &s, "/layers/L1/v: declares 65536 bytes in chunks that store only 10 bytes, beyond "
+                                   "gzip's maximum ratio")) return KV_TEST_FAIL;
     s.tweak = huge_chunk;
     if (expect("huge-chunk.h5", &s, "/layers/L1/v: chunks of 1073741824 bytes ([1, 67108864, 4]) are larger than the "
                                     "whole dataset (128 bytes)")) return KV_TEST_FAIL;

@@ -16,7 +16,7 @@ art=build-fuzz/artifacts-$target
 corp=tests/corpus/$target
 mkdir -p "$corp"
 touch "$corp/SIGNATURES"
-export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0
+export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
 new=0 seen=0 ours=0
 for a in "$art"/*; do
     [ -f "$a" ] || continue
@@ -34,9 +34,15 @@ for a in "$art"/*; do
     frames=$(grep -E '^ +#[0-9]+ 0x[0-9a-f]+ in ' <<<"$out" | grep -v 'libc\.so' \
              | sed -E 's/.* in ([^ ]+).*/\1/' \
              | grep -vE '^(__|fuzzer::|LLVMFuzzer|malloc|calloc|realloc|free|abort|raise|_start|main$)' | head -3 | tr '\n' ' ')
-    sig="$kind | $frames"
+    ub=$(grep -oE '[^ ]+:[0-9]+:[0-9]+: runtime error: [^(]*' <<<"$out" | head -1) # UBSan: where and what
+    [ -n "$ub" ] && frames="${ub%%:*} $frames"
+    sig="$kind | ${ub:+$ub | }$frames"
     first=$(awk '{print $1}' <<<"$frames")
-    case "$first" in H5*|"") where=libhdf5 ;; *) where=kvbench; ours=$((ours + 1)); echo "KVBENCH CODE: $a: $sig" ;; esac
+    case "$kind:$first" in
+    *out-of-memory*) where=oom ;; # RSS over the limit: the stack shown is the fuzzer's, not the culprit's
+    *:H5*|*:) where=libhdf5 ;;
+    *) where=kvbench; ours=$((ours + 1)); echo "KVBENCH CODE: $a: $sig" ;;
+    esac
     if grep -qF -- "$sig" "$corp/SIGNATURES"; then seen=$((seen + 1)); continue; fi
     name=$where-$(sha1sum "$a" | cut -c1-10)
     ext=; [ "$target" = loader ] && ext=.h5
