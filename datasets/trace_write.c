@@ -14,7 +14,7 @@
 #include "kv_trace.h"
 
 struct kv_trace_writer {
-    char path[1024], tmp[1100];
+    char path[KV_PATH_MAX], tmp[KV_PATH_MAX + 32]; /* tmp: path + ".tmp.<pid>" */
     kv_trace_spec spec;
     hid_t file, layer, dq, dk, dv, ftype;
     uint16_t *hbuf;
@@ -53,6 +53,9 @@ static int put_str(hid_t obj, const char *name, const char *s) {
 
 kv_status kv_trace_writer_open(const char *path, const kv_trace_spec *s, kv_trace_writer **out) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (strlen(path) >= KV_PATH_MAX - 24) /* never cut: a cut name is another file */
+        return kv_fail(KV_ERR_INPUT, "%.200s...: output path is %zu characters long; at most %d are accepted",
+                       path, strlen(path), KV_PATH_MAX - 25);
     kv_trace_writer *w = kv_calloc(1, sizeof *w, "trace writer");
     if (!w) return KV_ERR_NOMEM;
     snprintf(w->path, sizeof w->path, "%s", path);

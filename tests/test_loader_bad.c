@@ -202,10 +202,25 @@ int test_loader_long_paths(void) {
     static kv_trace_info in;
     CHECK_OK(open_load(path, &in)); /* the old reader cut in->path at 1023 characters and failed (or read another file) */
     CHECK(!strcmp(in.path, path), "path kept whole (%zu characters)", strlen(path));
+    /* the writer (synth, slice) at the same length, and refusing what it cannot write whole */
+    char wpath[2100];
+    snprintf(wpath, sizeof wpath, "%s/w.h5", dir);
+    kv_trace_spec ws = {.model = "m", .description = "d", .rope = "none", .head_dim = 2, .num_q_heads = 1,
+                        .num_kv_heads = 1, .num_tokens = 2, .prefill_len = 1, .softmax_scale = 1, .chunk_tokens = 2};
+    kv_trace_writer *w = NULL;
+    float x[4] = {1, 2, 3, 4};
+    CHECK_OK(kv_trace_writer_open(wpath, &ws, &w));
+    CHECK_OK(kv_trace_writer_layer(w, 0, 0));
+    CHECK_OK(kv_trace_writer_rows(w, 0, 2, x, x, NULL));
+    CHECK_OK(kv_trace_writer_close(w, 1));
+    CHECK_OK(kv_trace_open(wpath, &in));
     static char huge[KV_PATH_MAX + 100];
     memset(huge, 'p', sizeof huge - 1);
     kv_status st = kv_trace_open(huge, &in);
     CHECK(st == KV_ERR_INPUT && strstr(kv_last_error(), "trace path is 4195 characters long; at most 4095"), "%s",
+          kv_last_error());
+    st = kv_trace_writer_open(huge, &ws, &w);
+    CHECK(st == KV_ERR_INPUT && strstr(kv_last_error(), "output path is 4195 characters long; at most 4071"), "%s",
           kv_last_error());
     return KV_TEST_PASS;
 }
