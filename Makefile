@@ -161,7 +161,7 @@ FUZZ_SRCS := $(filter-out cli/main.c,$(wildcard kernels/*.c kernels/*/*.c datase
 FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_LIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -lz -ldl -lm -lpthread
 FUZZ_ENV := ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
-FUZZ_RUN := -max_len=65536 -timeout=10 -rss_limit_mb=2560 -fork=1 -ignore_crashes=1 -ignore_timeouts=1 \
+FUZZ_RUN := -max_len=65536 -timeout=5 -rss_limit_mb=2560 -fork=1 -ignore_crashes=1 -ignore_timeouts=1 \
             -ignore_ooms=1 -print_final_stats=1
 
 $(FUZZ_BUILD)/%.o: %.c

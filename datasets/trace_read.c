@@ -230,7 +230,8 @@ static kv_status check_file(const char *path, kv_trace_info *in) {
         return BAD("%.200s...: trace path is %zu characters long; at most %zu are accepted", path, len, sizeof in->path - 1);
     memcpy(in->path, path, len + 1);
     struct stat sb;
-    if (stat(path, &sb) != 0) return BAD("%s: no such file (%s)", path, strerror(errno));
+    if (stat(path, &sb) != 0)
+        return errno == ENOENT ? BAD("%s: no such file", path) : BAD("%s: cannot access: %s", path, strerror(errno));
     if (!S_ISREG(sb.st_mode))
         return BAD("%s: expected a regular file, found %s", path, S_ISDIR(sb.st_mode) ? "a directory"
                    : S_ISFIFO(sb.st_mode) ? "a named pipe" : S_ISCHR(sb.st_mode) ? "a character device"

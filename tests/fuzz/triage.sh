@@ -20,7 +20,7 @@ export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=pri
 new=0 seen=0 ours=0
 for a in "$art"/*; do
     [ -f "$a" ] || continue
-    out=$(timeout 60 "$bin" -timeout=10 -rss_limit_mb=2560 -runs=1 "$a" 2>&1)
+    out=$(timeout 60 "$bin" -timeout=5 -rss_limit_mb=2560 -runs=1 "$a" 2>&1)
     kind=$(grep -oE 'ERROR: (AddressSanitizer|UndefinedBehaviorSanitizer|libFuzzer): [A-Za-z-]+|runtime error|timeout after' <<<"$out" | head -1)
     if [ -z "$kind" ]; then # depends on state left by earlier inputs: kept whole if the binary refuses it cleanly
         [ "$target" = loader ] || { echo "no longer reproduces: $a"; continue; }
@@ -47,7 +47,7 @@ for a in "$art"/*; do
     [ "$where" = kvbench ] && echo "KVBENCH CODE (a kvbench bug to fix): $a: $sig"
     name=$where-$(sha1sum "$a" | cut -c1-10)
     ext=; [ "$target" = loader ] && ext=.h5
-    timeout $((secs + 60)) "$bin" -minimize_crash=1 -timeout=10 -max_total_time="$secs" \
+    timeout $((secs + 60)) "$bin" -minimize_crash=1 -timeout=5 -max_total_time="$secs" \
         -exact_artifact_path="$corp/$name$ext" "$a" >/dev/null 2>&1
     [ -s "$corp/$name$ext" ] || cp "$a" "$corp/$name$ext"
     printf '%s\t%s\n' "$name$ext" "$sig" >>"$corp/SIGNATURES"
