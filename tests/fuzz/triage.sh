@@ -1,6 +1,6 @@
 #!/bin/bash
 # triage.sh: sorts what `make fuzz` found into the regression corpora.
-# usage: tests/fuzz/triage.sh [loader|cli] [MINIMISE_SECONDS]   (from the repository root, after make fuzz)
+# usage: tests/fuzz/triage.sh [loader|cli] [MINIMISE_SECONDS] [ARTIFACT_DIR]   (from the repository root, after make fuzz)
 # For each artifact in build-fuzz/artifacts-<target>/: reproduce it with the
 # fuzz binary and take its signature (crash kind + the first three frames
 # outside the sanitizer runtime); where that frame is kvbench's own code
@@ -12,7 +12,7 @@ set -u
 target=${1:-loader}
 secs=${2:-30}
 bin=$PWD/build-fuzz/fuzz_$target
-art=build-fuzz/artifacts-$target
+art=${3:-build-fuzz/artifacts-$target}
 corp=tests/corpus/$target
 mkdir -p "$corp"
 touch "$corp/SIGNATURES"
