@@ -254,7 +254,16 @@ static kv_status open_child(void *arg, void *out) {
 /* Seconds the reader child may take: a few for any small file, more for big ones. */
 static double child_timeout(long long bytes) { return 5.0 + (double)bytes / 20e6; }
 
+/* KVBENCH_LOADER_IN_PROCESS=1: no reader child (to measure what the
+ * isolation costs, or to debug the library in process); a crash of
+ * libhdf5 then takes kvbench down with it. */
+static int in_process(void) {
+    const char *e = getenv("KVBENCH_LOADER_IN_PROCESS");
+    return e && !strcmp(e, "1");
+}
+
 kv_status kv_trace_open(const char *path, kv_trace_info *in) {
+    if (in_process()) return kv_trace_open_direct(path, in);
     KV_TRY(check_file(path, in));
     return kv_isolated(in->path, "reading it", child_timeout(in->file_bytes), (size_t)1 << 30, open_child, in, in,
                        sizeof *in);
@@ -400,6 +409,7 @@ static kv_status load_consume(int fd, void *arg) {
 }
 
 kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
+    if (in_process()) return kv_trace_load_layer_direct(in, layer, L);
     KV_TRY(layer_alloc(in, layer, L));
     load_arg a = {in, layer, L};
     size_t scratch = (size_t)in->num_tokens * in->head_dim * 6 + 65536 * 4;
@@ -456,6 +466,7 @@ static kv_status tokens_consume(int fd, void *arg) {
 }
 
 kv_status kv_trace_load_tokens(const kv_trace_info *in, int **tokens) {
+    if (in_process()) return kv_trace_load_tokens_direct(in, tokens);
     *tokens = NULL;
     if (!in->has_tokens) return KV_OK;
     tok_sink s = {kv_malloc((size_t)in->num_tokens * sizeof(int), "token ids"), (size_t)in->num_tokens * sizeof(int)};
