@@ -88,7 +88,16 @@ kv_status kv_isolated_stream(const char *path, const char *what, double timeout_
     size_t vm = current_vm_bytes();
     fflush(stdout);
     fflush(stderr);
+    /* the parent's cleanup handlers (SIGINT/SIGTERM/SIGHUP) must never run in
+     * the child: block them across fork, the child resets them first */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &old);
     pid_t pid = fork();
+    if (pid != 0) sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
         kv_shared_free(blk, total);
         if (consume) { close(pfd[0]); close(pfd[1]); }
@@ -142,6 +151,10 @@ kv_status kv_isolated_stream(const char *path, const char *what, double timeout_
     } else if (r == pid && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGALRM) {
         st = kv_fail(KV_ERR_INPUT, "%s: corrupt or unreadable HDF5 metadata (%s did not finish within %.0f s: "
                      "the HDF5 library hangs on this file)", path, what, timeout_s < 1 ? 1 : timeout_s);
+    } else if (r == pid && WIFSIGNALED(ws) && (WTERMSIG(ws) == SIGKILL || WTERMSIG(ws) == SIGINT ||
+                                               WTERMSIG(ws) == SIGTERM || WTERMSIG(ws) == SIGHUP)) {
+        st = kv_fail(KV_ERR_INTERNAL, "%s: the trace reader process was killed while %s (%s, signal %d)", path,
+                     what, strsignal(WTERMSIG(ws)), WTERMSIG(ws));
     } else if (r == pid && WIFSIGNALED(ws)) {
         st = kv_fail(KV_ERR_INPUT, "%s: corrupt or unreadable HDF5 metadata (%s crashed the HDF5 library: %s, "
                      "signal %d)", path, what, strsignal(WTERMSIG(ws)), WTERMSIG(ws));
