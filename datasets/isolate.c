@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -96,7 +97,7 @@ kv_status kv_isolated_stream(const char *path, const char *what, double timeout_
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGHUP);
     sigprocmask(SIG_BLOCK, &block, &old);
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid != 0) sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
         kv_shared_free(blk, total);
@@ -113,6 +114,8 @@ kv_status kv_isolated_stream(const char *path, const char *what, double timeout_
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphan reader when the parent is killed */
+        if (getppid() != parent) _exit(1); /* it died before prctl */
         if (consume) close(pfd[0]);
 #ifndef KV_ASAN
         if (vm) {
