@@ -24,6 +24,14 @@ extern char kv_test_reason[512];
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
     X(loader_float32_and_gzip, 0)                          \
+    X(loader_string_attr_arrays, 0)                        \
+    X(loader_long_paths, 0)                                \
+    X(loader_resource_bombs, 0)                            \
+    X(loader_types_and_names, KV_NEEDS_SUBPROCESS)         \
+    X(loader_messages, 0)                                  \
+    X(loader_corpus, 0)                                    \
+    X(cli_corpus, KV_NEEDS_SUBPROCESS)                     \
+    X(cli_fuzz_corpus, 0)                                  \
     X(synth_deterministic, 0)                              \
     X(exact_matches_brute_force, 0)                        \
     X(protocol_hand_case, 0)                               \
