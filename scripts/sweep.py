@@ -190,7 +190,7 @@ def load_config(path, kvbench):
         raise ConfigError(f"{path}:{line_of(text, 'sweep', 'layers')}: [sweep] layers: expected \"all\" or a list "
                           f"of names, found {layers!r}")
     for key in ("seeds", "seed", "layers_per_job"):
-        v = sw.get(key, 0)
+        v = sw.get(key, 1 if key == "seeds" else 0)
         if not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "seeds" else 0):
             raise ConfigError(f"{path}:{line_of(text, 'sweep', key)}: [sweep] {key}: expected an integer >= "
                               f"{1 if key == 'seeds' else 0}, found {v!r}")

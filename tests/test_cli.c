@@ -292,3 +292,31 @@ int test_ablate_script(void) {
     CHECK(rc == 0, "tests/test_ablate.py exit %d:\n%s\n%s", rc, out, err);
     return KV_TEST_PASS;
 }
+
+/* issue 11: several budgets/layers/seeds in one run vs the single runs, and scripts/sweep.py (tests/test_sweep.py) */
+int test_run_multi_k_layer_seed_equals_single(void) {
+    int rc = sh("KVBENCH_BIN=%s python3 tests/test_sweep.py multi", kv_test_bin());
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py multi exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+int test_sweep_script(void) {
+    int rc = sh("KVBENCH_BIN=%s python3 tests/test_sweep.py sweep", kv_test_bin());
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py sweep exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+/* the Slurm backend on a single-node cluster the test starts itself (tests/test_slurm.py; exit 77 = skip) */
+int test_sweep_slurm_array(void) {
+    int rc = sh("KVBENCH_BIN=%s timeout 900 python3 tests/test_slurm.py", kv_test_bin());
+    if (rc == 77) {
+        char *why = strstr(out, "skipped: ");
+        kv_test_skip_reason("%s", why ? why + 9 : "tests/test_slurm.py skipped");
+        return KV_TEST_SKIP;
+    }
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_slurm.py exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
