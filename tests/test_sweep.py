@@ -96,9 +96,14 @@ with tempfile.TemporaryDirectory() as tmp:
         check({r["layer"] for r in prof} == {"L0", "L1", "L2"} and len(m["budget_profile"]) == 3, "profile per layer")
         for r in prof:  # tokens needed grow with p within a window
             pass
+        info = kv("info", "--profile", syn, "--layer", "all", "--stride", "16").stdout
         for b in m["budget_profile"]:
             t = b["tokens_mean"]
             check(all(t[i] <= t[i + 1] for i in range(4)), f"profile {b['layer']} not monotone in p: {t}")
+            part = info.split(f"layer {b['layer']}:")[1]
+            row = [l for l in part.splitlines() if l.split()[:1] == ["all"]][0].split()
+            got = [float(row[2 + 2 * j]) for j in range(5)]
+            check(got == [round(x, 1) for x in t], f"info --profile {b['layer']}: {got}, run's summary.json {t}")
 
     if PART in ("sweep", "all"):
         # 2. a tiny grid on the demo trace == the individual runs
