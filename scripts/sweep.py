@@ -19,13 +19,15 @@ The config (every key is checked; an unknown one is an error naming its line):
     seeds = 1                 # seeded methods (those with a `seed` parameter) run seeds seed..seed+N-1
     seed = 0
     layers_per_job = 0        # 0: all layers of a trace in one kvbench process
+    group = "point"           # "point": grid point j of every method in one process (one oracle for all);
+                              # "method": one process per method and point (more parallel, oracle per process)
     [protocol]                # kvbench run options: sink, local, stride, max_steps, window, device, threads
     stride = 16
     [methods.quest]           # a method (kvbench list) and its parameters; a list is a grid axis
     page = [8, 16, 32]
     [methods.exact]
 
-Expansion: per trace, method m's grid points (the cartesian product of its list
+Expansion (group = "point", the default): per trace, method m's grid points (the cartesian product of its list
 values) are numbered 0..n_m-1; kvbench process j runs every method that has a
 point j, with that point's parameters, at every layer, budget and seed, so the
 oracle is shared by all of them. A process is keyed by a hash of its full
@@ -65,7 +67,7 @@ import time
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SWEEP_KEYS = {"traces", "layers", "k", "seeds", "seed", "layers_per_job", "out"}
+SWEEP_KEYS = {"traces", "layers", "k", "seeds", "seed", "layers_per_job", "out", "group"}
 PROTOCOL_KEYS = {"sink": int, "local": int, "stride": int, "max_steps": int, "window": int, "device": str,
                  "threads": int}
 RESULT_COLUMNS = ["trace", "layer", "method", "params", "k", "k_effective", "seed", "seeded", "recall", "recall_p10",
@@ -194,6 +196,9 @@ def load_config(path, kvbench):
         if not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "seeds" else 0):
             raise ConfigError(f"{path}:{line_of(text, 'sweep', key)}: [sweep] {key}: expected an integer >= "
                               f"{1 if key == 'seeds' else 0}, found {v!r}")
+    if sw.get("group", "point") not in ("point", "method"):
+        raise ConfigError(f"{path}:{line_of(text, 'sweep', 'group')}: [sweep] group: expected \"point\" or "
+                          f"\"method\", found {sw['group']!r}")
     if not methods:
         raise ConfigError(f"{path}: no [methods.NAME] table: nothing to run")
     specs = method_specs(kvbench)
@@ -226,7 +231,7 @@ def load_config(path, kvbench):
         files += [h for h in hits if h not in files]
     return {"path": path, "traces": files, "layers": layers, "k": sorted(ks), "seeds": sw.get("seeds", 1),
             "seed": sw.get("seed", 0), "layers_per_job": sw.get("layers_per_job", 0), "protocol": proto,
-            "grids": grids, "out": sw.get("out")}
+            "grids": grids, "out": sw.get("out"), "group": sw.get("group", "point")}
 
 
 # ---- expansion into kvbench processes ----------------------------------------------------------------------
@@ -271,9 +276,12 @@ def expand(cfg, kvbench):
         per = cfg["layers_per_job"] or len(layers)
         chunks = [layers[i:i + per] for i in range(0, len(layers), per)]
         st = os.stat(trace)
-        n_slots = max(len(g) for g in cfg["grids"].values())
-        for slot in range(n_slots):
-            methods = [(m, g[slot]) for m, g in cfg["grids"].items() if slot < len(g)]
+        if cfg["group"] == "method":  # one process per (method, point): most parallel, the oracle per process
+            groups = [[(m, p)] for m, g in cfg["grids"].items() for p in g]
+        else:  # point j of every method in one process: the oracle shared by all of them
+            n_slots = max(len(g) for g in cfg["grids"].values())
+            groups = [[(m, g[j]) for m, g in cfg["grids"].items() if j < len(g)] for j in range(n_slots)]
+        for methods in groups:
             for chunk in chunks:
                 ident = {"trace": os.path.abspath(trace), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                          "layers": chunk, "k": cfg["k"], "seeds": cfg["seeds"], "seed": cfg["seed"],

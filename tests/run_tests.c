@@ -83,6 +83,7 @@ extern char kv_test_reason[512];
     X(run_multi_k_layer_seed_equals_single, KV_NEEDS_SUBPROCESS) \
     X(sweep_script, KV_NEEDS_SUBPROCESS)                   \
     X(sweep_slurm_array, KV_NEEDS_SUBPROCESS)              \
+    X(pareto_front_hand_case, KV_NEEDS_SUBPROCESS)         \
     X(gpu_oracle_nonfinite_scores, KV_NEEDS_GPU)           \
     X(cli_option_errors, KV_NEEDS_SUBPROCESS)              \
     X(cli_help_and_info, KV_NEEDS_SUBPROCESS)              \

@@ -320,3 +320,11 @@ int test_sweep_slurm_array(void) {
     CHECK(rc == 0, "tests/test_slurm.py exit %d:\n%s\n%s", rc, out, err);
     return KV_TEST_PASS;
 }
+
+/* the Pareto front of a hand-made point set, log interpolation, AUC (scripts/pareto.py) */
+int test_pareto_front_hand_case(void) {
+    int rc = sh("python3 tests/test_sweep.py pareto");
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py pareto exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
