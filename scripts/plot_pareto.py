@@ -69,7 +69,7 @@ def main():
                             alpha=0.45, elinewidth=0.9, capsize=1.5, linestyle="none")
                 front = pareto.front_curve(pos, ccol, mcol, higher)
                 ax.plot([c for c, _ in front], [q for _, q in front], color=color, marker=marker, markersize=5.5,
-                        linewidth=1.8, drawstyle="steps-post" if False else "default")
+                        linewidth=1.8)
             ax.set_xscale("log")
             ax.grid(True, which="major", alpha=0.3)
             ax.grid(True, which="minor", alpha=0.1)
@@ -83,7 +83,8 @@ def main():
     title = a.title or f"{pareto.METRICS[a.metric][1]} against cost: each method's points (all k and parameters; " \
                        f"error bars: std over seeds) and its Pareto front"
     if dropped:
-        title += "\nnot on the log axes (cost 0): " + ", ".join(sorted({f"{m} ({c})" for m, c in dropped}))
+        title += "\npoints at cost 0 (no room on a log axis) left out: " + \
+            ", ".join(sorted({f"{m} ({c})" for m, c in dropped}))
     fig.suptitle(title, fontsize=10)
     out = a.out or os.path.join(a.sweeps[0] if os.path.isdir(a.sweeps[0]) else os.path.dirname(a.sweeps[0]),
                                 f"pareto-{a.metric}.png")
