@@ -91,7 +91,8 @@ static int parse_run(int argc, char **argv, run_opts *o) {
             if (o->n_params >= 64) return kv_usage_error("run", "too many --param options (64 at most)");
             o->params[o->n_params++] = optarg;
             break;
-        case 'k':
+        case 'k': /* one budget keeps kv_opt_int's message; a list is checked item by item */
+            if (!strchr(optarg, ',')) { o->nk = 1; bad = kv_opt_int("run", "k", optarg, 1, big, &o->ks[0]); break; }
             o->nk = kv_opt_int_list("run", "k", optarg, 1, big, o->ks, MAX_KS);
             if (o->nk < 0) return 2;
             break;

@@ -184,7 +184,8 @@ int test_e2e_demo_trace(void) {
     FILE *f = fopen(p, "r");
     CHECK(f, "drift.csv written");
     char line[4096];
-    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,params,window,step_start,step_end,recall_mean,", 52), "drift header");
+    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,params,layer,k,seed,window,step_start,step_end,recall_mean,", 65),
+          "drift header: %s", line);
     fclose(f);
     kv_trace_info in;
     CHECK_OK(kv_trace_open(DEMO, &in));
@@ -203,6 +204,8 @@ int test_e2e_demo_trace(void) {
         char *c = strchr(line, ',');
         if (!c) break;
         snprintf(method, sizeof method, "%.*s", (int)(c - line), line);
+        for (int i = 0; i < 3 && c; i++) c = strchr(c + 1, ','); /* layer, k, seed (issue 11) */
+        if (!c) { bad++; continue; }
         if (sscanf(c + 1, "%d,%d,%lf,%lf,", &step, &head, &recall, &recall_sel) != 4) { bad++; continue; }
         char *fld = c + 1; /* fields: step head recall recall_sel cand mass outerr ... */
         for (int i = 0; i < 5; i++) fld = strchr(fld, ',') + 1;
