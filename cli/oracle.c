@@ -50,25 +50,42 @@ static int desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-void kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted, int *out) {
+int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
+                    int n_sorted, int *out) {
     int lo = sink, hi = t + 1 - local, n = hi > lo ? hi - lo : 0;
     double cum = 0;
     for (int i = 0; i < t + 1; i++)
         if (i < lo || i >= hi) cum += exp((double)s[i] - m); /* sink and local: attended at any budget */
     int j = 0;
     for (int p = 0; p < KV_NPROFILE; p++) {
-        while (j < n && cum < kv_profile_p[p] * Z) cum += exp((double)sorted[j++] - m);
+        while (j < n && cum < kv_profile_p[p] * Z) {
+            if (j == n_sorted) return 1; /* needs more of the order than the caller sorted */
+            cum += exp((double)sorted[j++] - m);
+        }
         out[p] = j;
     }
+    return 0;
 }
+
+/* The region's top part that is sorted first: every budget, and (on real
+ * traces) the tokens the profile's p = 0.99 needs; a head that needs more
+ * gets its whole region sorted. Sorting everything at every step would cost
+ * O(n log n) per head where selection is O(n). */
+#define KV_PROFILE_FIRST 512
 
 /* Thresholds and origin counts of every budget, and the profile, for head
  * h from its host scores s[0..t] (m, Z: the softmax's, in double). */
 static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, double Z) {
     int lo = o->sink, hi = t + 1 - o->local, n = hi > lo ? hi - lo : 0, Hq = o->L->Hq;
     float *srt = o->sorted + (size_t)h * o->L->T;
-    if (n > 0) memcpy(srt, s + lo, (size_t)n * sizeof(float));
-    qsort(srt, (size_t)n, sizeof(float), desc);
+    int kmax = 0;
+    for (int b = 0; b < o->nk; b++) kmax = o->ks[b] > kmax ? o->ks[b] : kmax;
+    int top = kmax > KV_PROFILE_FIRST ? kmax : KV_PROFILE_FIRST;
+    if (top > n) top = n;
+    /* the top `top` scores of the region in srt[0, top) (quickselect partitions around the top-th), sorted */
+    if (top > 0 && top < n) kv_kth_largest_ref(s + lo, n, top, srt);
+    else if (n > 0) memcpy(srt, s + lo, (size_t)n * sizeof(float));
+    qsort(srt, (size_t)top, sizeof(float), desc);
     for (int b = 0; b < o->nk; b++) {
         int kk = o->ks[b] < n ? o->ks[b] : n, npre = 0, ngen = 0;
         float thr = kk > 0 ? srt[kk - 1] : INFINITY;
@@ -78,7 +95,11 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
         o->ntop_all[(size_t)b * 2 * Hq + h] = npre;
         o->ntop_all[(size_t)b * 2 * Hq + Hq + h] = ngen;
     }
-    if (o->profile) kv_profile_head(s, t, o->sink, o->local, m, Z, srt, o->res.budget + (size_t)h * KV_NPROFILE);
+    int *bud = o->res.budget + (size_t)h * KV_NPROFILE;
+    if (o->profile && kv_profile_head(s, t, o->sink, o->local, m, Z, srt, top, bud)) {
+        qsort(srt + top, (size_t)(n - top), sizeof(float), desc); /* the rest is below every one of the top */
+        kv_profile_head(s, t, o->sink, o->local, m, Z, srt, n, bud);
+    }
 }
 
 kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,

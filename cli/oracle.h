@@ -47,9 +47,11 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
 void kv_oracle_view(const kv_oracle *o, int i, kv_oracle_out *res);
 /* The profile of one head from its scores s[0..t] (t = the step), with
  * m = max s and Z = sum exp(s - m): out[j] for kv_profile_p[j]. `sorted`
- * holds the region [sink, t+1-local) in descending order. Shared by the
- * oracle and by `kvbench info --profile`. */
-void kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted, int *out);
+ * holds the n_sorted largest scores of the region [sink, t+1-local) in
+ * descending order; returns 1 (out incomplete) when some p needs more of
+ * them, else 0. */
+int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
+                    int n_sorted, int *out);
 /* Names the trace and layer in error messages (optional). */
 void kv_oracle_set_context(kv_oracle *o, const char *path, const char *layer);
 /* Computes step t for queries q [Hq][D]; fills `res` (buffers owned by the

@@ -80,6 +80,7 @@ extern char kv_test_reason[512];
     X(oracle_nonfinite_scores, 0)                          \
     X(profile_hand_case, 0)                                \
     X(profile_brute_force, 0)                              \
+    X(profile_long_regions, 0)                             \
     X(gpu_oracle_multi_k_profile_matches_cpu, KV_NEEDS_GPU) \
     X(run_multi_k_layer_seed_equals_single, KV_NEEDS_SUBPROCESS) \
     X(sweep_script, KV_NEEDS_SUBPROCESS)                   \

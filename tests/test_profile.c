@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../cli/oracle.h"
+#include "../kernels/ops/score.h"
 #include "kv_test.h"
 
 /* D = 1, one kv head, one query head q = 1, scale 1, T = 6, S = 1, W = 2;
@@ -75,11 +76,8 @@ int test_profile_brute_force(void) {
             kv_oracle_out res, r1, rv;
             CHECK_OK(kv_oracle_step(o, t, q, &res));
             for (int h = 0; h < HQ; h++) {
-                for (int i = 0; i <= t; i++) {
-                    double d = 0;
-                    for (int j = 0; j < D; j++) d += (double)q[h * D + j] * K[((size_t)(h / 2) * T + i) * D + j];
-                    s[i] = (float)(d * 0.5);
-                }
+                /* the scores as the oracle's scoring primitive computes them: this test is about what follows */
+                kv_scores_ref(q + h * D, K + (size_t)(h / 2) * T * D, t + 1, D, 0.5f, s);
                 for (int p = 0; p < KV_NPROFILE; p++) {
                     int want = brute(s, t, S, W, kv_profile_p[p]), got = res.budget[h * KV_NPROFILE + p];
                     CHECK(got == want, "trial %d step %d head %d p=%g: %d tokens, brute force %d", trial, t, h,
@@ -151,5 +149,68 @@ int test_gpu_oracle_multi_k_profile_matches_cpu(void) {
     }
     kv_oracle_destroy(c); kv_oracle_destroy(g); kv_oracle_destroy(g1);
     free(L.k); free(L.v); free(L.q);
+    return KV_TEST_PASS;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Regions of ~1500 tokens with near-uniform attention, where p = 0.99 needs
+ * more than the 512 tokens the oracle sorts first (its fallback sorts the
+ * rest): every entry against a full sort of the region done here, and a
+ * uniform layer (all scores 0) against the count by hand:
+ * smallest c with sink + local + c >= p (t + 1). */
+int test_profile_long_regions(void) {
+    enum { T = 1600, D = 16, HQ = 2, S = 4, W = 64 };
+    kv_layer L = {.Hq = HQ, .Hkv = 1, .T = T, .D = D};
+    L.k = calloc((size_t)T * D, sizeof(float));
+    L.q = calloc((size_t)HQ * T * D, sizeof(float));
+    float *s = malloc(sizeof(float) * T), *srt = malloc(sizeof(float) * T), q[HQ * D];
+    unsigned seed = 5;
+    int ks[2] = {16, 700};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            for (int i = 0; i < T * D; i++) L.k[i] = (float)((rand_r(&seed) % 2001) - 1000) / 4000.f;
+        kv_oracle *o;
+        CHECK_OK(kv_oracle_create_ks(&L, 1.0f, S, W, ks, 2, 800, 0, 1, &o));
+        int beyond = 0;
+        for (int t = 1400; t < T; t += 50) {
+            for (int i = 0; i < HQ * D; i++) q[i] = (float)((rand_r(&seed) % 2001) - 1000) / 1000.f;
+            kv_oracle_out res;
+            CHECK_OK(kv_oracle_step(o, t, q, &res));
+            for (int h = 0; h < HQ; h++) {
+                int lo = S, hi = t + 1 - W, n = hi - lo;
+                double m = -INFINITY, Z = 0, base = 0;
+                kv_scores_ref(q + h * D, L.k, t + 1, D, 1.0f, s);
+                for (int i = 0; i <= t; i++) m = s[i] > m ? s[i] : m;
+                for (int i = 0; i <= t; i++) {
+                    Z += exp((double)s[i] - m);
+                    if (i < lo || i >= hi) base += exp((double)s[i] - m);
+                }
+                memcpy(srt, s + lo, (size_t)n * sizeof(float));
+                qsort(srt, (size_t)n, sizeof(float), cmp_desc);
+                for (int p = 0; p < KV_NPROFILE; p++) {
+                    int want = 0;
+                    if (pass == 0) while (want < n && S + W + want < kv_profile_p[p] * (t + 1)) want++;
+                    else {
+                        double cum = base;
+                        while (want < n && cum < kv_profile_p[p] * Z) cum += exp((double)srt[want++] - m);
+                    }
+                    int got = res.budget[h * KV_NPROFILE + p];
+                    beyond += got > 512;
+                    CHECK(got == want, "%s: step %d head %d p=%g: %d tokens, want %d", pass ? "random" : "uniform", t,
+                          h, kv_profile_p[p], got, want);
+                }
+                CHECK(res.thr[h] == srt[ks[0] - 1], "step %d head %d: k=%d threshold %g, want %g", t, h, ks[0],
+                      res.thr[h], srt[ks[0] - 1]);
+            }
+        }
+        CHECK(beyond > 0, "%s: no entry above the 512 tokens sorted first: the fallback went untested",
+              pass ? "random" : "uniform");
+        kv_oracle_destroy(o);
+    }
+    free(L.k); free(L.q); free(s); free(srt);
     return KV_TEST_PASS;
 }
