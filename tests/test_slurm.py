@@ -54,11 +54,11 @@ def ensure_packages():
     print("test_slurm: installing slurm-wlm and munge with apt-get (a few minutes at most)", flush=True)
     try:
         r = subprocess.run(["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"], env=env, capture_output=True,
-                           text=True, timeout=480)
+                           text=True, timeout=300)
         if r.returncode != 0:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=240)
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=180)
             r = subprocess.run(["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"], env=env, capture_output=True,
-                               text=True, timeout=480)
+                               text=True, timeout=300)
     except subprocess.TimeoutExpired:
         skip("apt-get install slurm-wlm munge did not finish within its time limit")
     have = which_all()
