@@ -356,35 +356,33 @@ static void render_table(kv_results_acc *acc, const kv_run_meta *mt, const kv_me
     for (int i = 0; i < n_runs; i++) {
         const kv_method_run *r = &runs[i];
         int first = 1;
-        for (int j = 0; j < i; first &= !(runs[j].m == r->m && runs[j].k == r->k), j++) {}
+        for (int j = 0; j < i; j++) first &= !(runs[j].m == r->m && runs[j].k == r->k);
         if (!first) continue;
-        double sum[5] = {0}, sq[3] = {0}, cnt = 0;
-        kv_overall o0;
-        kv_overall_compute(r, &o0);
+        /* columns: recall, p10, sel, pre, gen, mass, out_err, budget, extra, search_us; sd of recall, mass, err */
+        double sum[10] = {0}, sq[10] = {0}, cnt = 0;
         for (int j = i; j < n_runs; j++) {
             if (runs[j].m != r->m || runs[j].k != r->k) continue;
             kv_overall o;
             kv_overall_compute(&runs[j], &o);
-            double v[3] = {o.recall, o.mass, o.outerr};
-            for (int x = 0; x < 3; x++) { sum[x] += v[x]; sq[x] += v[x] * v[x]; }
-            sum[3] += o.search_med_us;
-            sum[4] += o.n_sel;
+            double v[10] = {o.recall, o.recall_p10, o.recall_sel, o.recall_pre, o.recall_gen, o.mass, o.outerr,
+                            o.n_sel, o.n_extra, o.search_med_us};
+            for (int x = 0; x < 10; x++) { sum[x] += v[x]; sq[x] += v[x] * v[x]; }
             cnt++;
         }
-        double mean[3], dev[3];
-        for (int x = 0; x < 3; x++) {
+        double mean[10], dev[10];
+        for (int x = 0; x < 10; x++) {
             mean[x] = sum[x] / cnt;
             double var = cnt > 1 ? (sq[x] - cnt * mean[x] * mean[x]) / (cnt - 1) : 0;
             dev[x] = var > 0 ? sqrt(var) : 0;
         }
         fprintf(f, "%-12s %6s %6d %8.4f", r->m->name, r->layer, r->k, mean[0]);
         if (sd) fprintf(f, " %7.4f", dev[0]);
-        fprintf(f, " %8.4f %8.4f %8.4f %8.4f %8.4f", o0.recall_p10, o0.recall_sel, o0.recall_pre, o0.recall_gen, mean[1]);
-        if (sd) fprintf(f, " %7.4f", dev[1]);
-        fprintf(f, " %8.4f", mean[2]);
-        if (sd) fprintf(f, " %7.4f", dev[2]);
-        fprintf(f, " %8.1f %8.1f %10.1f %10.2f", sum[4] / cnt, o0.n_extra, sum[3] / cnt, r->index_bytes / 1e6);
-        if (sd) fprintf(f, "  %s", r->seeded ? "" : "(not seeded)");
+        fprintf(f, " %8.4f %8.4f %8.4f %8.4f %8.4f", mean[1], mean[2], mean[3], mean[4], mean[5]);
+        if (sd) fprintf(f, " %7.4f", dev[5]);
+        fprintf(f, " %8.4f", mean[6]);
+        if (sd) fprintf(f, " %7.4f", dev[6]);
+        fprintf(f, " %8.1f %8.1f %10.1f %10.2f", mean[7], mean[8], mean[9], r->index_bytes / 1e6);
+        if (sd && !r->seeded) fprintf(f, "  (not seeded)");
         fputc('\n', f);
     }
 }

@@ -8,7 +8,8 @@
  * sorted region gives every budget's threshold; a method instance is built
  * once per (layer, seed) and searches once per budget at each step (search
  * is a pure function of the state and k: the multi-budget run equals the
- * single runs, tests/test_sweep.py). A method is seeded when it has a
+ * single runs, tests/test_sweep.py; a method whose search changes its state
+ * declares search_updates_state and gets one instance per budget). A method is seeded when it has a
  * `seed` parameter; with --seeds N it runs as N instances with shape seeds
  * seed .. seed+N-1, every other method once. */
 #define _POSIX_C_SOURCE 200809L
@@ -156,14 +157,16 @@ static float *gather_prefix(const float *x, int H, int T, int D, int n) {
     return out;
 }
 
-/* A method instance: one built index, searched at every budget. */
+/* A method instance: one built index, searched at budgets b0 .. b0+nb-1
+ * (every budget, or one for a method whose search updates its state). */
 typedef struct {
     kv_method_run r;    /* m, ps, params, state, sel, on_gpu, build_s, append_s, index_bytes, seed */
-    int first_rec;      /* its records: recs[first_rec + b] for budget b */
+    int b0, nb;         /* its budgets */
+    int first_rec;      /* its records: recs[first_rec + b - b0] for budget b */
 } run_inst;
 
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
-static kv_status build_all(const kv_layer *L, int P, int kmax, run_inst *inst, int n_inst, const kv_shape *sh) {
+static kv_status build_all(const kv_layer *L, int P, const int *keff, run_inst *inst, int n_inst, const kv_shape *sh) {
     kv_prefill pre = {.n = P};
     float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P);
     float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
@@ -175,6 +178,7 @@ static kv_status build_all(const kv_layer *L, int P, int kmax, run_inst *inst, i
         s.use_gpu = sh->use_gpu && r->m->has_gpu;
         s.seed = r->seed;
         r->on_gpu = s.use_gpu;
+        int kmax = keff[inst[i].b0 + inst[i].nb - 1];
         int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
         st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
         if (st != KV_OK) break;
@@ -209,7 +213,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     float *v = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step values");
     kv_step_metric *rows = kv_malloc((size_t)L->Hq * sizeof *rows, "step metrics");
     kv_status st = (!q || !k || !v || !rows) ? KV_ERR_NOMEM : KV_OK;
-    for (int i = 0; i < n_inst * o->nk && st == KV_OK; i++)
+    int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
+    for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
     double t_start = kv_now();
     int show = isatty(2), done = 0;
@@ -232,7 +237,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         for (int b = 0; b < o->nk && st == KV_OK; b++) {
             kv_oracle_view(orc, b, &ores);
             for (int i = 0; i < n_inst && st == KV_OK; i++) {
-                kv_method_run *r = &inst[i].r, *rec = &recs[inst[i].first_rec + b];
+                if (b < inst[i].b0 || b >= inst[i].b0 + inst[i].nb) continue;
+                kv_method_run *r = &inst[i].r, *rec = &recs[inst[i].first_rec + b - inst[i].b0];
                 kv_selection_reset(&r->sel);
                 double s0 = kv_now();
                 st = r->m->search(r->state, t, q, keff[b], &r->sel);
@@ -300,19 +306,23 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     kv_layer L;
     KV_TRY(kv_trace_load_layer(in, li, &L));
     meta->layer = in->layer_names[li];
-    run_inst *inst = kv_calloc((size_t)n_picked * o->seeds, sizeof *inst, "method instances");
-    int n_inst = 0;
+    run_inst *inst = kv_calloc((size_t)n_picked * o->seeds * o->nk, sizeof *inst, "method instances");
+    int n_inst = 0, n_recs = 0;
     if (!inst) { kv_layer_free(&L); return KV_ERR_NOMEM; }
     for (int i = 0; i < n_picked; i++) {
         int seeded = has_seed_param(picked[i].m), n = seeded ? o->seeds : 1;
-        for (int s = 0; s < n; s++, n_inst++) {
-            inst[n_inst].r = picked[i];
-            inst[n_inst].r.seed = (uint64_t)o->seed + (uint64_t)s;
-            inst[n_inst].r.seeded = seeded;
-            inst[n_inst].first_rec = n_inst * o->nk;
-        }
+        int per_k = picked[i].m->search_updates_state && o->nk > 1;
+        for (int s = 0; s < n; s++)
+            for (int b = 0; b < (per_k ? o->nk : 1); b++, n_inst++) {
+                inst[n_inst].r = picked[i];
+                inst[n_inst].r.seed = (uint64_t)o->seed + (uint64_t)s;
+                inst[n_inst].r.seeded = seeded;
+                inst[n_inst].b0 = per_k ? b : 0;
+                inst[n_inst].nb = per_k ? 1 : o->nk;
+                inst[n_inst].first_rec = n_recs;
+                n_recs += inst[n_inst].nb;
+            }
     }
-    int n_recs = n_inst * o->nk;
     kv_method_run *recs = kv_calloc((size_t)n_recs, sizeof *recs, "run records");
     kv_profile_rows prof = {.Hq = L.Hq};
     kv_shape sh = {.num_q_heads = L.Hq, .num_kv_heads = L.Hkv, .head_dim = L.D, .group = L.Hq / L.Hkv,
@@ -320,7 +330,7 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
                    .sink = o->sink, .local = o->local, .seed = (uint64_t)o->seed, .use_gpu = meta->use_gpu};
     kv_oracle *orc = NULL;
     kv_protocol *proto = NULL;
-    kv_status st = recs ? build_all(&L, in->prefill_len, keff[o->nk - 1], inst, n_inst, &sh) : KV_ERR_NOMEM;
+    kv_status st = recs ? build_all(&L, in->prefill_len, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
     if (st == KV_OK)
         st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
                                  meta->use_gpu, !o->no_profile, &orc);
@@ -331,8 +341,8 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     for (int i = 0; i < n_inst; i++) {
         kv_method_run *r = &inst[i].r;
         if (r->state) r->index_bytes = r->m->memory_bytes(r->state);
-        for (int b = 0; recs && b < o->nk; b++) {
-            kv_method_run *rec = &recs[inst[i].first_rec + b];
+        for (int b = inst[i].b0; recs && b < inst[i].b0 + inst[i].nb; b++) {
+            kv_method_run *rec = &recs[inst[i].first_rec + b - inst[i].b0];
             kv_step_metric *rows = rec->rows;
             double *ss = rec->search_s;
             size_t nr = rec->n_rows;
