@@ -204,6 +204,16 @@ with tempfile.TemporaryDirectory() as tmp:
             check(r.returncode == 2 and f"bad{i}.toml:{line}:" in r.stderr and needle in r.stderr,
                   f"config {i}: exit {r.returncode}, want 2 with '{c}:{line}: ... {needle}': {r.stderr.strip()}")
 
+        # layers = "all" resolves every layer of a multi-layer trace (kvbench info lists them space-separated)
+        syn2 = os.path.join(tmp, "syn2.h5")
+        kv("synth", "--out", syn2, "--tokens", "300", "--prefill", "200", "--q-heads", "2", "--kv-heads", "1", "--dim",
+           "16", "--layers", "3")
+        c3 = os.path.join(tmp, "layers.toml")
+        open(c3, "w").write(f'[sweep]\ntraces = ["{syn2}"]\nlayers = "all"\nlayers_per_job = 2\n[methods.exact]\n')
+        r = sweep(c3, os.path.join(tmp, "sw5"), "--dry-run")
+        check(r.returncode == 0 and "--layer L0,L1 " in r.stdout and "--layer L2 " in r.stdout and
+              "2 processes (3 runs)" in r.stdout, f"layers = all on a 3-layer trace, 2 per job: {r.stdout} {r.stderr}")
+
         # 5. two workers sharing one GPU (or the CPU) == one worker
         rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
         out3 = os.path.join(tmp, "sw3")
