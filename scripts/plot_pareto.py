@@ -44,7 +44,10 @@ def main():
     kvstyle.need_matplotlib("plot_pareto.py")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["trace"], r["layer"]) for r in rows})
+    def layer_key(name):  # L6 before L14
+        digits = "".join(ch for ch in name if ch.isdigit())
+        return (int(digits) if digits else -1, name)
+    panels = sorted({(r["trace"], r["layer"]) for r in rows}, key=lambda p: (p[0], layer_key(p[1])))
     methods = kvstyle.method_order(sorted({r["method"] for r in rows}))
     fig = plt.figure(figsize=(4.6 * len(costs) + 0.4, 3.7 * len(panels) + 0.9), layout="constrained")
     axes = fig.subplots(len(panels), len(costs), squeeze=False)
