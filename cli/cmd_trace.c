@@ -64,7 +64,14 @@ int cmd_info(int argc, char **argv) {
     printf("tokens ids    %s\n", in->has_tokens ? "yes" : "no");
     printf("layers        %d:", in->num_layers);
     for (int i = 0; i < in->num_layers; i++)
-        printf(" %s(%s%s)", in->layer_names[i], in->layer_half[i] ? "float16" : "float32", in->layer_has_v[i] ? "" : ", no v");
+    {
+        const kv_dtype *t = in->layer_dtype[i];
+        if (t[0] == t[1] && (!in->layer_has_v[i] || t[2] == t[1]))
+            printf(" %s(%s%s)", in->layer_names[i], kv_dtype_name(t[1]), in->layer_has_v[i] ? "" : ", no v");
+        else if (in->layer_has_v[i])
+            printf(" %s(q %s, k %s, v %s)", in->layer_names[i], kv_dtype_name(t[0]), kv_dtype_name(t[1]), kv_dtype_name(t[2]));
+        else printf(" %s(q %s, k %s, no v)", in->layer_names[i], kv_dtype_name(t[0]), kv_dtype_name(t[1]));
+    }
     printf("\n");
     free(in);
     return 0;

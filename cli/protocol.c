@@ -188,6 +188,7 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         }
         kv_step_metric *r = &rows[h];
         r->step = t; r->head = h; r->n_sel = n_sel; r->n_extra = n_extra;
+        r->metric = m->metric_name ? sel->metric : NAN;
         r->recall = (float)(hits < kk ? hits : kk) / (float)kk;
         r->recall_sel = (float)(hits_sel < kk ? hits_sel : kk) / (float)kk;
         int np = ores->ntop_pre[h], ng = ores->ntop_gen[h], hits_gen = hits - hits_pre;

@@ -21,6 +21,7 @@ typedef struct {
     float outerr;      /* |o_att - o_full| / |o_full|; NAN without values */
     int n_sel;         /* distinct selected indices */
     int n_extra;       /* extra indices not already attended as sink/local/selected */
+    float metric;      /* the method's own per-step scalar (sel->metric), NAN if it reports none */
 } kv_step_metric;
 
 typedef struct kv_protocol kv_protocol;

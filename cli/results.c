@@ -33,7 +33,7 @@ kv_status kv_rows_push(kv_method_run *r, const kv_step_metric *rows, int n) {
     return KV_OK;
 }
 
-typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90, recall_pre, recall_gen, gen_share; } window_stats;
+typedef struct { double recall, mass, outerr, recall_p10, mass_p10, outerr_p90, recall_pre, recall_gen, gen_share, metric; } window_stats;
 
 /* Mean of a float member over rows[lo, hi), skipping NANs; NAN if none. */
 static double nanmean(const kv_step_metric *rows, size_t lo, size_t hi, size_t off) {
@@ -55,6 +55,7 @@ static void stats(const kv_step_metric *rows, size_t lo, size_t hi, float *scrat
     w->recall_pre = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_pre));
     w->recall_gen = nanmean(rows, lo, hi, offsetof(kv_step_metric, recall_gen));
     w->gen_share = nanmean(rows, lo, hi, offsetof(kv_step_metric, gen_share));
+    w->metric = nanmean(rows, lo, hi, offsetof(kv_step_metric, metric));
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].recall;
     w->recall_p10 = kv_percentile_inplace(scratch, n, 0.10);
     for (size_t i = lo; i < hi; i++) scratch[i - lo] = rows[i].mass;
@@ -84,7 +85,7 @@ void kv_overall_compute(const kv_method_run *r, kv_overall *o) {
     window_stats w;
     stats(r->rows, 0, n, scratch, &w);
     o->recall = w.recall; o->mass = w.mass; o->outerr = w.outerr;
-    o->recall_pre = w.recall_pre; o->recall_gen = w.recall_gen; o->gen_share = w.gen_share;
+    o->recall_pre = w.recall_pre; o->recall_gen = w.recall_gen; o->gen_share = w.gen_share; o->metric = w.metric;
     o->recall_p10 = w.recall_p10; o->mass_p10 = w.mass_p10; o->outerr_p90 = w.outerr_p90;
     for (int i = 0; i < r->n_steps; i++) scratch[i] = (float)(r->search_s[i] * 1e6);
     o->search_p90_us = kv_percentile_inplace(scratch, (size_t)r->n_steps, 0.90);
@@ -305,6 +306,9 @@ static void render_method(kv_results_acc *acc, const kv_run_meta *mt, const kv_m
     fprintf(f, ", \"append_seconds_total\": "); json_num(f, r->append_s);
     fprintf(f, ", \"search_us_median\": "); json_num(f, o.search_med_us);
     fprintf(f, ", \"search_us_p90\": "); json_num(f, o.search_p90_us);
+    fprintf(f, ", \"method_metric_name\": ");
+    if (r->m->metric_name) json_str(f, r->m->metric_name); else fputs("null", f);
+    fprintf(f, ", \"method_metric\": "); json_num(f, o.metric);
     fprintf(f, ", \"rows\": %zu}", o.n);
 }
 
@@ -327,7 +331,8 @@ static void render_drift(kv_results_acc *acc, const kv_run_meta *mt, const kv_me
         double by[3] = {s.recall_pre, s.recall_gen, s.gen_share};
         for (int b = 0; b < 3; b++)
             if (isnan(by[b])) fputc(',', f); else fprintf(f, "%.6f,", by[b]);
-        fprintf(f, "%zu\n", hi - lo);
+        fprintf(f, "%zu,", hi - lo);
+        if (isnan(s.metric)) fputc('\n', f); else fprintf(f, "%.6f\n", s.metric);
         lo = hi;
     }
     free(scratch);
@@ -344,7 +349,8 @@ static void render_steps(kv_results_acc *acc, const kv_method_run *r) {
         if (isnan(m->outerr)) fputc(',', f); else fprintf(f, "%.6g,", m->outerr);
         fprintf(f, "%d,%d,", m->n_sel, m->n_extra);
         if (isnan(m->recall_pre)) fputc(',', f); else fprintf(f, "%.6f,", m->recall_pre);
-        if (isnan(m->recall_gen)) fputc('\n', f); else fprintf(f, "%.6f\n", m->recall_gen);
+        if (isnan(m->recall_gen)) fputc(',', f); else fprintf(f, "%.6f,", m->recall_gen);
+        if (isnan(m->metric)) fputc('\n', f); else fprintf(f, "%.6g\n", m->metric);
     }
 }
 
@@ -442,8 +448,8 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, kv_resul
     fprintf(f, "  \"protocol\": {\"k\": %d, \"k_effective\": %d, \"ks\": [", mt->k, mt->k_effective);
     for (int i = 0; i < mt->nk; i++) fprintf(f, "%s%d", i ? ", " : "", mt->ks[i]);
     fprintf(f, "], \"sink\": %d, \"local\": %d, \"stride\": %d, \"max_steps\": %d, "
-               "\"window\": %d, \"seed\": %llu, \"seeds\": %d, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
-            mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed, mt->seeds,
+               "\"window\": %d, \"seed\": %llu, \"seeds\": %d, \"lag\": %d, \"steps_evaluated\": %d, \"steps_skipped_empty_region\": %d},\n",
+            mt->sink, mt->local, mt->stride, mt->max_steps, mt->window, (unsigned long long)mt->seed, mt->seeds, mt->lag,
             mt->steps_evaluated, mt->steps_skipped);
     fprintf(f, "  \"budget_profile\": [\n");
     fwrite(acc->profile, 1, acc->n_profile, f);
@@ -475,10 +481,10 @@ static kv_status write_text(const char *path, const char *header, const char *bo
 
 static const char drift_header[] =
     "method,params,layer,k,seed,window,step_start,step_end,recall_mean,recall_p10,mass_mean,mass_p10,outerr_mean,"
-    "outerr_p90,recall_prefill_keys,recall_generated_keys,generated_share,n\n";
+    "outerr_p90,recall_prefill_keys,recall_generated_keys,generated_share,n,method_metric\n";
 static const char steps_header[] =
     "method,layer,k,seed,step,head,recall,recall_selected,candidate_recall,mass,outerr,n_selected,n_extra,"
-    "recall_prefill_keys,recall_generated_keys\n";
+    "recall_prefill_keys,recall_generated_keys,method_metric\n";
 static const char profile_header[] =
     "layer,window,step_start,step_end,p,tokens_mean,tokens_p10,tokens_median,tokens_p90,region_mean,n\n";
 

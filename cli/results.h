@@ -62,6 +62,7 @@ typedef struct {
     const int *ks;        /* the budgets, ascending; k is the largest */
     int nk, seeds;        /* seeds: --seeds N (seeded methods run seeds seed .. seed+N-1) */
     const char *layers;   /* the layers evaluated, comma-separated */
+    int lag;              /* --lag: methods saw the query of t - lag */
     int use_gpu;
     kv_gpu_info gpu;
     char *cmdline;        /* malloc'd (kv_command_line) */
@@ -76,6 +77,7 @@ typedef struct {
 typedef struct {
     double recall, recall_sel, cand_recall, mass, outerr, n_sel, n_extra;
     double recall_pre, recall_gen, gen_share; /* by key origin (means over the rows where defined) */
+    double metric;      /* mean of the method's own per-step scalar (kv_method.metric_name), NAN if none */
     double recall_p10, mass_p10, outerr_p90;
     double search_med_us, search_p90_us;
     size_t n;

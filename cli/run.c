@@ -49,6 +49,8 @@ static const char run_help[] =
     "  --seeds N           run each seeded method (one with a `seed` parameter) with seeds S .. S+N-1, sharing the\n"
     "                      oracle; the table shows mean and standard deviation (default 1)\n"
     "  --no-profile        skip the oracle budget profile (profile.csv, summary.json budget_profile)\n"
+    "  --lag d             hand every method the query of position t-d (at build, append and search; clamped at 0)\n"
+    "                      while the protocol scores step t's exact attention (default 0: the query of t)\n"
     "  --device D          auto|cpu|gpu (default auto: the GPU when one is usable)\n"
     "  --threads N         CPU threads (OpenMP; default: one per core); recorded in summary.json with the\n"
     "                      load average at start (a warning when it is above the core count)\n"
@@ -63,7 +65,7 @@ typedef struct {
     const char *trace, *layer, *methods, *out;
     const char *params[64];
     int n_params;
-    int k, sink, local, stride, max_steps, window, force, quiet;
+    int k, sink, local, stride, max_steps, window, force, quiet, lag;
     int seed, threads, seeds, no_profile;
     int ks[MAX_KS], nk;
     kv_device_choice device;
@@ -73,7 +75,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
     static const struct option opts[] = {
         {"trace", 1, 0, 't'}, {"layer", 1, 0, 'l'}, {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'},
         {"k", 1, 0, 'k'}, {"sink", 1, 0, 'S'}, {"local", 1, 0, 'W'}, {"stride", 1, 0, 's'},
-        {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"device", 1, 0, 'd'},
+        {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"lag", 1, 0, 'L'}, {"device", 1, 0, 'd'},
         {"threads", 1, 0, 'j'}, {"seeds", 1, 0, 'N'}, {"no-profile", 0, 0, 'P'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128, .seeds = 1,
                     .ks = {100}, .nk = 1};
@@ -110,6 +112,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
                 return kv_usage_error("run", "--device: expected auto, cpu or gpu, found '%s'", optarg);
             break;
         case 'j': bad = kv_opt_int("run", "threads", optarg, 1, 4096, &o->threads); break;
+        case 'L': bad = kv_opt_int("run", "lag", optarg, 0, big, &o->lag); break;
         case 'o': o->out = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
@@ -148,12 +151,20 @@ static void gather_row(const float *x, int H, int T, int D, int t, float *out) {
     for (int h = 0; h < H; h++) memcpy(out + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
 }
 
-/* Copies positions [0, n) of [H][T][D] into a tight [H][n][D]. */
-static float *gather_prefix(const float *x, int H, int T, int D, int n) {
+/* Copies positions [0, n) of [H][T][D] into a tight [H][n][D]; with lag
+ * d > 0, position i gets row max(i - d, 0) (--lag: the methods' queries). */
+static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag) {
     float *out = kv_malloc((size_t)H * n * D * sizeof(float), "prefill copy");
     if (out)
-        for (int h = 0; h < H; h++)
-            memcpy(out + (size_t)h * n * D, x + (size_t)h * T * D, (size_t)n * D * sizeof(float));
+        for (int h = 0; h < H; h++) {
+            if (!lag) {
+                memcpy(out + (size_t)h * n * D, x + (size_t)h * T * D, (size_t)n * D * sizeof(float));
+                continue;
+            }
+            for (int i = 0; i < n; i++)
+                memcpy(out + ((size_t)h * n + i) * D, x + ((size_t)h * T + (i - lag > 0 ? i - lag : 0)) * D,
+                       (size_t)D * sizeof(float));
+        }
     return out;
 }
 
@@ -166,10 +177,11 @@ typedef struct {
 } run_inst;
 
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
-static kv_status build_all(const kv_layer *L, int P, const int *keff, run_inst *inst, int n_inst, const kv_shape *sh) {
+static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
+                           const kv_shape *sh) {
     kv_prefill pre = {.n = P};
-    float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P);
-    float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
+    float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P, 0), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P, lag);
+    float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P, 0) : NULL;
     kv_status st = (!pk || !pq || (L->v && !pv)) ? KV_ERR_NOMEM : KV_OK;
     pre.k = pk; pre.q = pq; pre.v = pv;
     for (int i = 0; i < n_inst && st == KV_OK; i++) {
@@ -209,10 +221,12 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int D = L->D, T = L->T, total = T > P ? (int)(((long long)T - P + o->stride - 1) / o->stride) : 0;
     if (o->max_steps && total > o->max_steps) total = o->max_steps;
     float *q = kv_malloc((size_t)L->Hq * D * sizeof(float), "step queries");
+    /* --lag d: the methods get the query of t-d (mq), the oracle the query of t (q) */
+    float *mq = o->lag ? kv_malloc((size_t)L->Hq * D * sizeof(float), "lagged queries") : q;
     float *k = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step keys");
     float *v = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step values");
     kv_step_metric *rows = kv_malloc((size_t)L->Hq * sizeof *rows, "step metrics");
-    kv_status st = (!q || !k || !v || !rows) ? KV_ERR_NOMEM : KV_OK;
+    kv_status st = (!q || !mq || !k || !v || !rows) ? KV_ERR_NOMEM : KV_OK;
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
@@ -222,10 +236,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     for (int t = P; t < T && st == KV_OK && done < total; t++) {
         gather_row(L->k, L->Hkv, T, D, t, k);
         gather_row(L->q, L->Hq, T, D, t, q);
+        if (o->lag) gather_row(L->q, L->Hq, T, D, t - o->lag > 0 ? t - o->lag : 0, mq);
         if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
         for (int i = 0; i < n_inst && st == KV_OK; i++) {
             double a0 = kv_now();
-            st = inst[i].r.m->append(inst[i].r.state, t, k, L->v ? v : NULL, q);
+            st = inst[i].r.m->append(inst[i].r.state, t, k, L->v ? v : NULL, mq);
             inst[i].r.append_s += kv_now() - a0;
         }
         if (st != KV_OK || (t - P) % o->stride) continue;
@@ -241,7 +256,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
                 kv_method_run *r = &inst[i].r, *rec = &recs[inst[i].first_rec + b - inst[i].b0];
                 kv_selection_reset(&r->sel);
                 double s0 = kv_now();
-                st = r->m->search(r->state, t, q, keff[b], &r->sel);
+                st = r->m->search(r->state, t, mq, keff[b], &r->sel);
                 rec->search_s[rec->n_steps++] = kv_now() - s0;
                 if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, keff[b], rows);
                 if (st == KV_OK) st = kv_rows_push(rec, rows, L->Hq);
@@ -251,6 +266,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         if (show && (done % 16 == 0 || done == total))
             progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
     }
+    if (mq != q) free(mq);
     free(q); free(k); free(v); free(rows);
     return st;
 }
@@ -330,7 +346,7 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
                    .sink = o->sink, .local = o->local, .seed = (uint64_t)o->seed, .use_gpu = meta->use_gpu};
     kv_oracle *orc = NULL;
     kv_protocol *proto = NULL;
-    kv_status st = recs ? build_all(&L, in->prefill_len, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
+    kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
     if (st == KV_OK)
         st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
                                  meta->use_gpu, !o->no_profile, &orc);
@@ -392,7 +408,7 @@ int cmd_run(int argc, char **argv) {
     int keff[MAX_KS];
     kv_run_meta meta = {.k = o.k, .sink = o.sink, .local = o.local, .stride = o.stride, .max_steps = o.max_steps,
                         .window = o.window, .seed = (uint64_t)o.seed, .force = o.force, .ks = o.ks, .nk = o.nk,
-                        .seeds = o.seeds};
+                        .seeds = o.seeds, .lag = o.lag};
     kv_trace_info *in = kv_malloc(sizeof *in, "trace info");
     if (!in || !(meta.cmdline = kv_command_line(argc + 1, argv - 1))) { free(in); free(out); return kv_report(KV_ERR_NOMEM); }
     st = kv_trace_open(o.trace, in);

@@ -13,9 +13,14 @@
 #define KV_NAME_MAX 64
 #define KV_TEXT_MAX 4096
 #define KV_MAX_LAYERS 512
+#define KV_PATH_MAX 4096 /* Linux's PATH_MAX: no longer path can be opened; longer ones are refused */
+
+/* Stored element types of q/k/v (read as float32; bf16 and float16 exactly, float64 rounded). */
+typedef enum { KV_DTYPE_F16 = 1, KV_DTYPE_BF16, KV_DTYPE_F32, KV_DTYPE_F64 } kv_dtype;
+const char *kv_dtype_name(kv_dtype t);
 
 typedef struct {
-    char path[1024];
+    char path[KV_PATH_MAX];
     int version;
     char model[KV_TEXT_MAX];
     char description[KV_TEXT_MAX];
@@ -28,7 +33,8 @@ typedef struct {
     char layer_names[KV_MAX_LAYERS][KV_NAME_MAX]; /* "L14", in index order */
     int layer_index[KV_MAX_LAYERS];
     int layer_has_v[KV_MAX_LAYERS];
-    int layer_half[KV_MAX_LAYERS]; /* 1: k stored as float16, 0: float32 */
+    int layer_half[KV_MAX_LAYERS]; /* 1: k stored as float16 (exactly representable in half) */
+    kv_dtype layer_dtype[KV_MAX_LAYERS][3]; /* q, k, v (v: 0 when absent) */
 } kv_trace_info;
 
 typedef struct {
@@ -40,7 +46,11 @@ typedef struct {
 } kv_layer;
 
 /* Open and validate the root attributes and the layer groups' dataset
- * shapes and types (values are checked when a layer is loaded). */
+ * shapes, types and storage (values are checked when a layer is loaded).
+ * Refuses paths of KV_PATH_MAX characters or more and anything but a
+ * regular file. Every HDF5 call runs in a child process (datasets/isolate.c):
+ * a crash or hang of the library is "FILE: corrupt or unreadable HDF5
+ * metadata", KV_ERR_INPUT. */
 kv_status kv_trace_open(const char *path, kv_trace_info *info);
 /* Find a layer by name ("L14") or by plain index ("14"); -1 if absent. */
 int kv_trace_find_layer(const kv_trace_info *info, const char *name);
@@ -49,6 +59,29 @@ kv_status kv_trace_load_layer(const kv_trace_info *info, int layer, kv_layer *ou
 void kv_layer_free(kv_layer *l);
 /* Token ids, [T]; NULL + KV_OK when the trace has none. */
 kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
+/* The same steps in the calling process, without the child (the fuzz
+ * harness's entry points: a crash there is what the fuzzer looks for). */
+kv_status kv_trace_open_direct(const char *path, kv_trace_info *info);
+kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_layer *out);
+kv_status kv_trace_load_tokens_direct(const kv_trace_info *info, int **tokens);
+
+/* ---- process isolation (datasets/isolate.c) ---- */
+/* Runs fn(arg, out) in a forked child with `timeout_s` seconds and
+ * `mem_budget` bytes of address space beyond the current size; copies
+ * out_bytes of its result back. The child's death or timeout is
+ * KV_ERR_INPUT "PATH: corrupt or unreadable HDF5 metadata (WHAT ...)". */
+kv_status kv_isolated(const char *path, const char *what, double timeout_s, size_t mem_budget,
+                      kv_status (*fn)(void *arg, void *out), void *arg, void *out, size_t out_bytes);
+/* The same with a pipe: fn gets its write end, and consume(read end) runs
+ * in the parent meanwhile (it must read until it has all or gets EOF). */
+kv_status kv_isolated_stream(const char *path, const char *what, double timeout_s, size_t mem_budget,
+                             kv_status (*fn)(void *arg, void *out, int fd), void *arg, void *out, size_t out_bytes,
+                             kv_status (*consume)(int fd, void *carg), void *carg);
+kv_status kv_write_all(int fd, const void *buf, size_t bytes);
+kv_status kv_read_all(int fd, void *buf, size_t bytes); /* KV_ERR_IO (no message) at EOF */
+/* Anonymous shared memory (visible to the parent after the child writes it). */
+void *kv_shared_alloc(size_t bytes, const char *what);
+void kv_shared_free(void *p, size_t bytes);
 
 /* ---- writing (synth, slice) ---- */
 typedef struct kv_trace_writer kv_trace_writer;

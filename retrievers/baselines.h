@@ -54,6 +54,26 @@ typedef struct {
 } kv_quest_view;           /* kmin/kmax NULL on the GPU path (kernels/quest_gpu.h reads them back) */
 void kv_quest_view_of(const void *state, kv_quest_view *out);
 
+/* ---- FreeKV (retrievers/freekv.c) ---- */
+/* FreeKV's correction test: the mean over G heads (a + h*D, b + h*D) of
+ * cos(a_h, b_h), dot and norms in double in channel order (0 for a zero
+ * norm), the mean in double; a kv head is corrected when this is < tau. */
+double kv_freekv_group_cosine(const float *a, const float *b, int G, int D);
+
+/* ---- RACC (retrievers/racc.c) ---- */
+/* SnapKV-style vote of RACC's compression: for each of the nw window
+ * queries (G heads of one kv head: qw[(h*nw + w)*D]), the softmax of
+ * scale * <q, K[cand[i]]> over the nc candidates (max, sum of exp in
+ * double), summed in double over queries and heads into vote[i]. */
+void kv_racc_vote(const float *qw, int G, int nw, const float *K, int D, const int32_t *cand, int nc, float scale,
+                  double *vote, float *scratch);
+typedef struct {
+    int n_resident;   /* resident tokens of kv head 0 in [sink, n) */
+    int n_evicted;    /* evicted tokens of kv head 0 */
+    int compressions; /* compressions so far (the one at build included) */
+} kv_racc_view;
+void kv_racc_view_of(const void *state, kv_racc_view *out);
+
 /* ---- MagicPIG (retrievers/magicpig.c) ---- */
 /* The seeded Gaussian projection, proj[j*(K*L) + b] (dimension j, bit b),
  * N(0, 1) entries from kv_rng_normal. */

@@ -78,6 +78,7 @@ typedef struct {
     int cand_cap;    /* capacity of each candidate list */
     int *n_cand;     /* [n_lists]: coarse candidates (-1, the reset value: none reported) */
     int32_t *cand;   /* [n_lists][cand_cap] */
+    float metric;    /* the method's own per-step scalar (kv_method.metric_name), NAN (the reset value): none */
 } kv_selection;
 
 kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap);
@@ -131,6 +132,13 @@ typedef struct kv_method {
      * The storage is then per query head but the selections are
      * group-consistent; kv_method_group_consistent() reports that. */
     const char *group_pool_param;
+    /* Optional: the name of a per-step scalar the method reports in
+     * sel->metric (e.g. FreeKV's "correction_rate": the fraction of kv
+     * heads re-selected at the step). The protocol copies it into every
+     * row of the step; results give its mean overall (summary.json
+     * "method_metric") and per drift window (drift.csv "method_metric").
+     * NULL: the method reports none. */
+    const char *metric_name;
 } kv_method;
 
 /* 1 when the method's selections with parameters ps are one per kv head,

@@ -153,6 +153,7 @@ kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, in
 void kv_selection_reset(kv_selection *s) {
     for (int i = 0; i < s->n_lists; i++) { s->count[i] = 0; s->n_cand[i] = -1; }
     for (int g = 0; g < s->n_kv; g++) s->n_extra[g] = 0;
+    s->metric = NAN;
 }
 
 void kv_selection_free(kv_selection *s) {

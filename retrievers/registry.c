@@ -13,6 +13,10 @@ extern const kv_method kv_method_pqcache;
 extern const kv_method kv_method_quest;
 extern const kv_method kv_method_magicpig;
 extern const kv_method kv_method_pariskv;
+extern const kv_method kv_method_csattention;
+extern const kv_method kv_method_ctkvr;
+extern const kv_method kv_method_freekv;
+extern const kv_method kv_method_racc;
 #ifdef KV_HAVE_FAISS /* retrievers/faiss.c: only when the Faiss C API was found at build time */
 extern const kv_method kv_method_faiss_flat;
 extern const kv_method kv_method_faiss_ivf;
@@ -29,6 +33,10 @@ static const kv_method *const kv_registry[] = {
     &kv_method_quest,
     &kv_method_magicpig,
     &kv_method_pariskv,
+    &kv_method_csattention,
+    &kv_method_ctkvr,
+    &kv_method_freekv,
+    &kv_method_racc,
 #ifdef KV_HAVE_FAISS
     &kv_method_faiss_flat,
     &kv_method_faiss_ivf,

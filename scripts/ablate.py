@@ -34,7 +34,8 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["variant", "trace", "layer", "candidate_recall", "recall", "recall_prefill_keys", "recall_generated_keys",
-           "mass", "output_error", "mean_selected", "mean_extra", "index_bytes_per_token", "params", "run_dir"]
+           "mass", "output_error", "mean_selected", "mean_extra", "index_bytes_per_token", "method_metric_name",
+           "method_metric", "params", "run_dir"]
 
 
 def die(msg):
@@ -153,11 +154,13 @@ def main():
             return "–"
     lines = [f"Ablations of {method} ({os.path.relpath(path, ROOT)}), kvbench run options: {' '.join(extra) or 'defaults'}",
              "", "| trace | layer | variant | coarse recall | recall@k | recall, prefill keys | recall, generated keys "
-             "| mass recall | output error | extra/step |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mass recall | output error | budget | extra/step | method metric |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        mm = f"{r['method_metric_name']} {fmt(r['method_metric'])}" if r.get("method_metric_name") else "–"
         lines.append(f"| {r['trace']} | {r['layer']} | {r['variant']} | {fmt(r['candidate_recall'])} | {fmt(r['recall'])} "
                      f"| {fmt(r['recall_prefill_keys'])} | {fmt(r['recall_generated_keys'])} | {fmt(r['mass'])} "
-                     f"| {fmt(r['output_error'])} | {fmt(r['mean_extra'], 1)} |")
+                     f"| {fmt(r['output_error'])} | {fmt(r['mean_selected'], 1)} | {fmt(r['mean_extra'], 1)} | {mm} |")
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -25,6 +25,7 @@ METHOD_STYLE = {
     "random": ("#9e9e9e", "x"),
     "streaming": ("#8c564b", "v"),
     "sink-nearest": ("#c49c94", "<"),
+    "sampled": ("#CC79A7", "X"),
     # evaluated methods (Tol bright / muted)
     "pariskv": ("#EE6677", "s"),
     "pqcache": ("#4477AA", "^"),
@@ -32,8 +33,8 @@ METHOD_STYLE = {
     "magicpig": ("#CCBB44", "P"),
     "freekv": ("#66CCEE", ">"),
     "ctkvr": ("#AA3377", "*"),
-    "csattention": ("#DDAA33", "h"),
-    "racc": ("#117733", "p"),
+    "csattention": ("#E69F00", "h"),
+    "racc": ("#D55E00", "p"),
     # Faiss baselines
     "faiss-flat": ("#332288", "1"),
     "faiss-ivf": ("#88CCEE", "d"),
@@ -42,8 +43,8 @@ METHOD_STYLE = {
 }
 
 # For names not in the table: no colour of the table above.
-_FALLBACK_COLORS = ["#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#999933", "#6699CC",
-                    "#997700", "#994455", "#EE99AA", "#004488"]
+_FALLBACK_COLORS = ["#56B4E9", "#009E73", "#0072B2", "#999933", "#6699CC", "#997700", "#994455", "#EE99AA",
+                    "#004488", "#BB5566", "#DDCC77", "#AA4499"]
 _FALLBACK_MARKERS = ["o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p"]
 
 

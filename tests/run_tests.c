@@ -24,6 +24,14 @@ extern char kv_test_reason[512];
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
     X(loader_float32_and_gzip, 0)                          \
+    X(loader_string_attr_arrays, 0)                        \
+    X(loader_long_paths, 0)                                \
+    X(loader_resource_bombs, 0)                            \
+    X(loader_types_and_names, KV_NEEDS_SUBPROCESS)         \
+    X(loader_messages, 0)                                  \
+    X(loader_corpus, 0)                                    \
+    X(cli_corpus, KV_NEEDS_SUBPROCESS)                     \
+    X(cli_fuzz_corpus, 0)                                  \
     X(synth_deterministic, 0)                              \
     X(exact_matches_brute_force, 0)                        \
     X(protocol_hand_case, 0)                               \
@@ -31,6 +39,12 @@ extern char kv_test_reason[512];
     X(conformance_all_methods, 0)                          \
     X(sampled_full_is_exact, 0)                            \
     X(sampled_topk_of_its_sample, 0)                       \
+    X(freekv_tau_never_is_previous_step, 0)                \
+    X(freekv_tau_always_is_current_step, 0)                \
+    X(freekv_correction_fires_at_the_jump, 0)              \
+    X(racc_vote_matches_direct, 0)                         \
+    X(racc_resident_follows_alpha_and_ln, 0)               \
+    X(racc_retrieval_is_lag1_mips, 0)                      \
     X(pqcache_codes_are_nearest, 0)                        \
     X(pqcache_kmeans_lowers_error, 0)                      \
     X(pqcache_adc_matches_direct, 0)                       \
@@ -50,6 +64,15 @@ extern char kv_test_reason[512];
     X(pariskv_stage1_brute_force, 0)                       \
     X(pariskv_update_buffer, 0)                            \
     X(pariskv_ablation_variants, 0)                        \
+    X(csattention_kmeans_fixed_point, 0)                   \
+    X(csattention_lists_are_top_l, 0)                      \
+    X(csattention_reduce_matches_direct, 0)                \
+    X(csattention_variants, 0)                             \
+    X(ctkvr_positions, 0)                                  \
+    X(ctkvr_lists_brute_force, 0)                          \
+    X(ctkvr_union_matches_direct, 0)                       \
+    X(ctkvr_all_centroids_is_exact, 0)                     \
+    X(ctkvr_dcu_fifo, 0)                                   \
     X(faiss_flat_matches_exact, 0)                         \
     X(faiss_ivf_full_probe_is_exact, 0)                    \
     X(faiss_hnsw_ivfpq_recall, 0)                          \
@@ -71,6 +94,13 @@ extern char kv_test_reason[512];
     X(pqcache_gpu_tuple_topk_matches_ref, KV_NEEDS_GPU)    \
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
+    X(csattention_gpu_matches_cpu, KV_NEEDS_GPU)           \
+    X(csattention_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)    \
+    X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
+    X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
+    X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
+    X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
+    X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
@@ -105,6 +135,8 @@ extern char kv_test_reason[512];
     X(run_traces_keyed_by_config, KV_NEEDS_SUBPROCESS)     \
     X(readme_agrees_with_program, KV_NEEDS_SUBPROCESS)     \
     X(plots_style_and_errors, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON) \
+    X(lag0_equals_normal_run, KV_NEEDS_SUBPROCESS)         \
+    X(lag_shows_query_of_t_minus_d, KV_NEEDS_SUBPROCESS)   \
     X(dump_trace_tiny_models, KV_NEEDS_SUBPROCESS | KV_NEEDS_PYTHON)
 
 #define KV_DECLARE(name, needs) int test_##name(void);

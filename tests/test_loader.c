@@ -192,7 +192,7 @@ int test_loader_rejects_malformed(void) {
     s = good(); s.nan_at = 2 * 8 + 5; /* head 0, token 2, dim 5 */
     if (expect_bad("nan.h5", s, 1, "/layers/L3/v: non-finite value nan at [head 0, token 2, dim 5]")) return KV_TEST_FAIL;
     s = good(); s.int_k = 1;
-    if (expect_bad("intk.h5", s, 0, "expected float16 or float32")) return KV_TEST_FAIL;
+    if (expect_bad("intk.h5", s, 0, "expected float16, bfloat16, float32 or float64 values, found a 4-byte integer type")) return KV_TEST_FAIL;
     /* truncated: a good file cut to half its size */
     s = good(); s.T = 400;
     const char *full = tpath("full.h5"), *cut = tpath("truncated.h5");

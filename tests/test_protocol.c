@@ -219,7 +219,8 @@ static int same_log(const sel_log *a, const sel_log *b, int upto_steps) {
 }
 
 int test_conformance_all_methods(void) {
-    int T = 700, P = 400, k = 24, stride = 20, cut = 560; /* steps up to `cut` must not depend on later positions */
+    int T = 700, P = 400, k = 64, stride = 20, cut = 560; /* steps up to `cut` must not depend on later positions;
+                                                           k = 2 pages of FreeKV (floor(k/32) pages) */
     kv_layer L, F;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 21, &L));
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 21, &F));

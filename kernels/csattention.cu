@@ -1,0 +1,784 @@
+/* csattention.cu: CSAttention's CUDA path (issue 9, point 4; the CPU
+ * reference and the paper's facts are in retrievers/csattention.c).
+ *
+ * Lists (build): per (kv head, subspace) and chunk of centroids, the partial
+ * scores <c, k^(b)> of every key in [sink, n) (one thread per (centroid,
+ * key), kv_dot_ref's order with __fmul_rn/__fadd_rn: bitwise the CPU's),
+ * the L-th largest per row by the shared top-k (threshold mode), then one
+ * block per row keeps, in position order, every key above the threshold and
+ * the first (L - above) keys equal to it (kv_topk_ref's tie rule: the same
+ * set as the CPU); the lists are then turned into the CPU's heaps (root =
+ * weakest by (score, -index)) level by level from the bottom (Floyd's
+ * construction with the nodes of one level in parallel). The heap layout
+ * may differ from the CPU's, the set and the root (the unique weakest) do
+ * not, so every later try-insert decides as on the CPU.
+ * Try-insert (append): one thread per list, the CPU's list_try_insert.
+ * Search: per row (a query head, or a kv head with pool=mean: the group
+ * mean in the CPU's head order) and subspace the nearest centroid (one
+ * thread, the CPU's loop) and the weight; the sums live in a dense
+ * accumulator row over the region, -inf = not gathered (the hash/bitmap
+ * variant of the issue; the radix-sort variant is not written): with
+ * missing=zero one launch per subspace in order adds w_b * v to each of its
+ * keys (first time from 0), the CPU's additions in the CPU's order; with
+ * missing=min the union is marked first, then per subspace one launch
+ * stamps its keys and one adds w_b * (v or the list's minimum = its heap
+ * root) to every union member, again in subspace order. The candidates are
+ * the finite entries (compacted, any order), the top k by the shared top-k
+ * over the row (kv_topk_ref order; -inf entries never reach the host).
+ * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
+ * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
+ * distances in the CPU's order, the running total and the walk by a block
+ * reduction/scan (another order than the CPU's running sum: a pick differs
+ * only when a uniform lands within rounding of a boundary); Lloyd rounds
+ * with the assignment in kv_dot_ref's order (a direct kernel rather than a
+ * cuBLAS GEMM: 16-dim subspaces gain little from a GEMM and its rounding
+ * would break the equality with the CPU) and the centroid sums as a tree
+ * in double (a coordinate may differ from the CPU's in its last bit). */
+#include <string.h>
+
+#include "csattention.h"
+#include "ops/kv_cuda.h"
+
+namespace {
+
+constexpr int CS_CHUNK = 16; /* centroids whose score rows are built at once */
+
+__device__ __forceinline__ float cs_tof(__half h) { return __half2float(h); }
+__device__ __forceinline__ float cs_tof(float f) { return f; }
+
+template <typename TA, typename TB> __device__ __forceinline__ float cs_dot(const TA *a, const TB *b, int d) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = __fadd_rn(acc[j], __fmul_rn(cs_tof(a[i + j]), cs_tof(b[i + j])));
+    for (; i < d; i++) acc[i & 7] = __fadd_rn(acc[i & 7], __fmul_rn(cs_tof(a[i]), cs_tof(b[i])));
+    return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
+                     __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
+}
+
+__device__ __forceinline__ bool cs_weaker(float sa, int ia, float sb, int ib) {
+    return sa < sb || (sa == sb && ia > ib);
+}
+
+__device__ void cs_heap_down(int32_t *hi, float *hv, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && cs_weaker(hv[l], hi[l], hv[w], hi[w])) w = l;
+        if (r < n && cs_weaker(hv[r], hi[r], hv[w], hi[w])) w = r;
+        if (w == i) return;
+        float tv = hv[i]; hv[i] = hv[w]; hv[w] = tv;
+        int32_t ti = hi[i]; hi[i] = hi[w]; hi[w] = ti;
+        i = w;
+    }
+}
+
+/* S[c*ld + i] = <cent_c, K_g[lo + i] sub-vector b> for c < nc, i < n. */
+template <typename TK>
+__global__ void cs_list_scores(const TK *K, int T, int D, int g, int b, int ds, const float *cent, int nc, int lo, int n,
+                               float *S, long long ld) {
+    const int c = blockIdx.y;
+    if (c >= nc) return;
+    const float *cc = cent + (size_t)c * ds;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        S[(size_t)c * ld + i] = cs_dot(cc, K + ((size_t)g * T + lo + i) * D + (size_t)b * ds, ds);
+}
+
+/* One block per row: keys above thr[r], then the first (L - above) equal to it, in position order. */
+__global__ void cs_list_select(const float *S, long long ld, int n, int lo, const float *thr, int L, int32_t *lidx,
+                               float *lval, long long lst) {
+    __shared__ int sw[32];
+    const int r = blockIdx.x;
+    const float t = thr[r], *row = S + (size_t)r * ld;
+    int above = 0;
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x, x = i < n && row[i] > t;
+        int tot;
+        kv_block_scan(x, &tot, sw);
+        above += tot;
+    }
+    const int need = L - above;
+    int base = 0, eqs = 0;
+    int32_t *oi = lidx + (size_t)r * lst;
+    float *ov = lval + (size_t)r * lst;
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x;
+        const float v = i < n ? row[i] : -INFINITY;
+        const int gt = i < n && v > t, eq = i < n && v == t;
+        int te;
+        const int er = kv_block_scan(eq, &te, sw);
+        const int take = gt || (eq && eqs + er < need);
+        int tt;
+        const int ex = kv_block_scan(take, &tt, sw);
+        if (take) { oi[base + ex] = lo + i; ov[base + ex] = v; }
+        base += tt;
+        eqs += te;
+    }
+}
+
+/* Floyd's heap construction, one level: every node of [first, last) of every list sifts down. */
+__global__ void cs_heapify_level(int32_t *lidx, float *lval, const int *lcnt, int nlists, int L, int first, int last) {
+    const long long span = last - first, total = span * nlists;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        const int li = (int)(t / span), node = first + (int)(t % span), n = lcnt[li];
+        if (node < n / 2) cs_heap_down(lidx + (size_t)li * L, lval + (size_t)li * L, n, node);
+    }
+}
+
+/* Try-insert key t (key [Hkv][D] on the device) into every list. */
+__global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int ds, int L, int nlists, const float *cent,
+                              int32_t *lidx, float *lval, int *lcnt) {
+    const int li = blockIdx.x * blockDim.x + threadIdx.x;
+    if (li >= nlists) return;
+    const int g = li / (m * C), b = (li / C) % m;
+    const float v = cs_dot(cent + (size_t)li * ds, key + (size_t)g * D + (size_t)b * ds, ds);
+    int32_t *hi = lidx + (size_t)li * L;
+    float *hv = lval + (size_t)li * L;
+    int n = lcnt[li];
+    if (n < L) {
+        hi[n] = t; hv[n] = v;
+        int i = n;
+        while (i > 0) {
+            int p = (i - 1) / 2;
+            if (!cs_weaker(hv[i], hi[i], hv[p], hi[p])) break;
+            float tv = hv[i]; hv[i] = hv[p]; hv[p] = tv;
+            int32_t ti = hi[i]; hi[i] = hi[p]; hi[p] = ti;
+            i = p;
+        }
+        lcnt[li] = n + 1;
+    } else if (L > 0 && cs_weaker(hv[0], hi[0], v, t)) {
+        hi[0] = t; hv[0] = v;
+        cs_heap_down(hi, hv, L, 0);
+    }
+}
+
+/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. */
+__global__ void cs_nearest(const float *q, int pool, int weight, int G, int R, int D, int m, int C, int ds,
+                           const float *cent, int *jl, float *wb) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= R * m) return;
+    const int r = t / m, b = t % m, g = pool ? r : r / G;
+    float qv[128];
+    for (int j = 0; j < ds; j++) {
+        if (!pool) { qv[j] = q[(size_t)r * D + b * ds + j]; continue; }
+        float a = 0.f;
+        for (int h = g * G; h < (g + 1) * G; h++) a = __fadd_rn(a, q[(size_t)h * D + b * ds + j]);
+        qv[j] = __fdiv_rn(a, (float)G);
+    }
+    const size_t cb = ((size_t)g * m + b) * C;
+    int best = 0;
+    float bv = -INFINITY;
+    for (int c = 0; c < C; c++) {
+        const float v = cs_dot(qv, cent + (cb + c) * ds, ds);
+        if (v > bv) { bv = v; best = c; }
+    }
+    jl[t] = (int)(cb + best);
+    wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+}
+
+__global__ void cs_fill(float *S, long long ld, int lo, int hi, int R, float v) {
+    const long long n = hi - lo;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n * R; t += (long long)gridDim.x * blockDim.x)
+        S[(size_t)(t / n) * ld + lo + t % n] = v;
+}
+
+/* missing=zero, subspace b: S[r][i] = (S == -inf ? 0 : S) + w * v for the keys of row r's list b in [lo, hi). */
+__global__ void cs_accum_zero(float *S, long long ld, const int *jl, const float *wb, int m, int b, int L,
+                              const int32_t *lidx, const float *lval, const int *lcnt, int lo, int hi) {
+    const int r = blockIdx.y, li = jl[r * m + b], n = lcnt[li];
+    const float w = wb[r * m + b];
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        const int i = lidx[(size_t)li * L + e];
+        if (i < lo || i >= hi) continue;
+        float *p = S + (size_t)r * ld + i;
+        const float s = *p;
+        *p = __fadd_rn(s == -INFINITY ? 0.f : s, __fmul_rn(w, lval[(size_t)li * L + e]));
+    }
+}
+
+/* missing=min: mark the union (0), or stamp subspace b's keys with their values. */
+__global__ void cs_mark(float *S, long long ld, const int *jl, int m, int b, int L, const int32_t *lidx,
+                        const float *lval, const int *lcnt, int lo, int hi, int *stamp, float *tmp, int epoch) {
+    const int r = blockIdx.y, li = jl[r * m + b], n = lcnt[li];
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+        const int i = lidx[(size_t)li * L + e];
+        if (i < lo || i >= hi) continue;
+        if (epoch < 0) S[(size_t)r * ld + i] = 0.f;
+        else {
+            stamp[(size_t)r * ld + i] = epoch;
+            tmp[(size_t)r * ld + i] = lval[(size_t)li * L + e];
+        }
+    }
+}
+
+/* Union members of row r (u[r*ld ..], nu[r]): acc += w * (stamped ? v : the list minimum). */
+__global__ void cs_accum_min(float *S, long long ld, const int32_t *u, const int *nu, const int *jl, const float *wb,
+                             int m, int b, int L, const float *lval, const int *lcnt, const int *stamp,
+                             const float *tmp, int epoch) {
+    const int r = blockIdx.y, li = jl[r * m + b];
+    const float w = wb[r * m + b], mn = lcnt[li] ? lval[(size_t)li * L] : 0.f; /* heap root = the minimum */
+    for (int a = blockIdx.x * blockDim.x + threadIdx.x; a < nu[r]; a += gridDim.x * blockDim.x) {
+        const int i = u[(size_t)r * ld + a];
+        const size_t o = (size_t)r * ld + i;
+        S[o] = __fadd_rn(S[o], __fmul_rn(w, stamp[o] == epoch ? tmp[o] : mn));
+    }
+}
+
+/* u[r] = the finite entries of S[r][lo, hi) (any order), nu[r] their count. */
+__global__ void cs_compact(const float *S, long long ld, int lo, int hi, int32_t *u, int *nu) {
+    const int r = blockIdx.y;
+    for (int i0 = lo + blockIdx.x * blockDim.x; i0 < hi; i0 += gridDim.x * blockDim.x) {
+        const int i = i0 + threadIdx.x;
+        const bool take = i < hi && S[(size_t)r * ld + i] != -INFINITY;
+        const int p = kv_warp_append(take, nu + r);
+        if (take) u[(size_t)r * ld + p] = i;
+    }
+}
+
+/* Bench stand-ins: centroid c of (g, b) = the normalised sub-vector of key pos_c. */
+template <typename TK>
+__global__ void cs_cent_from_keys(const TK *K, int T, int D, int m, int C, int ds, int Hkv, int n, float *cent) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= Hkv * m * C) return;
+    const int g = t / (m * C), b = (t / C) % m, c = t % C;
+    const int pos = (int)(((long long)(2 * c + 1) * n) / (2LL * C));
+    const TK *src = K + ((size_t)g * T + pos) * D + (size_t)b * ds;
+    double s = 0;
+    for (int j = 0; j < ds; j++) s += (double)cs_tof(src[j]) * cs_tof(src[j]);
+    const float inv = s > 0 ? (float)(1.0 / sqrt(s)) : 0.f;
+    for (int j = 0; j < ds; j++) cent[(size_t)t * ds + j] = cs_tof(src[j]) * inv;
+}
+
+
+/* ---- cosine k-means, all (kv head, subspace) jobs at once (blockIdx.y = job) ---- */
+/* pick[j] = (int)(draw0 * n) (the CPU's first centre). */
+__global__ void km_first(const double *draws, int C, const int *npts, int jobs, int *pick) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < jobs) pick[j] = npts[j] > 0 ? (int)(draws[(size_t)j * C] * npts[j]) : 0;
+}
+
+/* centre c of job j <- point pick[j]. */
+__global__ void km_set(const float *pts, int maxn, int ds, int C, int c, const int *pick, float *cent) {
+    const int j = blockIdx.x;
+    for (int d = threadIdx.x; d < ds; d += blockDim.x)
+        cent[((size_t)j * C + c) * ds + d] = pts[((size_t)j * maxn + pick[j]) * ds + d];
+}
+
+/* dist[i] = min(dist[i], ||x_i - centre c||^2) in double, the CPU's order (c = 0: assign). */
+__global__ void km_dist(const float *pts, int maxn, const int *npts, int ds, int C, int c, const float *cent,
+                        double *dist) {
+    const int j = blockIdx.y, n = npts[j];
+    const float *cc = cent + ((size_t)j * C + c) * ds;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float *x = pts + ((size_t)j * maxn + i) * ds;
+        double s = 0;
+        for (int d = 0; d < ds; d++) {
+            const double e = __dsub_rn((double)x[d], (double)cc[d]);
+            s = __dadd_rn(s, __dmul_rn(e, e));
+        }
+        double *o = dist + (size_t)j * maxn + i;
+        *o = c == 0 || s < *o ? s : *o;
+    }
+}
+
+__device__ __forceinline__ double km_block_sum(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    __syncthreads();
+    return t;
+}
+
+/* One block per job: the next centre, the first i with dist > 0 whose inclusive prefix sum of dist
+ * exceeds u * total (the last i with dist > 0 when rounding runs past the end); total == 0: fallback. */
+__global__ void km_pick(const double *dist, int maxn, const int *npts, const double *draws, int C, int round,
+                        int *pick, int *fallback) {
+    __shared__ double sh[32], wsum[32];
+    __shared__ int found, lastpos;
+    const int j = blockIdx.x, n = npts[j], lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const double *dv = dist + (size_t)j * maxn;
+    double part = 0;
+    int lastp = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        part += dv[i];
+        if (dv[i] > 0) lastp = i;
+    }
+    const double total = km_block_sum(part, sh);
+    if (threadIdx.x == 0) { found = 0x7fffffff; lastpos = -1; }
+    __syncthreads();
+    atomicMax(&lastpos, lastp);
+    __syncthreads();
+    if (!(total > 0)) {
+        if (threadIdx.x == 0) { fallback[j] = 1; pick[j] = 0; }
+        return;
+    }
+    const double u = draws[(size_t)j * C + round + 1] * total;
+    double carry = 0;
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x;
+        const double v = i < n ? dv[i] : 0.0;
+        double x = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) wsum[w] = x;
+        __syncthreads();
+        double pre = carry;
+        for (int k = 0; k < w; k++) pre += wsum[k];
+        double tot = carry;
+        for (int k = 0; k < nw; k++) tot += wsum[k];
+        const double run = pre + x;
+        if (i < n && v > 0 && run > u) atomicMin(&found, i);
+        __syncthreads();
+        carry = tot;
+        if (found != 0x7fffffff) break;
+    }
+    if (threadIdx.x == 0) pick[j] = found != 0x7fffffff ? found : lastpos;
+}
+
+/* asg[i] = the centre with the largest kv_dot_ref (ties: smaller). */
+__global__ void km_assign(const float *pts, int maxn, const int *npts, int ds, int C, const float *cent, int *asg) {
+    const int j = blockIdx.y, n = npts[j];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float *x = pts + ((size_t)j * maxn + i) * ds;
+        int best = 0;
+        float bv = -INFINITY;
+        for (int c = 0; c < C; c++) {
+            const float v = cs_dot(x, cent + ((size_t)j * C + c) * ds, ds);
+            if (v > bv) { bv = v; best = c; }
+        }
+        asg[(size_t)j * maxn + i] = best;
+    }
+}
+
+/* One block per (centre, job): the normalised sum of its points (double); empty: unchanged. */
+__global__ void km_update(const float *pts, int maxn, const int *npts, int ds, int C, const int *asg, float *cent) {
+    __shared__ double sh[32];
+    __shared__ double ssum[128];
+    const int c = blockIdx.x, j = blockIdx.y, n = npts[j];
+    int cnt = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cnt += asg[(size_t)j * maxn + i] == c;
+    const double tc = km_block_sum((double)cnt, sh);
+    if (tc == 0) return;
+    for (int d = 0; d < ds; d++) {
+        double a = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            if (asg[(size_t)j * maxn + i] == c) a += pts[((size_t)j * maxn + i) * ds + d];
+        const double t = km_block_sum(a, sh);
+        if (threadIdx.x == 0) ssum[d] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double nn = 0;
+        for (int d = 0; d < ds; d++) nn = __dadd_rn(nn, __dmul_rn(ssum[d], ssum[d]));
+        if (nn > 0) {
+            const double inv = 1.0 / sqrt(nn);
+            for (int d = 0; d < ds; d++) cent[((size_t)j * C + c) * ds + d] = (float)__dmul_rn(ssum[d], inv);
+        }
+    }
+}
+
+}  // namespace
+
+struct kv_cs_gpu {
+    kv_cs_gpu_config c;
+    int ds, G, nlists, epoch;
+    kv_cuda_dev dev;
+    cudaStream_t st;
+    const kv_dev_kv *K;   /* the bench's keys (build from the host copies otherwise) */
+    float *cent, *lval, *q, *key, *S, *tmp, *wb, *LS;
+    int32_t *lidx, *u, *oidx;
+    int *lcnt, *stamp, *jl, *nu;
+    int32_t *h_oidx;
+    int *h_nu;
+    float *h_q;
+    kv_topk_ws tk, tkl;   /* search rows; list rows (CS_CHUNK x n) */
+};
+
+namespace {
+
+kv_status cs_create_go(kv_cs_gpu *g) {
+    const kv_cs_gpu_config &c = g->c;
+    g->ds = c.D / c.m;
+    g->G = c.Hq / c.Hkv;
+    g->nlists = c.Hkv * c.m * c.C;
+    if (g->ds > 128) return kv_fail(KV_ERR_INPUT, "csattention GPU: subspace of %d dims (at most 128)", g->ds);
+    if (c.k_max > 0 && c.k_max > KV_GPU_TOPK_MAX)
+        return kv_fail(KV_ERR_INPUT, "csattention GPU: k=%d above the GPU top-k's %d", c.k_max, KV_GPU_TOPK_MAX);
+    KV_TRY(kv_cuda_dev_query(&g->dev));
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    const size_t NL = (size_t)g->nlists, L = c.L, T = c.T, Hq = c.Hq, D = c.D;
+    KV_CUDA_ALLOC(g->cent, NL * g->ds * sizeof(float), 0, "csattention centroids");
+    KV_CUDA_ALLOC(g->lidx, NL * L * sizeof(int32_t), 0, "csattention list indices");
+    KV_CUDA_ALLOC(g->lval, NL * L * sizeof(float), 0, "csattention list scores");
+    KV_CUDA_ALLOC(g->lcnt, NL * sizeof(int), 0, "csattention list counts");
+    KV_CUDA_TRY(cudaMemset(g->lcnt, 0, NL * sizeof(int)));
+    KV_CUDA_ALLOC(g->q, Hq * D * sizeof(float), 0, "csattention query");
+    KV_CUDA_ALLOC(g->key, (size_t)c.Hkv * D * sizeof(float), 0, "csattention appended key");
+    KV_CUDA_ALLOC(g->S, Hq * T * sizeof(float), 0, "csattention sums");
+    KV_CUDA_ALLOC(g->tmp, Hq * T * sizeof(float), 0, "csattention stamped scores");
+    KV_CUDA_ALLOC(g->stamp, Hq * T * sizeof(int), 0, "csattention stamps");
+    KV_CUDA_TRY(cudaMemset(g->stamp, 0, Hq * T * sizeof(int)));
+    KV_CUDA_ALLOC(g->u, Hq * T * sizeof(int32_t), 0, "csattention union");
+    KV_CUDA_ALLOC(g->nu, Hq * sizeof(int), 0, "csattention union sizes");
+    KV_CUDA_ALLOC(g->jl, Hq * c.m * sizeof(int), 0, "csattention gathered lists");
+    KV_CUDA_ALLOC(g->wb, Hq * c.m * sizeof(float), 0, "csattention weights");
+    KV_CUDA_ALLOC(g->oidx, Hq * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "csattention top-k");
+    KV_CUDA_ALLOC(g->LS, (size_t)CS_CHUNK * T * sizeof(float), 0, "csattention list score rows");
+    KV_CUDA_ALLOC(g->h_oidx, Hq * KV_GPU_TOPK_MAX * sizeof(int32_t), 1, "csattention top-k (host)");
+    KV_CUDA_ALLOC(g->h_nu, Hq * sizeof(int), 1, "csattention union sizes (host)");
+    KV_CUDA_ALLOC(g->h_q, Hq * D * sizeof(float), 1, "csattention query (host)");
+    KV_TRY(kv_topk_ws_create(&g->tk, c.Hq, c.T, &g->dev));
+    KV_TRY(kv_topk_ws_create(&g->tkl, CS_CHUNK, c.T, &g->dev));
+    return KV_OK;
+}
+
+void cs_destroy(void *p) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    if (!g) return;
+    if (g->st) cudaStreamSynchronize(g->st);
+    cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
+    cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
+    cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS);
+    cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
+    kv_topk_ws_destroy(&g->tk);
+    kv_topk_ws_destroy(&g->tkl);
+    if (g->st) cudaStreamDestroy(g->st);
+    free(g);
+}
+
+kv_status cs_alloc(const kv_cs_gpu_config *cfg, kv_cs_gpu **out) {
+    kv_cs_gpu *g = (kv_cs_gpu *)calloc(1, sizeof *g);
+    if (!g) return kv_fail(KV_ERR_NOMEM, "csattention GPU state");
+    g->c = *cfg;
+    kv_status s = cs_create_go(g);
+    if (s != KV_OK) { cs_destroy(g); return s; }
+    *out = g;
+    return KV_OK;
+}
+
+kv_status cs_create(const kv_cs_gpu_config *cfg, void **out) {
+    kv_cs_gpu *g = NULL;
+    KV_TRY(cs_alloc(cfg, &g));
+    *out = g;
+    return KV_OK;
+}
+
+kv_status cs_kmeans_go(kv_cs_gpu *g, const float *pts, const int *npts, int maxn, int iters, const double *draws,
+                       float *cent, int *fallback, float *dpts, int *dn, double *ddraw, double *dist, int *pick,
+                       int *dfb, int *asg) {
+    const kv_cs_gpu_config &c = g->c;
+    const int jobs = c.Hkv * c.m, C = c.C, ds = g->ds;
+    KV_CUDA_TRY(cudaMemcpyAsync(dpts, pts, (size_t)jobs * maxn * ds * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(dn, npts, jobs * sizeof(int), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(ddraw, draws, (size_t)jobs * C * sizeof(double), cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemsetAsync(dfb, 0, jobs * sizeof(int), g->st));
+    KV_CUDA_TRY(cudaMemsetAsync(g->cent, 0, (size_t)jobs * C * ds * sizeof(float), g->st));
+    const int bx = (maxn + 255) / 256 < 256 ? (maxn + 255) / 256 : 256;
+    km_first<<<(jobs + 127) / 128, 128, 0, g->st>>>(ddraw, C, dn, jobs, pick);
+    KV_LAUNCH_CHECK();
+    for (int k = 0; k < C; k++) { /* k-means++ */
+        km_set<<<jobs, 32, 0, g->st>>>(dpts, maxn, ds, C, k, pick, g->cent);
+        KV_LAUNCH_CHECK();
+        if (k == C - 1) break;
+        km_dist<<<dim3(bx, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, k, g->cent, dist);
+        KV_LAUNCH_CHECK();
+        km_pick<<<jobs, 1024, 0, g->st>>>(dist, maxn, dn, ddraw, C, k, pick, dfb);
+        KV_LAUNCH_CHECK();
+    }
+    for (int it = 0; it < iters; it++) { /* Lloyd */
+        km_assign<<<dim3(bx, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, g->cent, asg);
+        KV_LAUNCH_CHECK();
+        km_update<<<dim3(C, jobs), 256, 0, g->st>>>(dpts, maxn, dn, ds, C, asg, g->cent);
+        KV_LAUNCH_CHECK();
+    }
+    KV_CUDA_TRY(cudaMemcpyAsync(cent, g->cent, (size_t)jobs * C * ds * sizeof(float), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(fallback, dfb, jobs * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+kv_status cs_kmeans(void *p, const float *pts, const int *npts, int maxn, int iters, const double *draws, float *cent,
+                    int *fallback) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const int jobs = g->c.Hkv * g->c.m;
+    if (g->ds > 128) return kv_fail(KV_ERR_INPUT, "csattention GPU k-means: %d dims per subspace (at most 128)", g->ds);
+    float *dpts = NULL;
+    int *dn = NULL, *pick = NULL, *dfb = NULL, *asg = NULL;
+    double *ddraw = NULL, *dist = NULL;
+    kv_status st = kv_cuda_alloc((void **)&dpts, (size_t)jobs * maxn * g->ds * sizeof(float), 0, "k-means points",
+                                 __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&dn, jobs * sizeof(int), 0, "k-means counts", __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&pick, jobs * sizeof(int), 0, "k-means picks", __FILE__, __LINE__);
+    if (st == KV_OK) st = kv_cuda_alloc((void **)&dfb, jobs * sizeof(int), 0, "k-means fallbacks", __FILE__, __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&asg, (size_t)jobs * maxn * sizeof(int), 0, "k-means assignment", __FILE__, __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&ddraw, (size_t)jobs * g->c.C * sizeof(double), 0, "k-means uniforms", __FILE__,
+                           __LINE__);
+    if (st == KV_OK)
+        st = kv_cuda_alloc((void **)&dist, (size_t)jobs * maxn * sizeof(double), 0, "k-means distances", __FILE__,
+                           __LINE__);
+    if (st == KV_OK) st = cs_kmeans_go(g, pts, npts, maxn, iters, draws, cent, fallback, dpts, dn, ddraw, dist, pick,
+                                       dfb, asg);
+    cudaStreamSynchronize(g->st);
+    cudaFree(dpts); cudaFree(dn); cudaFree(pick); cudaFree(dfb); cudaFree(asg); cudaFree(ddraw); cudaFree(dist);
+    return st;
+}
+
+/* Lists of every centroid over [sink, n) of the keys K (device), centroids already on the device. */
+kv_status cs_build_lists(kv_cs_gpu *g, const kv_dev_kv *K, int n) {
+    const kv_cs_gpu_config &c = g->c;
+    const int lo = c.sink, nk = n - lo, m = c.m, C = c.C, ds = g->ds;
+    if (nk <= 0) return KV_OK;
+    const int L = nk < c.L ? nk : c.L;
+    float *thr;
+    KV_CUDA_ALLOC(thr, CS_CHUNK * sizeof(float), 0, "csattention list thresholds");
+    kv_status st = KV_OK;
+    const int bx = (nk + 255) / 256 < 2048 ? (nk + 255) / 256 : 2048;
+    for (int gh = 0; gh < c.Hkv && st == KV_OK; gh++)
+        for (int b = 0; b < m && st == KV_OK; b++)
+            for (int c0 = 0; c0 < C && st == KV_OK; c0 += CS_CHUNK) {
+                const int nc = C - c0 < CS_CHUNK ? C - c0 : CS_CHUNK;
+                const size_t l0 = ((size_t)gh * m + b) * C + c0;
+                const float *cent = g->cent + l0 * ds;
+                if (K->half)
+                    cs_list_scores<__half><<<dim3(bx, nc), 256, 0, g->st>>>((const __half *)K->p, K->T, c.D, gh, b, ds,
+                                                                            cent, nc, lo, nk, g->LS, c.T);
+                else
+                    cs_list_scores<float><<<dim3(bx, nc), 256, 0, g->st>>>((const float *)K->p, K->T, c.D, gh, b, ds,
+                                                                           cent, nc, lo, nk, g->LS, c.T);
+                cudaError_t e = cudaGetLastError();
+                if (e != cudaSuccess) { st = kv_cuda_error(e, "cs_list_scores", __FILE__, __LINE__); break; }
+                st = kv_topk_launch(&g->tkl, g->LS, c.T, 0, nk, nc, L, 0, NULL, 0, NULL, NULL, 0, thr, g->st);
+                if (st != KV_OK) break;
+                cs_list_select<<<nc, 1024, 0, g->st>>>(g->LS, c.T, nk, lo, thr, L, g->lidx + l0 * c.L,
+                                                        g->lval + l0 * c.L, c.L);
+                e = cudaGetLastError();
+                if (e != cudaSuccess) st = kv_cuda_error(e, "cs_list_select", __FILE__, __LINE__);
+            }
+    if (st == KV_OK) {
+        int *h = (int *)malloc((size_t)g->nlists * sizeof(int));
+        if (!h) st = kv_fail(KV_ERR_NOMEM, "csattention list counts");
+        else {
+            for (int a = 0; a < g->nlists; a++) h[a] = L;
+            cudaError_t e = cudaMemcpyAsync(g->lcnt, h, (size_t)g->nlists * sizeof(int), cudaMemcpyHostToDevice, g->st);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+            free(h);
+            if (e != cudaSuccess) st = kv_cuda_error(e, "list counts", __FILE__, __LINE__);
+        }
+    }
+    /* heaps: levels from the deepest internal one up */
+    int depth = 0;
+    while ((2 << depth) - 1 < L / 2) depth++;
+    for (int d = depth; d >= 0 && st == KV_OK; d--) {
+        const int first = (1 << d) - 1, last = (2 << d) - 1 < L / 2 ? (2 << d) - 1 : L / 2;
+        if (first >= last) continue;
+        const long long total = (long long)(last - first) * g->nlists;
+        const int blocks = (int)((total + 255) / 256 < 65535 ? (total + 255) / 256 : 65535);
+        cs_heapify_level<<<blocks, 256, 0, g->st>>>(g->lidx, g->lval, g->lcnt, g->nlists, c.L, first, last);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) st = kv_cuda_error(e, "cs_heapify_level", __FILE__, __LINE__);
+    }
+    cudaStreamSynchronize(g->st);
+    cudaFree(thr);
+    return st;
+}
+
+kv_status cs_build(void *p, const float *k, int n, const float *cent) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const kv_cs_gpu_config &c = g->c;
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    KV_CUDA_TRY(cudaMemcpy(g->cent, cent, (size_t)g->nlists * g->ds * sizeof(float), cudaMemcpyHostToDevice));
+    kv_gpu_keys *K = NULL;
+    KV_TRY(kv_gpu_keys_create(c.Hkv, n > 0 ? n : 1, c.D, 0, &K));
+    kv_status st = n > 0 ? kv_gpu_keys_write(K, 0, n, k) : KV_OK;
+    if (st == KV_OK) st = cs_build_lists(g, &K->a, n);
+    kv_gpu_keys_destroy(K);
+    return st;
+}
+
+kv_status cs_read_index(void *p, float *cent, int32_t *lidx, float *lval, int *lcnt) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const size_t NL = (size_t)g->nlists, L = g->c.L;
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    if (cent) KV_CUDA_TRY(cudaMemcpy(cent, g->cent, NL * g->ds * sizeof(float), cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy(lidx, g->lidx, NL * L * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy(lval, g->lval, NL * L * sizeof(float), cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy(lcnt, g->lcnt, NL * sizeof(int), cudaMemcpyDeviceToHost));
+    return KV_OK;
+}
+
+kv_status cs_append(void *p, int t, const float *key) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const kv_cs_gpu_config &c = g->c;
+    KV_CUDA_TRY(cudaMemcpyAsync(g->key, key, (size_t)c.Hkv * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    cs_try_insert<<<(g->nlists + 127) / 128, 128, 0, g->st>>>(g->key, t, c.D, c.m, c.C, g->ds, c.L, g->nlists, g->cent,
+                                                              g->lidx, g->lval, g->lcnt);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+/* Stages of one search on g->st (q on the device): nearest + gather/reduce + compaction, then top-k. */
+kv_status cs_reduce_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo;
+    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+                                                        g->wb);
+    KV_LAUNCH_CHECK();
+    const long long fill = (long long)n * R;
+    cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
+                                                                                            -INFINITY);
+    KV_LAUNCH_CHECK();
+    const int bl = (c.L + 255) / 256 < 1024 ? (c.L + 255) / 256 : 1024;
+    if (missing == 0) {
+        for (int b = 0; b < m; b++) {
+            cs_accum_zero<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, g->wb, m, b, c.L, g->lidx, g->lval, g->lcnt,
+                                                          lo, hi);
+            KV_LAUNCH_CHECK();
+        }
+    } else {
+        for (int b = 0; b < m; b++) {
+            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
+                                                    g->stamp, g->tmp, -1);
+            KV_LAUNCH_CHECK();
+        }
+    }
+    KV_CUDA_TRY(cudaMemsetAsync(g->nu, 0, R * sizeof(int), g->st));
+    const int bc = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+    cs_compact<<<dim3(bc, R), 256, 0, g->st>>>(g->S, c.T, lo, hi, g->u, g->nu);
+    KV_LAUNCH_CHECK();
+    if (missing == 1) {
+        const int bu = (m * c.L + 255) / 256 < 1024 ? (m * c.L + 255) / 256 : 1024;
+        for (int b = 0; b < m; b++) {
+            const int e = ++g->epoch;
+            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
+                                                    g->stamp, g->tmp, e);
+            KV_LAUNCH_CHECK();
+            cs_accum_min<<<dim3(bu, R), 256, 0, g->st>>>(g->S, c.T, g->u, g->nu, g->jl, g->wb, m, b, c.L, g->lval,
+                                                         g->lcnt, g->stamp, g->tmp, e);
+            KV_LAUNCH_CHECK();
+        }
+    }
+    return KV_OK;
+}
+
+kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
+                    int *count, int32_t *cand, int cand_ld, int *ncand) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, G = g->G;
+    if (n <= 0 || k <= 0) return KV_OK;
+    if (k > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "csattention GPU: k=%d above %d", k, KV_GPU_TOPK_MAX);
+    memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
+    const int kk = k < n ? k : n;
+    KV_TRY(kv_topk_launch(&g->tk, g->S, c.T, lo, n, R, kk, lo, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->h_oidx, g->oidx, (size_t)R * kk * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->h_nu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    for (int h = 0; h < c.Hq; h++) {
+        const int r = pool ? h / G : h, nu = g->h_nu[r], cnt = kk < nu ? kk : nu;
+        memcpy(idx + (size_t)h * ld, g->h_oidx + (size_t)r * kk, (size_t)cnt * sizeof(int32_t));
+        count[h] = cnt;
+        ncand[h] = nu;
+        if (cand) KV_CUDA_TRY(cudaMemcpy(cand + (size_t)h * cand_ld, g->u + (size_t)r * c.T, (size_t)nu * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost));
+    }
+    return KV_OK;
+}
+
+/* ---- kvbench bench --method csattention ---- */
+struct cs_bench_ctx {
+    kv_cs_gpu *g;
+    kv_bench_timer tm;
+    cudaStream_t own;
+};
+
+kv_status cs_bench_go(cs_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, const kv_gpu_keys *K,
+                      const float *q, kv_gpu_stages *out) {
+    const int n = s->n;
+    int L = (int)ceil(bp->alpha * n - 1e-9);
+    L = L < 1 ? 1 : L > n ? n : L;
+    kv_cs_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, bp->m, bp->C, L, 0, s->k};
+    KV_TRY(cs_alloc(&cfg, &x->g));
+    kv_cs_gpu *g = x->g;
+    const int tot = s->Hkv * bp->m * bp->C;
+    if (K->a.half)
+        cs_cent_from_keys<__half><<<(tot + 127) / 128, 128, 0, g->st>>>((const __half *)K->a.p, K->a.T, s->D, bp->m,
+                                                                       bp->C, g->ds, s->Hkv, n, g->cent);
+    else
+        cs_cent_from_keys<float><<<(tot + 127) / 128, 128, 0, g->st>>>((const float *)K->a.p, K->a.T, s->D, bp->m,
+                                                                      bp->C, g->ds, s->Hkv, n, g->cent);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    KV_TRY(kv_bench_timer_init(&x->tm, s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    x->own = g->st;
+    g->st = x->tm.st;
+    kv_gpu_timing t[4];
+    KV_TRY(kv_bench_time(&x->tm, [&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
+    kv_bench_timer_free(&x->tm);
+    g->st = x->own;
+    KV_TRY(kv_bench_timer_init(&x->tm, s->reps, s->warmup));
+    g->st = x->tm.st;
+    KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
+    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n;
+    auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
+    auto topk = [&]() {
+        return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
+    };
+    KV_TRY(kv_bench_time(&x->tm, reduce, &t[1]));
+    KV_TRY(kv_bench_time(&x->tm, topk, &t[2]));
+    KV_TRY(kv_bench_time(&x->tm, [&]() -> kv_status { KV_TRY(reduce()); return topk(); }, &t[3]));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    int nu[64];
+    KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
+    double su = 0;
+    for (int r = 0; r < R && r < 64; r++) su += nu[r];
+    g->st = x->own;
+    x->own = NULL;
+    const double es = K->a.half ? 2 : 4, lists = (double)R * bp->m * L * 8, dense = (double)R * n * 4,
+                 build = (double)s->Hkv * bp->m *
+                         ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
+                          (double)bp->C * L * 8);
+    out->n = 4;
+    out->stage[0] = kv_gpu_stage{"build_lists", t[0], build};
+    out->stage[1] = kv_gpu_stage{"gather_reduce", t[1], lists + 3 * dense};
+    out->stage[2] = kv_gpu_stage{"topk", t[2], dense + (double)R * kk * 4};
+    out->stage[3] = kv_gpu_stage{"search", t[3], lists + (double)R * kk * 4};
+    snprintf(out->bytes_note, sizeof out->bytes_note,
+             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at evenly spaced positions "
+             "(no queries in the bench); union %.0f/row; floor per row = m lists x L x 8 B (int32 + float32); "
+             "gather_reduce adds ~3 x 4 B per region key (dense accumulator: fill, adds, compaction), topk reads it "
+             "(4 B/key); build = keys per %d-centroid chunk + score rows (3 x 4 B) + lists",
+             bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R, CS_CHUNK);
+    out->l2_bytes = x->tm.dev.l2_bytes;
+    out->flush_bytes = x->tm.flush_n * sizeof(uint4);
+    return KV_OK;
+}
+
+kv_status cs_bench(const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, const kv_gpu_keys *K, const float *q,
+                   kv_gpu_stages *out) {
+    memset(out, 0, sizeof *out);
+    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D || s->D % bp->m)
+        return kv_fail(KV_ERR_INPUT, "csattention GPU bench: inconsistent spec (n=%d, m=%d)", s->n, bp->m);
+    cs_bench_ctx x = {};
+    kv_status st = cs_bench_go(&x, s, bp, K, q, out);
+    if (x.g && x.own) x.g->st = x.own;
+    cs_destroy(x.g);
+    kv_bench_timer_free(&x.tm);
+    return st;
+}
+
+}  // namespace
+
+extern "C" const kv_csattention_gpu_ops kv_csattention_gpu = {
+    cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_search, cs_destroy, cs_bench,
+};

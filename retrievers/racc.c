@@ -1,0 +1,354 @@
+/* racc.c: RACC ("RACC: Retrieval-Augmented KV Cache Compression in
+ * Long-Context Generation", under review: sec. 4 compression with grouped
+ * recompression, appendix B the vote, appendix C algorithm 1, eq. 4 the
+ * compression rate), CPU reference. No public code.
+ *
+ * Resident set (per kv head): SnapKV-style voting. At a compression, the
+ * voted set V is every resident token of [sink, n - window) (n = positions
+ * seen; the last `window` tokens are the observation window L_3 and stay,
+ * as does the sink); each of the window's queries (the G query heads of
+ * the kv head, positions [n - window, n)) scores V, and the vote of a token
+ * is its softmax weight summed over the window and the group (appendix B
+ * sums the attention of L_3 over L_2; alg. 1 line 4). The floor(alpha*|V|)
+ * tokens with the highest votes stay resident, the rest are evicted to the
+ * retrieval index. Compressions run at build (on the prefill: the paper's
+ * LILO mode compresses prompt and generated tokens alike) and after every
+ * L_n generated tokens (positions P + j*L_n - 1, j >= 1); tokens generated
+ * in between are resident. Retrieval: at step t the query of step t-1 (the
+ * one append() was handed at t-1: lag 1, the retrieval runs one step ahead
+ * asynchronously in the paper) searches the evicted keys of the region
+ * exactly (index=exact: all inner products, kv_topk_ref) and the top
+ * ceil(beta * (t+1)) are attended too (beta = the fraction of the context,
+ * eq. 4). The selection (one list per kv head) is resident ∪ retrieved;
+ * its size is not k: the method declares a variable budget and its mean
+ * size is its effective budget. Method metric "resident_fraction": the
+ * resident share of the region, averaged over kv heads.
+ *
+ * Choices where the paper is silent:
+ * - Vote: softmax over V of softmax_scale * <q, k> per query (SnapKV's
+ *   attention weights; eq. 5 writes the raw scores, alg. 1 says attention
+ *   weights), max then the sum of exp in double, votes summed in double in
+ *   query order (head, then position), ranked as float by kv_topk_ref
+ *   (larger first, the earlier position among equals).
+ * - GQA: the vote sums over the group (one resident set per kv head, the
+ *   cache is per kv head); the retrieval query of a kv head is the mean of
+ *   its G heads' queries (one MIPS query per kv head, as a single index
+ *   search would be issued), scores softmax_scale * kv_dot_ref (the shared
+ *   score kernel's, bitwise), ranked by kv_topk_ref.
+ * - The retrieval searches the evicted set as it stands at step t (a
+ *   compression at t already evicted its tokens); only the query lags.
+ *   Evicted tokens inside the local window (possible when window < local -
+ *   1) are not candidates (they are attended anyway).
+ * - Without the prefill's queries (kvbench bench) the first compression has
+ *   no window queries: nothing is evicted at build.
+ * - index: exact only. The Faiss retrievers (retrievers/faiss.c) keep their
+ *   indexes private and label vectors by region position in add order;
+ *   RACC adds evicted keys out of position order, which needs a label map
+ *   and an internal header shared with faiss.c: left for later.
+ * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
+ *   the vote (all kv heads' window queries as rows of the shared score
+ *   kernel, masked softmax, sum over the window and group) runs there and
+ *   its float votes come back for the ranking here (nc floats once every
+ *   L_n tokens), so votes agree with the CPU's to ~1e-12 relative (CUDA's
+ *   exp, another summation order of the softmax denominators) and the kept
+ *   set can differ only between near-equal votes; the retrieval (scores of
+ *   the mean previous query masked to the evicted keys, the shared top-k,
+ *   at most KV_GPU_TOPK_MAX keys) is bitwise the CPU's for the same
+ *   eviction flags. The resident part of the list and the flags stay on
+ *   the host. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/racc.h"
+#include "../kernels/ops/score.h"
+#include "../kernels/ops/topk.h"
+#include "baselines.h"
+
+typedef struct {
+    kv_shape sh;
+    double alpha, beta;
+    int Ln, window;
+    int n;              /* positions seen */
+    int compressions;
+    float *K;           /* [Hkv][T][D] all keys (resident or evicted: the index is exact) */
+    float *Qw;          /* [Hq][window][D] ring of the last `window` queries (slot = position % window) */
+    int nq;             /* consecutive positions with a query handed over */
+    float *q_prev;      /* [Hq][D] the query of position n-2 (n-1 is in the ring) */
+    uint8_t *evicted;   /* [Hkv][T] */
+    int *n_evicted;     /* [Hkv] */
+    /* scratch */
+    int32_t *cand;      /* [T] */
+    double *vote;       /* [T] */
+    float *fs;          /* [T] */
+    float *qw;          /* [G][window][D] the window's queries in position order */
+    int32_t *top;       /* [T] */
+    float *qm;          /* [Hkv][D] the groups' mean previous queries */
+    uint8_t *kept;      /* [T] */
+    float *fv;          /* [T] votes as float (the ranking) */
+    float *vall;        /* GPU path: [Hkv][T] votes from the device */
+    float *qwall;       /* GPU path: [Hq][window][D] the window queries in position order */
+    int *rr;            /* GPU path: [Hkv] keys to retrieve */
+    kv_racc_gpu *gpu;
+} racc_state;
+
+static const kv_param_spec racc_params[] = {
+    {"alpha", KV_PARAM_FLOAT, KV_PARAM_BUILD, 0.6, 0, 1, NULL, "fraction of the voted tokens kept at each compression"},
+    {"Ln", KV_PARAM_INT, KV_PARAM_BUILD, 400, 1, 1 << 30, NULL, "generated tokens between compressions (L_n)"},
+    {"window", KV_PARAM_INT, KV_PARAM_BUILD, 32, 1, 65536, NULL, "observation window: the last queries that vote"},
+    {"beta", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0.01, 0, 1, NULL,
+     "keys retrieved per step from the evicted set, as a fraction of the context (t+1)"},
+    {NULL},
+};
+
+void kv_racc_vote(const float *qw, int G, int nw, const float *K, int D, const int32_t *cand, int nc, float scale,
+                  double *vote, float *scratch) {
+    for (int i = 0; i < nc; i++) vote[i] = 0;
+    for (int h = 0; h < G; h++)
+        for (int w = 0; w < nw; w++) {
+            const float *q = qw + ((size_t)h * nw + w) * D;
+            float m = -INFINITY;
+            for (int i = 0; i < nc; i++) {
+                scratch[i] = scale * kv_dot_ref(q, K + (size_t)cand[i] * D, D);
+                m = scratch[i] > m ? scratch[i] : m;
+            }
+            double z = 0;
+            for (int i = 0; i < nc; i++) z += exp((double)scratch[i] - m);
+            for (int i = 0; i < nc; i++) vote[i] += exp((double)scratch[i] - m) / z;
+        }
+}
+
+static void racc_free(racc_state *s) {
+    if (!s) return;
+    free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted);
+    free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->kept); free(s->fv);
+    free(s->vall); free(s->qwall); free(s->rr);
+    if (s->gpu) kv_racc_cuda.destroy(s->gpu);
+    free(s);
+}
+
+static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
+    racc_state *s = kv_calloc(1, sizeof *s, "racc state");
+    if (!s) return KV_ERR_NOMEM;
+    s->sh = *sh;
+    s->alpha = kv_param(ps, "alpha");
+    s->beta = kv_param(ps, "beta");
+    s->Ln = kv_param_int(ps, "Ln");
+    s->window = kv_param_int(ps, "window");
+    size_t T = (size_t)sh->max_tokens, D = (size_t)sh->head_dim, Hkv = (size_t)sh->num_kv_heads,
+           Hq = (size_t)sh->num_q_heads, W = (size_t)s->window, G = (size_t)sh->group;
+    s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
+    s->Qw = kv_calloc(Hq * W * D, sizeof(float), "racc window queries");
+    s->q_prev = kv_malloc(Hq * D * sizeof(float), "racc previous query");
+    s->evicted = kv_calloc(Hkv * T, 1, "racc eviction flags");
+    s->n_evicted = kv_calloc(Hkv, sizeof(int), "racc eviction counts");
+    s->cand = kv_malloc(T * sizeof(int32_t), "racc candidates");
+    s->vote = kv_malloc(T * sizeof(double), "racc votes");
+    s->fs = kv_malloc(T * sizeof(float), "racc scores");
+    s->qw = kv_malloc(G * W * D * sizeof(float), "racc vote queries");
+    s->top = kv_malloc((sh->use_gpu ? Hkv : 1) * T * sizeof(int32_t), "racc top-k");
+    s->qm = kv_malloc(Hkv * D * sizeof(float), "racc mean query");
+    s->kept = kv_malloc(T, "racc kept flags");
+    s->fv = kv_malloc(T * sizeof(float), "racc float votes");
+    if (!s->K || !s->Qw || !s->q_prev || !s->evicted || !s->n_evicted || !s->cand || !s->vote || !s->fs || !s->qw ||
+        !s->top || !s->qm || !s->kept || !s->fv) {
+        racc_free(s);
+        return KV_ERR_NOMEM;
+    }
+    if (sh->use_gpu) { /* keys, vote and retrieval on the device (kernels/racc.cu) */
+        kv_status st = kv_gpu_table(&kv_racc_cuda);
+        s->vall = kv_malloc(Hkv * T * sizeof(float), "racc device votes");
+        s->qwall = kv_malloc(Hq * W * D * sizeof(float), "racc window queries (device order)");
+        s->rr = kv_malloc(Hkv * sizeof(int), "racc retrieval counts");
+        if (st == KV_OK && (!s->vall || !s->qwall || !s->rr)) st = KV_ERR_NOMEM;
+        if (st == KV_OK)
+            st = kv_racc_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->window, &s->gpu);
+        if (st != KV_OK) { racc_free(s); return st; }
+    }
+    *out = s;
+    return KV_OK;
+}
+
+/* One compression over positions [0, n): per kv head, vote on the resident
+ * tokens of [sink, n - window) and evict all but floor(alpha * |V|): the
+ * votes, as float, ranked by kv_topk_ref (larger first, earlier position
+ * among equals: the order the shared GPU top-k reproduces too). */
+static kv_status racc_compress(racc_state *s) {
+    const kv_shape *sh = &s->sh;
+    int n = s->n, W = s->window, D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = n - W;
+    s->compressions++;
+    if (s->nq < W || hi <= lo) return KV_OK; /* no full observation window, or nothing older to vote on */
+    if (s->gpu) { /* every head's window queries in position order, one vote launch for all kv heads */
+        for (int h = 0; h < sh->num_q_heads; h++)
+            for (int w = 0; w < W; w++)
+                memcpy(s->qwall + ((size_t)h * W + w) * D, s->Qw + (((size_t)h * W) + (hi + w) % W) * D,
+                       (size_t)D * sizeof(float));
+        KV_TRY(kv_racc_cuda.vote(s->gpu, s->qwall, sh->softmax_scale, lo, hi, s->vall));
+    }
+    for (int g = 0; g < sh->num_kv_heads; g++) {
+        uint8_t *ev = s->evicted + (size_t)g * T;
+        int nc = 0;
+        for (int i = lo; i < hi; i++)
+            if (!ev[i]) s->cand[nc++] = i;
+        int keep = (int)floor(s->alpha * nc);
+        if (keep >= nc) continue;
+        if (s->gpu)
+            for (int i = 0; i < nc; i++) s->fv[i] = s->vall[(size_t)g * (hi - lo) + s->cand[i] - lo];
+        else {
+            for (int h = 0; h < G; h++) /* the window queries of this kv head in position order */
+                    for (int w = 0; w < W; w++)
+                        memcpy(s->qw + ((size_t)h * W + w) * D, s->Qw + (((size_t)(g * G + h) * W) + (hi + w) % W) * D,
+                               (size_t)D * sizeof(float));
+            kv_racc_vote(s->qw, G, W, s->K + (size_t)g * T * D, D, s->cand, nc, sh->softmax_scale, s->vote, s->fs);
+            for (int i = 0; i < nc; i++) s->fv[i] = (float)s->vote[i];
+        }
+        int np = kv_topk_ref(s->fv, nc, keep, 0, s->top, NULL);
+        if (np < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for the compression top-k");
+        memset(s->kept, 0, (size_t)nc);
+        for (int j = 0; j < np; j++) s->kept[s->top[j]] = 1;
+        for (int i = 0; i < nc; i++)
+            if (!s->kept[i]) { ev[s->cand[i]] = 1; s->n_evicted[g]++; }
+    }
+    return s->gpu ? kv_racc_cuda.set_evicted(s->gpu, n, s->evicted) : KV_OK;
+}
+
+static void racc_push_query(racc_state *s, int t, const float *q, size_t head_stride) {
+    size_t D = (size_t)s->sh.head_dim, W = (size_t)s->window;
+    for (int h = 0; h < s->sh.num_q_heads; h++) {
+        if (t >= 1) memcpy(s->q_prev + h * D, s->Qw + ((size_t)h * W + (size_t)(t - 1) % W) * D, D * sizeof(float));
+        memcpy(s->Qw + ((size_t)h * W + (size_t)t % W) * D, q + h * head_stride, D * sizeof(float));
+    }
+}
+
+static kv_status racc_build(void *st, const kv_prefill *pre) {
+    racc_state *s = st;
+    size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
+    for (int g = 0; g < s->sh.num_kv_heads; g++)
+        memcpy(s->K + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
+    int W = s->window, t0 = pre->n - W > 0 ? pre->n - W : 0;
+    if (pre->q) {
+        for (int t = t0; t < pre->n; t++) racc_push_query(s, t, pre->q + (size_t)t * D, (size_t)pre->n * D);
+        s->nq = pre->n - t0;
+    }
+    s->n = pre->n;
+    if (s->gpu) KV_TRY(kv_racc_cuda.write_keys(s->gpu, 0, pre->n, pre->k));
+    return racc_compress(s);
+}
+
+static kv_status racc_append(void *st, int t, const float *k, const float *v, const float *q) {
+    racc_state *s = st;
+    (void)v;
+    size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
+    if (t != s->n || t >= s->sh.max_tokens)
+        return kv_fail(KV_ERR_INTERNAL, "racc: append of position %d, expected %d", t, s->n);
+    for (int g = 0; g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
+    if (q) { racc_push_query(s, t, q, D); s->nq++; }
+    else s->nq = 0;
+    if (s->gpu) KV_TRY(kv_racc_cuda.write_keys(s->gpu, t, 1, k));
+    s->n++;
+    int gen = s->n - s->sh.prefill_len;
+    return gen > 0 && gen % s->Ln == 0 ? racc_compress(s) : KV_OK;
+}
+
+static kv_status racc_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    racc_state *s = st;
+    const kv_shape *sh = &s->sh;
+    (void)q; (void)k;
+    int D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    int r = (int)ceil(s->beta * (double)(t + 1)), have_prev = s->nq >= 2;
+    double res = 0;
+    for (int g = 0; g < sh->num_kv_heads; g++) { /* the resident part of the region; the group's mean q_{t-1} */
+        const uint8_t *ev = s->evicted + (size_t)g * T;
+        int32_t *out = sel->idx + (size_t)g * sel->cap;
+        int c = 0;
+        for (int i = lo; i < hi; i++)
+            if (!ev[i]) out[c++] = i;
+        sel->count[g] = c;
+        res += (double)c / (hi - lo);
+        for (int j = 0; j < D; j++) {
+            float a = 0;
+            for (int h = g * G; h < (g + 1) * G; h++) a += s->q_prev[(size_t)h * D + j];
+            s->qm[(size_t)g * D + j] = a / G;
+        }
+    }
+    sel->metric = (float)(res / sh->num_kv_heads);
+    if (r <= 0 || !have_prev) return KV_OK;
+    if (s->gpu) { /* scores over the region masked to the evicted keys, the shared top-k */
+        int any = 0;
+        for (int g = 0; g < sh->num_kv_heads; g++) {
+            int ne = (hi - lo) - sel->count[g];
+            s->rr[g] = r < ne ? r : ne;
+            any |= s->rr[g] > 0;
+        }
+        if (!any) return KV_OK;
+        int ld = 0;
+        for (int g = 0; g < sh->num_kv_heads; g++) ld = s->rr[g] > ld ? s->rr[g] : ld;
+        KV_TRY(kv_racc_cuda.retrieve(s->gpu, s->qm, sh->softmax_scale, lo, hi, s->rr, s->top, ld));
+        for (int g = 0; g < sh->num_kv_heads; g++) {
+            int32_t *out = sel->idx + (size_t)g * sel->cap;
+            for (int j = 0; j < s->rr[g]; j++) out[sel->count[g]++] = s->top[(size_t)g * ld + j];
+        }
+        return KV_OK;
+    }
+    for (int g = 0; g < sh->num_kv_heads; g++) { /* exact MIPS over the evicted keys of the region */
+        const uint8_t *ev = s->evicted + (size_t)g * T;
+        const float *Kg = s->K + (size_t)g * T * D;
+        int nc = 0;
+        for (int i = lo; i < hi; i++)
+            if (ev[i]) s->cand[nc++] = i;
+        if (!nc) continue;
+        for (int i = 0; i < nc; i++)
+            s->fs[i] = sh->softmax_scale * kv_dot_ref(s->qm + (size_t)g * D, Kg + (size_t)s->cand[i] * D, D);
+        int nr = kv_topk_ref(s->fs, nc, r, 0, s->top, NULL);
+        if (nr < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for top-k scratch");
+        int32_t *out = sel->idx + (size_t)g * sel->cap;
+        for (int j = 0; j < nr; j++) out[sel->count[g]++] = s->cand[s->top[j]];
+    }
+    return KV_OK;
+}
+
+/* kvbench bench on a GPU: one compression vote and one lag-1 retrieval. */
+static kv_status racc_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
+                                const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
+    (void)sh; (void)V;
+    KV_TRY(kv_gpu_table(&kv_racc_cuda));
+    return kv_racc_cuda.bench(spec, kv_param_int(ps, "window"), kv_param(ps, "beta"), K, q, out);
+}
+
+static size_t racc_memory(const void *st) {
+    /* the retrieval index: the evicted keys (exact index: the keys themselves) */
+    const racc_state *s = st;
+    size_t n = 0;
+    for (int g = 0; g < s->sh.num_kv_heads; g++) n += (size_t)s->n_evicted[g];
+    return n * (size_t)s->sh.head_dim * sizeof(float);
+}
+
+static void racc_destroy(void *st) { racc_free(st); }
+
+void kv_racc_view_of(const void *st, kv_racc_view *out) {
+    const racc_state *s = st;
+    int res = 0;
+    for (int i = s->sh.sink; i < s->n; i++) res += !s->evicted[i];
+    *out = (kv_racc_view){.n_resident = res, .n_evicted = s->n_evicted[0], .compressions = s->compressions};
+}
+
+const kv_method kv_method_racc = {
+    .abi = KV_RETRIEVER_ABI,
+    .name = "racc",
+    .summary = "resident set by SnapKV voting, recompressed every Ln tokens keeping alpha; plus lag-1 exact retrieval "
+               "of beta*(t+1) evicted keys; variable budget",
+    .paper = "\"RACC: Retrieval-Augmented KV Cache Compression in Long-Context Generation\", anonymous, under double-blind review, sec. 4 and appendices B-C; no public code",
+    .per_kv_head = 1,
+    .variable_budget = 1,
+    .has_gpu = 1,
+    .params = racc_params,
+    .create = racc_create,
+    .build = racc_build,
+    .append = racc_append,
+    .search = racc_search,
+    .memory_bytes = racc_memory,
+    .destroy = racc_destroy,
+    .bench_gpu = racc_bench_gpu,
+    .metric_name = "resident_fraction",
+};

@@ -1,0 +1,178 @@
+/* test_query_centric_gpu.c: the CUDA paths of CSAttention and CTKVR
+ * (kernels/csattention.cu, kernels/ctkvr.cu) against their C references,
+ * driven side by side over the same layer: the lists after the build and
+ * after the decode keys (as sets for CSAttention, whose heap layout may
+ * differ; in order for CTKVR), and at every evaluated step the selection
+ * (in order), the candidate set (as a set) and the extras. Scores are
+ * bitwise equal on both paths; CTKVR's log-sum-exp adds in another order,
+ * so a selection could differ between keys whose ranking values tie to the
+ * last bit: on the synthetic layers used here none does (a failure names
+ * the step, head and rank). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../retrievers/query_centric.h"
+#include "kv_test.h"
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+/* the two selections are equal (ordered idx, candidate sets, extras) */
+static int same_selection(const kv_selection *a, const kv_selection *b, int t, const char *what) {
+    int *x = malloc((size_t)a->cand_cap * sizeof(int)), *y = malloc((size_t)a->cand_cap * sizeof(int));
+    for (int l = 0; l < a->n_lists; l++) {
+        CHECK(a->count[l] == b->count[l], "%s t %d list %d: count cpu %d gpu %d", what, t, l, a->count[l], b->count[l]);
+        for (int j = 0; j < a->count[l]; j++)
+            CHECK(a->idx[(size_t)l * a->cap + j] == b->idx[(size_t)l * b->cap + j], "%s t %d list %d rank %d: cpu %d gpu %d",
+                  what, t, l, j, a->idx[(size_t)l * a->cap + j], b->idx[(size_t)l * b->cap + j]);
+        CHECK(a->n_cand[l] == b->n_cand[l], "%s t %d list %d: candidates cpu %d gpu %d", what, t, l, a->n_cand[l],
+              b->n_cand[l]);
+        int n = a->n_cand[l] > 0 ? a->n_cand[l] : 0;
+        memcpy(x, a->cand + (size_t)l * a->cand_cap, (size_t)n * sizeof(int));
+        memcpy(y, b->cand + (size_t)l * b->cand_cap, (size_t)n * sizeof(int));
+        qsort(x, (size_t)n, sizeof(int), cmp_int);
+        qsort(y, (size_t)n, sizeof(int), cmp_int);
+        CHECK(!memcmp(x, y, (size_t)n * sizeof(int)), "%s t %d list %d: candidate sets differ", what, t, l);
+    }
+    for (int g = 0; g < a->n_kv; g++) {
+        CHECK(a->n_extra[g] == b->n_extra[g], "%s t %d kv %d: extra cpu %d gpu %d", what, t, g, a->n_extra[g], b->n_extra[g]);
+        CHECK(!memcmp(a->extra + (size_t)g * a->extra_cap, b->extra + (size_t)g * b->extra_cap,
+                      (size_t)a->n_extra[g] * sizeof(int32_t)), "%s t %d kv %d: extras differ", what, t, g);
+    }
+    free(x); free(y);
+    return KV_TEST_PASS;
+}
+
+static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, const char *what) {
+    int nl = Hkv * a->m * a->C;
+    CHECK(!memcmp(a->cent, b->cent, (size_t)nl * a->ds * sizeof(float)), "%s: centroids differ", what);
+    int *x = malloc((size_t)a->L * sizeof(int)), *y = malloc((size_t)a->L * sizeof(int));
+    for (int li = 0; li < nl; li++) {
+        CHECK(a->lcnt[li] == b->lcnt[li], "%s list %d: %d vs %d entries", what, li, a->lcnt[li], b->lcnt[li]);
+        memcpy(x, a->lidx + (size_t)li * a->L, (size_t)a->lcnt[li] * sizeof(int));
+        memcpy(y, b->lidx + (size_t)li * b->L, (size_t)b->lcnt[li] * sizeof(int));
+        qsort(x, (size_t)a->lcnt[li], sizeof(int), cmp_int);
+        qsort(y, (size_t)a->lcnt[li], sizeof(int), cmp_int);
+        CHECK(!memcmp(x, y, (size_t)a->lcnt[li] * sizeof(int)), "%s list %d: key sets differ", what, li);
+        /* the heap roots (the weakest entry) agree */
+        CHECK(a->lcnt[li] == 0 || (a->lidx[(size_t)li * a->L] == b->lidx[(size_t)li * b->L] &&
+                                    a->lval[(size_t)li * a->L] == b->lval[(size_t)li * b->L]),
+              "%s list %d: roots differ", what, li);
+    }
+    free(x); free(y);
+    return KV_TEST_PASS;
+}
+
+int test_csattention_gpu_matches_cpu(void) {
+    int T = 640, P = 400, sink = 4, local = 16, k = 24;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
+    /* kmeans=host: both paths share the centroids, so everything after is bitwise */
+    const char *sets[][7] = {
+        {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
+        {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
+        {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
+        {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
+    };
+    for (int s = 0; s < 4; s++) {
+        kv_test_driver c, g;
+        CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
+        kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
+        CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
+        kv_cs_view vc, vg;
+        kv_csattention_view(c.st, &vc);
+        kv_csattention_view(g.st, &vg);
+        if (cs_same_lists(&vc, &vg, 2, "build") != KV_TEST_PASS) return KV_TEST_FAIL;
+        for (int t = P; t < T; t += 16) {
+            CHECK_OK(kv_test_driver_step(&c, t, k));
+            CHECK_OK(kv_test_driver_step(&g, t, k));
+            if (same_selection(&c.sel, &g.sel, t, sets[s][4]) != KV_TEST_PASS) return KV_TEST_FAIL;
+        }
+        kv_csattention_view(c.st, &vc);
+        kv_csattention_view(g.st, &vg);
+        if (cs_same_lists(&vc, &vg, 2, "after decode") != KV_TEST_PASS) return KV_TEST_FAIL;
+        kv_test_driver_close(&c);
+        kv_test_driver_close(&g);
+    }
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
+}
+
+int test_ctkvr_gpu_matches_cpu(void) {
+    int T = 640, P = 400, sink = 4, local = 16, k = 24;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 43, &L));
+    const char *sets[][5] = {
+        {"C=20", "rho=60", "cp=4", "dcu=on", "gen=dense"},
+        {"C=20", "rho=60", "cp=3", "dcu=off", "gen=rerank"},
+        {"C=8", "rho=50", "cp=2", "dcu=oracle", "gen=dense"},
+        {"C=0", "k_hint=24", "cp=4", "dcu=on", "gen=rerank"},
+        {"C=16", "rho=40", "centroids=random", "dcu=on", "gen=dense"},
+    };
+    for (int s = 0; s < 5; s++) {
+        kv_test_driver c, g;
+        CHECK_OK(kv_test_driver_open(&c, "ctkvr", sets[s], 5, &L, P, sink, local, k));
+        kv_status st = kv_test_driver_open_gpu(&g, "ctkvr", sets[s], 5, &L, P, sink, local, k);
+        CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
+        for (int t = P; t < T; t += 8) {
+            kv_ctkvr_view vc, vg;
+            kv_ctkvr_view_of(c.st, &vc);
+            kv_ctkvr_view_of(g.st, &vg);
+            CHECK(vc.next == vg.next, "set %d t %d: FIFO next %d vs %d", s, t, vc.next, vg.next);
+            for (int a = 0; a < 2 * vc.C; a++) {
+                CHECK(vc.lcnt[a] == vg.lcnt[a], "set %d t %d list %d: %d vs %d keys", s, t, a, vc.lcnt[a], vg.lcnt[a]);
+                CHECK(!memcmp(vc.lidx + (size_t)a * vc.rho, vg.lidx + (size_t)a * vg.rho, (size_t)vc.lcnt[a] * sizeof(int32_t)),
+                      "set %d t %d list %d differs", s, t, a);
+            }
+            CHECK_OK(kv_test_driver_step(&c, t, k));
+            CHECK_OK(kv_test_driver_step(&g, t, k));
+            if (same_selection(&c.sel, &g.sel, t, sets[s][3]) != KV_TEST_PASS) return KV_TEST_FAIL;
+        }
+        kv_test_driver_close(&c);
+        kv_test_driver_close(&g);
+    }
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
+}
+
+/* kmeans=gpu: the device's k-means from the same points and uniforms; its
+ * centroid sums add in another order, so a coordinate may differ in its
+ * last bits (and then a list at a near tie): the centroids agree to 1e-6
+ * and the selections to 99% of their entries. */
+int test_csattention_gpu_kmeans_matches_cpu(void) {
+    int T = 600, P = 400, sink = 4, local = 16, k = 24;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 47, &L));
+    const char *ps[] = {"m=4", "C=16", "alpha=0.2", "iters=6", "kmeans=gpu"};
+    kv_test_driver c, g;
+    CHECK_OK(kv_test_driver_open(&c, "csattention", ps, 5, &L, P, sink, local, k));
+    kv_status st = kv_test_driver_open_gpu(&g, "csattention", ps, 5, &L, P, sink, local, k);
+    CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
+    kv_cs_view vc, vg;
+    kv_csattention_view(c.st, &vc);
+    kv_csattention_view(g.st, &vg);
+    int n = 2 * vc.m * vc.C * vc.ds, same = 0;
+    double worst = 0;
+    for (int a = 0; a < n; a++) {
+        double d = fabs((double)vc.cent[a] - vg.cent[a]);
+        worst = d > worst ? d : worst;
+        same += vc.cent[a] == vg.cent[a];
+    }
+    fprintf(stderr, "    k-means: %d of %d coordinates bitwise equal, max |diff| %.3g\n", same, n, worst);
+    CHECK(worst <= 1e-6, "centroids differ by %.3g", worst);
+    long tot = 0, hit = 0;
+    for (int t = P; t < T; t += 20) {
+        CHECK_OK(kv_test_driver_step(&c, t, k));
+        CHECK_OK(kv_test_driver_step(&g, t, k));
+        for (int h = 0; h < 4; h++)
+            for (int a = 0; a < c.sel.count[h]; a++) {
+                tot++;
+                for (int b = 0; b < g.sel.count[h]; b++)
+                    hit += c.sel.idx[(size_t)h * c.sel.cap + a] == g.sel.idx[(size_t)h * g.sel.cap + b];
+            }
+    }
+    CHECK(hit >= 0.99 * tot, "selections overlap %ld of %ld", hit, tot);
+    kv_test_driver_close(&c);
+    kv_test_driver_close(&g);
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
+}

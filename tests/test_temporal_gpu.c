@@ -1,0 +1,150 @@
+/* test_temporal_gpu.c: FreeKV's and RACC's CUDA paths against their C
+ * references (skipped without a GPU). FreeKV: the device cosine test's
+ * flags equal the CPU's decision bitwise, including at tau equal to a
+ * group's cosine; the retriever's selections and correction rate equal the
+ * CPU's at every step on queries that drift (so both branches run). RACC:
+ * the device vote equals kv_racc_vote to float rounding with some tokens
+ * evicted; the retriever's selections (resident sets from the device votes,
+ * retrieval through the shared score + top-k) equal the CPU's. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/freekv.h"
+#include "../kernels/racc.h"
+#include "../retrievers/baselines.h"
+#include "kv_test.h"
+
+static int need_gpu(void) {
+    if (kv_test_have_gpu()) return 1;
+    kv_test_skip_reason("no GPU");
+    return 0;
+}
+
+/* q_t = 0.9 q_{t-1} + 0.45 noise per head: adjacent cosines around 0.9,
+ * so a tau of 0.9 corrects some heads at some steps and not others. */
+static void drifting_queries(kv_layer *L, uint64_t seed) {
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    for (int h = 0; h < L->Hq; h++)
+        for (int t = 1; t < L->T; t++)
+            for (int d = 0; d < L->D; d++) {
+                size_t e = ((size_t)h * L->T + t) * L->D + d;
+                L->q[e] = 0.9f * L->q[e - L->D] + 0.45f * (float)kv_rng_normal(&r);
+            }
+}
+
+int test_freekv_gpu_cosine_flags(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    CHECK(&kv_freekv_cuda, "built without CUDA");
+    int Hq = 12, Hkv = 4, D = 64, G = Hq / Hkv;
+    kv_rng r;
+    kv_rng_seed(&r, 5);
+    float *q = malloc((size_t)Hq * D * 4), *qp = malloc((size_t)Hq * D * 4);
+    for (int e = 0; e < Hq * D; e++) {
+        qp[e] = (float)kv_rng_normal(&r);
+        q[e] = 0.9f * qp[e] + 0.5f * (float)kv_rng_normal(&r);
+    }
+    for (int d = 0; d < D; d++) q[(size_t)(Hq - 1) * D + d] = 0; /* a zero query: cosine 0 */
+    kv_freekv_gpu *g;
+    CHECK_OK(kv_freekv_cuda.create(Hq, Hkv, D, &g));
+    int flag[4];
+    for (int gi = -1; gi < Hkv; gi++) { /* tau = 0.85, then exactly each group's cosine */
+        double tau = gi < 0 ? 0.85 : kv_freekv_group_cosine(q + (size_t)gi * G * D, qp + (size_t)gi * G * D, G, D);
+        CHECK_OK(kv_freekv_cuda.cosine(g, q, qp, tau, flag));
+        for (int k = 0; k < Hkv; k++) {
+            int want = kv_freekv_group_cosine(q + (size_t)k * G * D, qp + (size_t)k * G * D, G, D) < tau;
+            CHECK(flag[k] == want, "tau %.17g kv head %d: GPU flag %d, CPU %d", tau, k, flag[k], want);
+        }
+    }
+    kv_freekv_cuda.destroy(g);
+    free(q); free(qp);
+    return KV_TEST_PASS;
+}
+
+/* Both paths of `name` over L, every step: the same lists (in order), the same metric. */
+static int both_paths(const char *name, const char *const *params, int np, const kv_layer *L, int P, int sink,
+                      int local, int k) {
+    kv_test_driver c, g;
+    CHECK_OK(kv_test_driver_open(&c, name, params, np, L, P, sink, local, k));
+    CHECK_OK(kv_test_driver_open_gpu(&g, name, params, np, L, P, sink, local, k));
+    double msum = 0;
+    for (int t = P; t < L->T; t++) {
+        CHECK_OK(kv_test_driver_step(&c, t, k));
+        CHECK_OK(kv_test_driver_step(&g, t, k));
+        CHECK(c.sel.metric == g.sel.metric || (isnan(c.sel.metric) && isnan(g.sel.metric)),
+              "%s step %d: metric %g on the GPU, %g on the CPU", name, t, g.sel.metric, c.sel.metric);
+        msum += c.sel.metric;
+        for (int l = 0; l < c.sel.n_lists; l++) {
+            CHECK(c.sel.count[l] == g.sel.count[l], "%s step %d list %d: %d selected on the GPU, %d on the CPU", name, t,
+                  l, g.sel.count[l], c.sel.count[l]);
+            for (int j = 0; j < c.sel.count[l]; j++)
+                CHECK(c.sel.idx[(size_t)l * c.sel.cap + j] == g.sel.idx[(size_t)l * g.sel.cap + j],
+                      "%s step %d list %d rank %d: %d on the GPU, %d on the CPU", name, t, l, j,
+                      g.sel.idx[(size_t)l * g.sel.cap + j], c.sel.idx[(size_t)l * c.sel.cap + j]);
+        }
+        for (int h = 0; h < L->Hkv; h++) CHECK(c.sel.n_extra[h] == g.sel.n_extra[h], "%s step %d: extra differ", name, t);
+    }
+    fprintf(stderr, "    %s: mean metric %.4f over %d steps\n", name, msum / (L->T - P), L->T - P);
+    kv_test_driver_close(&c);
+    kv_test_driver_close(&g);
+    return KV_TEST_PASS;
+}
+
+int test_freekv_gpu_matches_cpu(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(1500, 700, 8, 2, 64, 91, &L));
+    drifting_queries(&L, 92);
+    const char *p1[] = {"tau=0.9"}, *p2[] = {"tau=0.9", "correct=0"}, *p3[] = {"tau=0.95", "page=8"};
+    int rc = both_paths("freekv", p1, 1, &L, 700, 4, 64, 100);
+    if (rc == KV_TEST_PASS) rc = both_paths("freekv", p2, 2, &L, 700, 4, 64, 100);
+    if (rc == KV_TEST_PASS) rc = both_paths("freekv", p3, 2, &L, 700, 2, 5, 64); /* local < page: extra tokens */
+    kv_layer_free(&L);
+    return rc;
+}
+
+int test_racc_gpu_vote_matches_cpu(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    CHECK(&kv_racc_cuda, "built without CUDA");
+    int Hq = 8, Hkv = 2, G = 4, T = 3000, D = 64, W = 16, lo = 4, hi = 2900;
+    kv_rng r;
+    kv_rng_seed(&r, 17);
+    float *K = malloc((size_t)Hkv * T * D * 4), *qw = malloc((size_t)Hq * W * D * 4), *vote = malloc((size_t)Hkv * T * 4);
+    uint8_t *ev = calloc((size_t)Hkv * T, 1);
+    for (size_t e = 0; e < (size_t)Hkv * T * D; e++) K[e] = (float)kv_rng_normal(&r);
+    for (size_t e = 0; e < (size_t)Hq * W * D; e++) qw[e] = (float)kv_rng_normal(&r);
+    for (int i = 0; i < Hkv * T; i++) ev[i] = kv_rng_uniform(&r) < 0.3;
+    kv_racc_gpu *g;
+    CHECK_OK(kv_racc_cuda.create(Hq, Hkv, T, D, W, &g));
+    CHECK_OK(kv_racc_cuda.write_keys(g, 0, T, K));
+    CHECK_OK(kv_racc_cuda.set_evicted(g, T, ev));
+    float scale = 0.125f;
+    CHECK_OK(kv_racc_cuda.vote(g, qw, scale, lo, hi, vote));
+    int32_t *cand = malloc((size_t)T * 4);
+    double *want = malloc((size_t)T * 8);
+    float *scr = malloc((size_t)T * 4);
+    for (int h = 0; h < Hkv; h++) {
+        int nc = 0;
+        for (int i = lo; i < hi; i++)
+            if (!ev[(size_t)h * T + i]) cand[nc++] = i;
+            else CHECK(isinf(vote[(size_t)h * (hi - lo) + i - lo]), "evicted position %d has vote %g", i,
+                       vote[(size_t)h * (hi - lo) + i - lo]);
+        kv_racc_vote(qw + (size_t)h * G * W * D, G, W, K + (size_t)h * T * D, D, cand, nc, scale, want, scr);
+        for (int i = 0; i < nc; i++)
+            CHECK_CLOSE(vote[(size_t)h * (hi - lo) + cand[i] - lo], (float)want[i], 0, 1e-6);
+    }
+    kv_racc_cuda.destroy(g);
+    free(K); free(qw); free(vote); free(ev); free(cand); free(want); free(scr);
+    return KV_TEST_PASS;
+}
+
+int test_racc_gpu_matches_cpu(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(1600, 600, 8, 2, 64, 93, &L));
+    const char *p1[] = {"Ln=100", "window=16"}, *p2[] = {"Ln=37", "alpha=0.5", "window=8", "beta=0.05"};
+    int rc = both_paths("racc", p1, 2, &L, 600, 4, 64, 100);
+    if (rc == KV_TEST_PASS) rc = both_paths("racc", p2, 4, &L, 600, 0, 8, 100);
+    kv_layer_free(&L);
+    return rc;
+}
