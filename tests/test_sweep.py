@@ -104,6 +104,35 @@ with tempfile.TemporaryDirectory() as tmp:
             row = [l for l in part.splitlines() if l.split()[:1] == ["all"]][0].split()
             got = [float(row[2 + 2 * j]) for j in range(5)]
             check(all(abs(g - x) <= 0.0501 for g, x in zip(got, t)), f"info --profile {b['layer']}: {got}, run's summary.json {t}")
+        # --lag (issue 10) in the multi loop: equals the single lagged runs; method_metric stays the last column
+        lagm, lagms = "exact,freekv,racc,ctkvr", ("recall", "mass", "output_error", "mean_selected", "method_metric")
+        lagd = os.path.join(tmp, "lag-multi")
+        kv("run", "--trace", syn, "--layer", "all", "--method", lagm, "--k", "8,64", "--lag", "3", "--stride", "16",
+           "--out", lagd, "--quiet", "--no-profile")
+        ml = json.load(open(os.path.join(lagd, "summary.json")))
+        check(ml["protocol"]["lag"] == 3 and ml["protocol"]["ks"] == [8, 64], f"lag run protocol {ml['protocol']}")
+        nolag = {(e["method"], e["layer"], e["k"]): e for e in m["methods"] if e["seed"] == 0}
+        differs = 0
+        for layer, k in (("L1", 8), ("L2", 64)):
+            one = os.path.join(tmp, f"lag-one-{layer}-{k}")
+            kv("run", "--trace", syn, "--layer", layer, "--method", lagm, "--k", str(k), "--lag", "3", "--stride", "16",
+               "--out", one, "--quiet", "--no-profile")
+            for e in json.load(open(os.path.join(one, "summary.json")))["methods"]:
+                f = [x for x in ml["methods"] if (x["method"], x["layer"], x["k"]) == (e["method"], layer, k)]
+                if not check(len(f) == 1, f"lag: {e['method']} {layer} k={k}: {len(f)} entries"):
+                    continue
+                for key in lagms:
+                    check(e[key] == f[0][key], f"lag: {e['method']} {layer} k={k} {key}: single {e[key]}, multi {f[0][key]}")
+                check(e["method_metric_name"] == f[0]["method_metric_name"], f"lag: {e['method']} metric name")
+                differs += e["method"] == "exact" and e["recall"] != nolag[("exact", layer, k)]["recall"]
+        check(differs == 2, "--lag 3 left exact's recall unchanged: the lagged query does not reach search")
+        for name in ("drift.csv", "steps.csv"):
+            rows = list(csv.reader(open(os.path.join(lagd, name))))
+            check(rows[0][-1] == "method_metric" and rows[0][1:4] in (["params", "layer", "k"], ["layer", "k", "seed"]),
+                  f"{name} header {rows[0]}")
+            fk = [r for r in rows[1:] if r[0] == "freekv"]
+            check(fk and all(r[-1] != "" for r in fk) and all(r[-1] == "" for r in rows[1:] if r[0] == "exact"),
+                  f"{name}: method_metric filled for freekv, empty for exact")
 
     if PART in ("sweep", "all"):
         # 2. a tiny grid on the demo trace == the individual runs
