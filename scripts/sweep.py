@@ -69,12 +69,13 @@ import tomllib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_KEYS = {"traces", "layers", "k", "seeds", "seed", "layers_per_job", "out", "group"}
 PROTOCOL_KEYS = {"sink": int, "local": int, "stride": int, "max_steps": int, "window": int, "device": str,
-                 "threads": int}
+                 "threads": int, "lag": int}
 RESULT_COLUMNS = ["trace", "layer", "method", "params", "k", "k_effective", "seed", "seeded", "recall", "recall_p10",
                   "recall_selected", "candidate_recall", "recall_prefill_keys", "recall_generated_keys", "mass",
                   "mass_p10", "output_error", "output_error_p90", "mean_selected", "mean_extra", "budget_effective",
                   "index_bytes_per_token", "build_seconds", "search_us_median", "search_us_p90", "device", "sink",
-                  "local", "stride", "max_steps", "steps_evaluated", "unit_key", "job_key", "run_dir"]
+                  "local", "stride", "max_steps", "lag", "steps_evaluated", "method_metric_name", "method_metric",
+                  "unit_key", "job_key", "run_dir"]
 MEAN_METRICS = ["recall", "recall_p10", "candidate_recall", "recall_prefill_keys", "recall_generated_keys", "mass",
                 "output_error", "mean_selected", "budget_effective", "index_bytes_per_token", "search_us_median",
                 "build_seconds"]
@@ -445,7 +446,7 @@ def collect(out, jobs):
             r = {c: e.get(c, "") for c in RESULT_COLUMNS}
             sel, ext = e.get("mean_selected"), e.get("mean_extra")
             r.update(trace=tname, seeded=int(bool(e.get("seeded"))), budget_effective=(sel or 0) + (ext or 0) if sel is not None else "",
-                     sink=pr["sink"], local=pr["local"], stride=pr["stride"], max_steps=pr["max_steps"],
+                     sink=pr["sink"], local=pr["local"], stride=pr["stride"], max_steps=pr["max_steps"], lag=pr.get("lag", 0),
                      steps_evaluated=pr["steps_evaluated"], job_key=job["key"], run_dir=rdir,
                      unit_key=unit_key(job, e["layer"], e["method"], e["params"], e["k"], e["seed"]))
             rows.append(r)
