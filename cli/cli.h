@@ -26,6 +26,8 @@ int cmd_list(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_slice(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `kvbench info --profile ...` (cli/profile.c). */
+int kv_info_profile(int argc, char **argv);
 
 /* Prints "kvbench CMD: <msg>" and the --help hint to stderr; returns 2. */
 int kv_usage_error(const char *cmd, const char *fmt, ...)

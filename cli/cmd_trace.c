@@ -38,9 +38,13 @@ static void print_wrapped(const char *label, const char *text, int width) {
 
 static const char info_help[] =
     "usage: kvbench info TRACE\n"
-    "Prints the trace's model, description, T, P, heads, D, layers with their dtypes, and file size.\n";
+    "       kvbench info --profile TRACE [--layer L|all] [--sink S] [--local W] [--stride s] [--max-steps N] [--window N]\n"
+    "Prints the trace's model, description, T, P, heads, D, layers with their dtypes, and file size; with\n"
+    "--profile, the oracle budget profile (kvbench info --profile --help).\n";
 
 int cmd_info(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--profile")) return kv_info_profile(argc, argv);
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { fputs(info_help, stdout); return 0; }
     if (argc != 2) return kv_usage_error("info", "expected exactly one trace file, found %d arguments", argc - 1);
     kv_trace_info *in = kv_malloc(sizeof *in, "trace info");

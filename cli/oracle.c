@@ -12,6 +12,7 @@
  * real data) has its scores computed on the host to decide. Either way the
  * position comes from the C reference scores of that one head. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,19 +34,106 @@ struct kv_oracle {
     float *row;     /* GPU: one head's scores, computed on the host to locate a non-finite score */
     double *kmax;   /* GPU: [Hkv] the largest key norm of the layer */
     const char *path, *layer; /* for messages */
+    int *ks, nk, profile;     /* budgets; the budget profile on */
+    float *thr_all;           /* [nk][Hq] */
+    int *ntop_all;            /* [nk][2][Hq]: prefill, generated */
+    float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
+    int32_t *gidx;            /* GPU + several budgets or profile: [Hq][T] positions 0..t to gather */
+    int *gcount;              /* [Hq] */
+    float *grow;              /* [Hq][T] the gathered scores */
 };
+
+const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
+
+static int desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
+                    int n_sorted, int *out) {
+    int lo = sink, hi = t + 1 - local, n = hi > lo ? hi - lo : 0;
+    double cum = 0;
+    for (int i = 0; i < t + 1; i++)
+        if (i < lo || i >= hi) cum += exp((double)s[i] - m); /* sink and local: attended at any budget */
+    int j = 0;
+    for (int p = 0; p < KV_NPROFILE; p++) {
+        while (j < n && cum < kv_profile_p[p] * Z) {
+            if (j == n_sorted) return 1; /* needs more of the order than the caller sorted */
+            cum += exp((double)sorted[j++] - m);
+        }
+        out[p] = j;
+    }
+    return 0;
+}
+
+/* The region's top part that is sorted first: every budget, and (on real
+ * traces) the tokens the profile's p = 0.99 needs; a head that needs more
+ * gets its whole region sorted. Sorting everything at every step would cost
+ * O(n log n) per head where selection is O(n). */
+#define KV_PROFILE_FIRST 512
+
+/* Thresholds and origin counts of every budget, and the profile, for head
+ * h from its host scores s[0..t] (m, Z: the softmax's, in double). */
+static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, double Z) {
+    int lo = o->sink, hi = t + 1 - o->local, n = hi > lo ? hi - lo : 0, Hq = o->L->Hq;
+    float *srt = o->sorted + (size_t)h * o->L->T;
+    int kmax = 0;
+    for (int b = 0; b < o->nk; b++) kmax = o->ks[b] > kmax ? o->ks[b] : kmax;
+    int top = kmax > KV_PROFILE_FIRST ? kmax : KV_PROFILE_FIRST;
+    if (top > n) top = n;
+    /* the top `top` scores of the region in srt[0, top) (quickselect partitions around the top-th), sorted */
+    if (top > 0 && top < n) kv_kth_largest_ref(s + lo, n, top, srt);
+    else if (n > 0) memcpy(srt, s + lo, (size_t)n * sizeof(float));
+    qsort(srt, (size_t)top, sizeof(float), desc);
+    for (int b = 0; b < o->nk; b++) {
+        int kk = o->ks[b] < n ? o->ks[b] : n, npre = 0, ngen = 0;
+        float thr = kk > 0 ? srt[kk - 1] : INFINITY;
+        for (int i = lo; i < hi; i++)
+            if (s[i] >= thr) *(i < o->split ? &npre : &ngen) += 1;
+        o->thr_all[(size_t)b * Hq + h] = thr;
+        o->ntop_all[(size_t)b * 2 * Hq + h] = npre;
+        o->ntop_all[(size_t)b * 2 * Hq + Hq + h] = ngen;
+    }
+    int *bud = o->res.budget + (size_t)h * KV_NPROFILE;
+    if (o->profile && kv_profile_head(s, t, o->sink, o->local, m, Z, srt, top, bud)) {
+        qsort(srt + top, (size_t)(n - top), sizeof(float), desc); /* the rest is below every one of the top */
+        kv_profile_head(s, t, o->sink, o->local, m, Z, srt, n, bud);
+    }
+}
 
 kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out) {
+    return kv_oracle_create_ks(L, scale, sink, local, &k, 1, split, use_gpu, 0, out);
+}
+
+/* Several budgets or the profile: the host needs each head's sorted region. */
+static int multi(const kv_oracle *o) { return o->nk > 1 || o->profile; }
+
+kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int local, const int *ks, int nk, int split,
+                              int use_gpu, int profile, kv_oracle **out) {
     kv_oracle *o = kv_calloc(1, sizeof *o, "oracle");
     if (!o) return KV_ERR_NOMEM;
-    o->L = L; o->scale = scale; o->sink = sink; o->local = local; o->k = k; o->G = L->Hq / L->Hkv; o->split = split;
-    o->res.m = kv_malloc(3 * (size_t)L->Hq * sizeof(float), "oracle results");
-    o->res.ntop_pre = kv_malloc(2 * (size_t)L->Hq * sizeof(int), "oracle top-k origin counts");
-    if (!o->res.m || !o->res.ntop_pre) { free(o->res.m); free(o->res.ntop_pre); free(o); return KV_ERR_NOMEM; }
-    o->res.ntop_gen = o->res.ntop_pre + L->Hq;
+    o->L = L; o->scale = scale; o->sink = sink; o->local = local; o->k = ks[0]; o->G = L->Hq / L->Hkv; o->split = split;
+    o->nk = nk; o->profile = profile;
+    o->res.m = kv_malloc(2 * (size_t)L->Hq * sizeof(float), "oracle results");
+    o->thr_all = kv_malloc((size_t)nk * L->Hq * sizeof(float), "oracle thresholds");
+    o->ntop_all = kv_malloc(2 * (size_t)nk * L->Hq * sizeof(int), "oracle top-k origin counts");
+    o->ks = kv_malloc((size_t)nk * sizeof(int), "oracle budgets");
+    if (!o->res.m || !o->thr_all || !o->ntop_all || !o->ks) { kv_oracle_destroy(o); return KV_ERR_NOMEM; }
+    memcpy(o->ks, ks, (size_t)nk * sizeof(int));
     o->res.Z = o->res.m + L->Hq;
-    o->res.thr = o->res.Z + L->Hq;
+    o->res.thr = o->thr_all;
+    o->res.ntop_pre = o->ntop_all;
+    o->res.ntop_gen = o->ntop_all + L->Hq;
+    if (profile && !(o->res.budget = kv_malloc((size_t)L->Hq * KV_NPROFILE * sizeof(int), "oracle budget profile"))) {
+        kv_oracle_destroy(o);
+        return KV_ERR_NOMEM;
+    }
+    if (multi(o) && !(o->sorted = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle sorted regions"))) {
+        kv_oracle_destroy(o);
+        return KV_ERR_NOMEM;
+    }
     if (L->v && !(o->res.o_full = kv_malloc((size_t)L->Hq * L->D * sizeof(float), "oracle output"))) {
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
@@ -61,6 +149,14 @@ kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, 
                 for (int d = 0; d < L->D; d++) n += (double)k[d] * k[d];
                 if (sqrt(n) > o->kmax[g]) o->kmax[g] = sqrt(n);
             }
+        if (st == KV_OK && multi(o)) {
+            o->gidx = kv_malloc((size_t)L->Hq * L->T * sizeof(int32_t), "oracle gather positions");
+            o->gcount = kv_malloc((size_t)L->Hq * sizeof(int), "oracle gather counts");
+            o->grow = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle gathered scores");
+            if (!o->gidx || !o->gcount || !o->grow) st = KV_ERR_NOMEM;
+            for (int h = 0; st == KV_OK && h < L->Hq; h++)
+                for (int i = 0; i < L->T; i++) o->gidx[(size_t)h * L->T + i] = i;
+        }
     }
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
@@ -101,14 +197,17 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     for (int i = 0; i < n; i++) Z += exp((double)s[i] - m);
     o->res.m[h] = m;
     o->res.Z[h] = (float)Z;
-    int lo = o->sink, hi = t + 1 - o->local, kk = o->k < hi - lo ? o->k : hi - lo;
-    float thr = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch + (size_t)h * T) : INFINITY;
-    int npre = 0, ngen = 0;
-    for (int i = lo; i < hi; i++)
-        if (s[i] >= thr) *(i < o->split ? &npre : &ngen) += 1;
-    o->res.thr[h] = thr;
-    o->res.ntop_pre[h] = npre;
-    o->res.ntop_gen[h] = ngen;
+    if (multi(o)) multi_head(o, h, t, s, m, Z);
+    else {
+        int lo = o->sink, hi = t + 1 - o->local, kk = o->k < hi - lo ? o->k : hi - lo;
+        float thr = kk > 0 ? kv_kth_largest_ref(s + lo, hi - lo, kk, o->scratch + (size_t)h * T) : INFINITY;
+        int npre = 0, ngen = 0;
+        for (int i = lo; i < hi; i++)
+            if (s[i] >= thr) *(i < o->split ? &npre : &ngen) += 1;
+        o->res.thr[h] = thr;
+        o->res.ntop_pre[h] = npre;
+        o->res.ntop_gen[h] = ngen;
+    }
     if (!L->v) return 0;
     double *acc = o->acc + (size_t)h * D;
     for (int d = 0; d < D; d++) acc[d] = 0;
@@ -151,6 +250,20 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
         KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, o->k, o->res.m, o->res.Z, o->res.thr,
                                 o->res.o_full, o->split, o->res.ntop_pre));
         KV_TRY(check_gpu(o, t, q));
+        if (multi(o)) {
+            /* every score of the step to the host, then the CPU's sort: the
+             * thresholds are the GPU's own scores (the k-th of the same
+             * numbers the GPU top-k picks its threshold from) */
+            for (int h = 0; h < L->Hq; h++) o->gcount[h] = t + 1;
+            KV_TRY(kv_gpu_attn_gather(o->gpu, o->gidx, o->gcount, L->T, o->grow));
+            for (int h = 0; h < L->Hq; h++) {
+                const float *s = o->grow + (size_t)h * L->T;
+                double m = s[0], Z = 0;
+                for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
+                for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
+                multi_head(o, h, t, s, m, Z);
+            }
+        }
     } else {
         int bad = 0;
 #pragma omp parallel for schedule(static) reduction(+ : bad)
@@ -174,13 +287,28 @@ kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, i
     return KV_OK;
 }
 
+void kv_oracle_view(const kv_oracle *o, int i, kv_oracle_out *res) {
+    int Hq = o->L->Hq;
+    *res = o->res;
+    res->thr = o->thr_all + (size_t)i * Hq;
+    res->ntop_pre = o->ntop_all + (size_t)i * 2 * Hq;
+    res->ntop_gen = res->ntop_pre + Hq;
+}
+
 const char *kv_oracle_device(const kv_oracle *o) { return o->gpu ? "gpu" : "cpu"; }
 
 void kv_oracle_destroy(kv_oracle *o) {
     if (!o) return;
     if (o->gpu) kv_gpu_attn_destroy(o->gpu);
     free(o->res.m);
-    free(o->res.ntop_pre);
+    free(o->res.budget);
+    free(o->thr_all);
+    free(o->ntop_all);
+    free(o->ks);
+    free(o->sorted);
+    free(o->gidx);
+    free(o->gcount);
+    free(o->grow);
     free(o->res.o_full);
     free(o->scores);
     free(o->scratch);

@@ -7,7 +7,14 @@
  * positions < split / >= split are >= thr (the top-k's members by key
  * origin: split is the prefill length, so "generated" keys are those
  * appended after the retrievers built their index); and, on request, s_i
- * at any list of indices. CPU: C
+ * at any list of indices. Several budgets (kv_oracle_create_ks): one
+ * step computes m, Z and o_full once; the region's scores are sorted once
+ * (descending) and every k's threshold and origin counts are read from
+ * that one order (kv_oracle_view picks k number i). The budget profile
+ * (issue 11): per head the smallest number of region tokens, taken in
+ * descending score order (which minimises the count), whose softmax mass
+ * together with sink and local reaches p, for each p of KV_PROFILE_P.
+ * CPU: C
  * reference (float scores from kernels/score_ref.c, double softmax sums).
  * GPU: the layer is uploaded once and every O(t) reduction runs on the
  * device; only the O(k) per-head results come back. */
@@ -18,14 +25,33 @@
 
 typedef struct kv_oracle kv_oracle;
 
+/* The budget profile's mass targets. */
+#define KV_NPROFILE 5
+extern const double kv_profile_p[KV_NPROFILE]; /* 0.5, 0.8, 0.9, 0.95, 0.99 */
+
 typedef struct {
     float *m, *Z, *thr; /* [Hq] */
     float *o_full;      /* [Hq][D], or NULL when the layer has no values */
     int *ntop_pre, *ntop_gen; /* [Hq] */
+    int *budget;        /* [Hq][KV_NPROFILE] region tokens needed to reach each p (profile on), else NULL */
 } kv_oracle_out;
 
 kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out);
+/* The same for budgets ks[0..nk) (distinct, each >= 1) and, when profile
+ * is set, the budget profile of every step. kv_oracle_step's result holds
+ * budget 0; kv_oracle_view gives budget i of the same step. */
+kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int local, const int *ks, int nk, int split,
+                              int use_gpu, int profile, kv_oracle **out);
+/* After kv_oracle_step: the result for budget ks[i] (shares m, Z, o_full). */
+void kv_oracle_view(const kv_oracle *o, int i, kv_oracle_out *res);
+/* The profile of one head from its scores s[0..t] (t = the step), with
+ * m = max s and Z = sum exp(s - m): out[j] for kv_profile_p[j]. `sorted`
+ * holds the n_sorted largest scores of the region [sink, t+1-local) in
+ * descending order; returns 1 (out incomplete) when some p needs more of
+ * them, else 0. */
+int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
+                    int n_sorted, int *out);
 /* Names the trace and layer in error messages (optional). */
 void kv_oracle_set_context(kv_oracle *o, const char *path, const char *layer);
 /* Computes step t for queries q [Hq][D]; fills `res` (buffers owned by the

@@ -1,6 +1,10 @@
-/* results.h: one run's records (per method: parameters, timings, raw
- * per-(step, head) metrics) and their aggregation and atomic writing as
- * summary.json, drift.csv and steps.csv. */
+/* results.h: one run's records (per method, layer, budget and seed:
+ * parameters, timings, raw per-(step, head) metrics), their aggregation,
+ * and atomic writing as summary.json, drift.csv, steps.csv and profile.csv.
+ * A run over several layers renders each layer's records as soon as the
+ * layer is done (kv_results_add) and frees its raw rows, so memory holds
+ * one layer's rows, not the model's; steps.csv grows in an unlinked
+ * temporary file until the final write. */
 #ifndef KV_RESULTS_H
 #define KV_RESULTS_H
 
@@ -22,14 +26,43 @@ typedef struct {
     double *search_s;   /* per evaluated step */
     int n_steps;
     size_t index_bytes;
+    const char *layer;  /* the record's layer, budget (asked and effective) and seed (the shape's seed) */
+    int k, k_eff;
+    uint64_t seed;
+    int seeded;         /* the method has a `seed` parameter: run over --seeds seeds */
 } kv_method_run;
+
+/* The oracle budget profile of one layer: per evaluated step and query
+ * head, the region tokens needed for each mass target (oracle.h). */
+typedef struct {
+    int n, cap, Hq;
+    int *step;    /* [n] */
+    int *budget;  /* [n][Hq][KV_NPROFILE] */
+} kv_profile_rows;
+kv_status kv_profile_push(kv_profile_rows *pr, int t, const int *budget);
+void kv_profile_free(kv_profile_rows *pr);
+/* Prints the profile of `layer` (overall, then per drift window): mean and
+ * median tokens needed per p, and the mean region size. */
+void kv_profile_print(FILE *f, const char *layer, const kv_profile_rows *pr, int P, int window, int sink, int local);
+
+/* What is rendered so far: summary.json's method entries and profile, the
+ * drift and profile rows, steps.csv's rows, the printed tables. */
+typedef struct {
+    char *methods, *profile, *drift, *prof_csv, *table;
+    size_t n_methods, n_profile, n_drift, n_prof_csv, n_table;
+    FILE *f_methods, *f_profile, *f_drift, *f_prof_csv, *f_table, *steps;
+    int entries, profiles;
+} kv_results_acc;
 
 typedef struct {
     const kv_trace_info *info;
     const char *layer;
     int k, sink, local, stride, max_steps, window;
     uint64_t seed;
-    int lag;            /* --lag: methods saw the query of t - lag */
+    const int *ks;        /* the budgets, ascending; k is the largest */
+    int nk, seeds;        /* seeds: --seeds N (seeded methods run seeds seed .. seed+N-1) */
+    const char *layers;   /* the layers evaluated, comma-separated */
+    int lag;              /* --lag: methods saw the query of t - lag */
     int use_gpu;
     kv_gpu_info gpu;
     char *cmdline;        /* malloc'd (kv_command_line) */
@@ -71,7 +104,12 @@ kv_status kv_results_check_out(const char *dir, int force);
  * then the old files are removed. A failed or interrupted write (SIGINT,
  * SIGTERM, SIGHUP: datasets/kv_cleanup.h) leaves DIR exactly as it was and
  * no DIR.tmp.<pid>. */
-kv_status kv_results_write(const char *dir, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
-void kv_results_print(FILE *f, const kv_run_meta *meta, const kv_method_run *runs, int n_runs);
+kv_status kv_results_begin(kv_results_acc *acc);
+/* Renders one layer's records (and its profile, when pr is not NULL). */
+kv_status kv_results_add(kv_results_acc *acc, const kv_run_meta *meta, const kv_method_run *runs, int n_runs,
+                         const kv_profile_rows *pr);
+kv_status kv_results_write(const char *dir, const kv_run_meta *meta, kv_results_acc *acc);
+void kv_results_print(FILE *f, const kv_run_meta *meta, kv_results_acc *acc);
+void kv_results_end(kv_results_acc *acc);
 
 #endif

@@ -1,9 +1,17 @@
-/* run.c: `kvbench run`: one trace layer, several methods, the evaluation
- * protocol at every evaluated decode step (README, "Evaluation protocol").
- * The loop enforces causality: each retriever sees the prefill at build(),
- * then position t's key, value and query through append() before the
- * search of step t, and nothing later. The oracle's exact attention of a
- * step is computed once and shared by every method. */
+/* run.c: `kvbench run`: one trace, one or several layers, several methods,
+ * budgets and seeds, the evaluation protocol at every evaluated decode step
+ * (README, "Evaluation protocol"). The loop enforces causality: each
+ * retriever sees the prefill at build(), then position t's key, value and
+ * query through append() before the search of step t, and nothing later.
+ * Sharing (issue 11): layers are evaluated one after another, each loaded
+ * once; the oracle's exact attention of a step is computed once and its
+ * sorted region gives every budget's threshold; a method instance is built
+ * once per (layer, seed) and searches once per budget at each step (search
+ * is a pure function of the state and k: the multi-budget run equals the
+ * single runs, tests/test_sweep.py; a method whose search changes its state
+ * declares search_updates_state and gets one instance per budget). A method is seeded when it has a
+ * `seed` parameter; with --seeds N it runs as N instances with shape seeds
+ * seed .. seed+N-1, every other method once. */
 #define _POSIX_C_SOURCE 200809L
 #include <getopt.h>
 #include <math.h>
@@ -20,20 +28,27 @@
 #include "results.h"
 
 #define MAX_METHODS 32
+#define MAX_KS 64
+#define MAX_SEEDS 64
 
 static const char run_help[] =
     "usage: kvbench run --trace FILE [--layer L14] --method exact,streaming,random [options]\n"
     "  --trace FILE        kvtrace v1 file\n"
-    "  --layer NAME        layer to evaluate (L14 or 14; default: the trace's first layer)\n"
+    "  --layer LIST        layers to evaluate: L14 or 14, a list L3,L14, or all (default: the trace's first layer);\n"
+    "                      each is loaded once and evaluated in turn\n"
     "  --method LIST       comma-separated methods (kvbench list)\n"
     "  --param [M.]N=V     set parameter N (of method M, or of every listed method that has N); repeatable\n"
-    "  --k K               budget: indices per list from the retrievable region (default 100)\n"
+    "  --k K[,K...]        budgets: indices per list from the retrievable region (default 100); several budgets\n"
+    "                      share the oracle and each method's index (one search per budget)\n"
     "  --sink S            always-attended first tokens (default 4)\n"
     "  --local W           always-attended local window, the current token included (default 64)\n"
     "  --stride s          evaluate every s-th decode step (default 1)\n"
     "  --max-steps N       evaluate at most N steps (default all)\n"
     "  --window N          decode steps per drift window (default 128)\n"
     "  --seed S            seed for seeded methods (default 0)\n"
+    "  --seeds N           run each seeded method (one with a `seed` parameter) with seeds S .. S+N-1, sharing the\n"
+    "                      oracle; the table shows mean and standard deviation (default 1)\n"
+    "  --no-profile        skip the oracle budget profile (profile.csv, summary.json budget_profile)\n"
     "  --lag d             hand every method the query of position t-d (at build, append and search; clamped at 0)\n"
     "                      while the protocol scores step t's exact attention (default 0: the query of t)\n"
     "  --device D          auto|cpu|gpu (default auto: the GPU when one is usable)\n"
@@ -43,7 +58,7 @@ static const char run_help[] =
     "  --force             replace DIR if it is a kvbench result directory (otherwise an existing DIR is an\n"
     "                      error); the old results stay in place until the new ones are complete\n"
     "  --quiet             no table on stdout\n"
-    "Writes DIR/summary.json, DIR/drift.csv, DIR/steps.csv all-or-nothing (DIR.tmp.<pid>, then one rename;\n"
+    "Writes DIR/summary.json, DIR/drift.csv, DIR/steps.csv, DIR/profile.csv all-or-nothing (DIR.tmp.<pid>, then one rename;\n"
     "removed on failure, SIGINT or SIGTERM) and prints a summary table.\n";
 
 typedef struct {
@@ -51,7 +66,8 @@ typedef struct {
     const char *params[64];
     int n_params;
     int k, sink, local, stride, max_steps, window, force, quiet, lag;
-    int seed, threads;
+    int seed, threads, seeds, no_profile;
+    int ks[MAX_KS], nk;
     kv_device_choice device;
 } run_opts;
 
@@ -60,8 +76,9 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         {"trace", 1, 0, 't'}, {"layer", 1, 0, 'l'}, {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'},
         {"k", 1, 0, 'k'}, {"sink", 1, 0, 'S'}, {"local", 1, 0, 'W'}, {"stride", 1, 0, 's'},
         {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"lag", 1, 0, 'L'}, {"device", 1, 0, 'd'},
-        {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128};
+        {"threads", 1, 0, 'j'}, {"seeds", 1, 0, 'N'}, {"no-profile", 0, 0, 'P'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128, .seeds = 1,
+                    .ks = {100}, .nk = 1};
     optind = 1;
     opterr = 0;
     /* Every count is at most 2^30, so sums of two of them (sink + local,
@@ -77,7 +94,13 @@ static int parse_run(int argc, char **argv, run_opts *o) {
             if (o->n_params >= 64) return kv_usage_error("run", "too many --param options (64 at most)");
             o->params[o->n_params++] = optarg;
             break;
-        case 'k': bad = kv_opt_int("run", "k", optarg, 1, big, &o->k); break;
+        case 'k': /* one budget keeps kv_opt_int's message; a list is checked item by item */
+            if (!strchr(optarg, ',')) { o->nk = 1; bad = kv_opt_int("run", "k", optarg, 1, big, &o->ks[0]); break; }
+            o->nk = kv_opt_int_list("run", "k", optarg, 1, big, o->ks, MAX_KS);
+            if (o->nk < 0) return 2;
+            break;
+        case 'N': bad = kv_opt_int("run", "seeds", optarg, 1, MAX_SEEDS, &o->seeds); break;
+        case 'P': o->no_profile = 1; break;
         case 'S': bad = kv_opt_int("run", "sink", optarg, 0, big, &o->sink); break;
         case 'W': bad = kv_opt_int("run", "local", optarg, 1, big, &o->local); break;
         case 's': bad = kv_opt_int("run", "stride", optarg, 1, big, &o->stride); break;
@@ -101,6 +124,11 @@ static int parse_run(int argc, char **argv, run_opts *o) {
     if (optind < argc) return kv_usage_error("run", "unexpected argument '%s'", argv[optind]);
     if (!o->trace) return kv_usage_error("run", "--trace FILE is required");
     if (!o->methods) return kv_usage_error("run", "--method LIST is required (see kvbench list)");
+    for (int i = 1; i < o->nk; i++) /* ascending, for the tables; a repeated budget is a mistake */
+        for (int j = i; j > 0 && o->ks[j] < o->ks[j - 1]; j--) { int x = o->ks[j]; o->ks[j] = o->ks[j - 1]; o->ks[j - 1] = x; }
+    for (int i = 1; i < o->nk; i++)
+        if (o->ks[i] == o->ks[i - 1]) return kv_usage_error("run", "--k: the budget %d is listed twice", o->ks[i]);
+    o->k = o->ks[o->nk - 1];
     return -1; /* parsed: go on */
 }
 
@@ -140,19 +168,30 @@ static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag)
     return out;
 }
 
-static kv_status build_all(const kv_layer *L, int P, int k, int lag, kv_method_run *runs, int n_runs,
+/* A method instance: one built index, searched at budgets b0 .. b0+nb-1
+ * (every budget, or one for a method whose search updates its state). */
+typedef struct {
+    kv_method_run r;    /* m, ps, params, state, sel, on_gpu, build_s, append_s, index_bytes, seed */
+    int b0, nb;         /* its budgets */
+    int first_rec;      /* its records: recs[first_rec + b - b0] for budget b */
+} run_inst;
+
+/* Builds every instance on the prefill of layer L; sel holds up to kmax. */
+static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
                            const kv_shape *sh) {
     kv_prefill pre = {.n = P};
     float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P, 0), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P, lag);
     float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P, 0) : NULL;
     kv_status st = (!pk || !pq || (L->v && !pv)) ? KV_ERR_NOMEM : KV_OK;
     pre.k = pk; pre.q = pq; pre.v = pv;
-    for (int i = 0; i < n_runs && st == KV_OK; i++) {
-        kv_method_run *r = &runs[i];
+    for (int i = 0; i < n_inst && st == KV_OK; i++) {
+        kv_method_run *r = &inst[i].r;
         kv_shape s = *sh;
         s.use_gpu = sh->use_gpu && r->m->has_gpu;
+        s.seed = r->seed;
         r->on_gpu = s.use_gpu;
-        int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || k > L->T ? L->T : k;
+        int kmax = keff[inst[i].b0 + inst[i].nb - 1];
+        int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
         st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
         if (st != KV_OK) break;
         double t0 = kv_now();
@@ -165,16 +204,20 @@ static kv_status build_all(const kv_layer *L, int P, int k, int lag, kv_method_r
     return st;
 }
 
-static void progress(double t_start, int done, int total, int force) {
+static void progress(double t_start, int done, int total, int force, const char *layer) {
     double el = kv_now() - t_start;
     if (!force && el < 2.0) return;
     double rate = done / (el > 0 ? el : 1e-9), eta = rate > 0 ? (total - done) / rate : 0;
-    fprintf(stderr, "\rrun: %d/%d steps  %.1f steps/s  ETA %.0fs   ", done, total, rate, eta);
+    fprintf(stderr, "\rrun: layer %s: %d/%d steps  %.1f steps/s  ETA %.0fs   ", layer, done, total, rate, eta);
     if (done == total) fputc('\n', stderr);
 }
 
-static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, kv_method_run *runs, int n_runs,
-                          kv_oracle *orc, kv_protocol *proto, kv_run_meta *meta) {
+/* One layer's decode loop: append to every instance, the oracle once per
+ * step, then per budget b every instance searches and is scored into its
+ * record recs[inst.first_rec + b]. */
+static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst *inst, int n_inst, kv_method_run *recs,
+                          const int *keff, kv_oracle *orc, kv_protocol *proto, kv_run_meta *meta,
+                          kv_profile_rows *prof, const char *layer) {
     int D = L->D, T = L->T, total = T > P ? (int)(((long long)T - P + o->stride - 1) / o->stride) : 0;
     if (o->max_steps && total > o->max_steps) total = o->max_steps;
     float *q = kv_malloc((size_t)L->Hq * D * sizeof(float), "step queries");
@@ -183,40 +226,167 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, kv_method
     float *k = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step keys");
     float *v = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step values");
     kv_step_metric *rows = kv_malloc((size_t)L->Hq * sizeof *rows, "step metrics");
-    for (int i = 0; i < n_runs; i++) runs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times");
     kv_status st = (!q || !mq || !k || !v || !rows) ? KV_ERR_NOMEM : KV_OK;
-    for (int i = 0; i < n_runs; i++) if (!runs[i].search_s) st = KV_ERR_NOMEM;
+    int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
+    for (int i = 0; i < n_recs && st == KV_OK; i++)
+        if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
     double t_start = kv_now();
     int show = isatty(2), done = 0;
+    meta->steps_evaluated = meta->steps_skipped = 0;
     for (int t = P; t < T && st == KV_OK && done < total; t++) {
         gather_row(L->k, L->Hkv, T, D, t, k);
         gather_row(L->q, L->Hq, T, D, t, q);
         if (o->lag) gather_row(L->q, L->Hq, T, D, t - o->lag > 0 ? t - o->lag : 0, mq);
         if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
-        for (int i = 0; i < n_runs && st == KV_OK; i++) {
+        for (int i = 0; i < n_inst && st == KV_OK; i++) {
             double a0 = kv_now();
-            st = runs[i].m->append(runs[i].state, t, k, L->v ? v : NULL, mq);
-            runs[i].append_s += kv_now() - a0;
+            st = inst[i].r.m->append(inst[i].r.state, t, k, L->v ? v : NULL, mq);
+            inst[i].r.append_s += kv_now() - a0;
         }
         if (st != KV_OK || (t - P) % o->stride) continue;
         done++;
         if (t + 1 - o->local - o->sink <= 0) { meta->steps_skipped++; continue; }
         kv_oracle_out ores;
         st = kv_oracle_step(orc, t, q, &ores);
-        for (int i = 0; i < n_runs && st == KV_OK; i++) {
-            kv_method_run *r = &runs[i];
-            kv_selection_reset(&r->sel);
-            double s0 = kv_now();
-            st = r->m->search(r->state, t, mq, meta->k_effective, &r->sel);
-            r->search_s[r->n_steps++] = kv_now() - s0;
-            if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, meta->k_effective, rows);
-            if (st == KV_OK) st = kv_rows_push(r, rows, L->Hq);
+        if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
+        for (int b = 0; b < o->nk && st == KV_OK; b++) {
+            kv_oracle_view(orc, b, &ores);
+            for (int i = 0; i < n_inst && st == KV_OK; i++) {
+                if (b < inst[i].b0 || b >= inst[i].b0 + inst[i].nb) continue;
+                kv_method_run *r = &inst[i].r, *rec = &recs[inst[i].first_rec + b - inst[i].b0];
+                kv_selection_reset(&r->sel);
+                double s0 = kv_now();
+                st = r->m->search(r->state, t, mq, keff[b], &r->sel);
+                rec->search_s[rec->n_steps++] = kv_now() - s0;
+                if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, keff[b], rows);
+                if (st == KV_OK) st = kv_rows_push(rec, rows, L->Hq);
+            }
         }
         meta->steps_evaluated++;
-        if (show && (done % 16 == 0 || done == total)) progress(t_start, done, total, done == total && kv_now() - t_start > 2.0);
+        if (show && (done % 16 == 0 || done == total))
+            progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
     }
     if (mq != q) free(mq);
     free(q); free(k); free(v); free(rows);
+    return st;
+}
+
+static int has_seed_param(const kv_method *m) {
+    for (const kv_param_spec *s = m->params; s && s->name; s++)
+        if (!strcmp(s->name, "seed")) return 1;
+    return 0;
+}
+
+/* Parses --layer (NULL: the first layer; "all"; or a comma list) into
+ * indices; returns the count, or -1 after printing the error (exit 2). */
+static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
+    if (!spec) { idx[0] = 0; return 1; }
+    if (!strcmp(spec, "all")) {
+        for (int i = 0; i < in->num_layers; i++) idx[i] = i;
+        return in->num_layers;
+    }
+    int n = 0;
+    for (const char *p = spec;;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        char name[64];
+        int li = -1;
+        if (len > 0 && len < sizeof name) {
+            memcpy(name, p, len);
+            name[len] = 0;
+            li = kv_trace_find_layer(in, name);
+        }
+        if (li < 0) {
+            fprintf(stderr, "kvbench: %s: --layer %.*s: no such layer; the trace has:", in->path, (int)len, p);
+            for (int i = 0; i < in->num_layers; i++) fprintf(stderr, " %s", in->layer_names[i]);
+            fprintf(stderr, " (or --layer all)\n");
+            return -1;
+        }
+        for (int j = 0; j < n; j++)
+            if (idx[j] == li) {
+                fprintf(stderr, "kvbench run: --layer: layer %s is listed twice in '%s'\n", in->layer_names[li], spec);
+                return -1;
+            }
+        if (n >= in->num_layers) return -1;
+        idx[n++] = li;
+        if (!c) break;
+        p = c + 1;
+    }
+    return n;
+}
+
+/* Evaluates layer li: load, build every instance, the loop, then renders
+ * its records into acc and frees them (one layer's rows in memory). */
+static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_meta *meta, const kv_method_run *picked,
+                           int n_picked, const int *keff, kv_results_acc *acc) {
+    kv_layer L;
+    KV_TRY(kv_trace_load_layer(in, li, &L));
+    meta->layer = in->layer_names[li];
+    run_inst *inst = kv_calloc((size_t)n_picked * o->seeds * o->nk, sizeof *inst, "method instances");
+    int n_inst = 0, n_recs = 0;
+    if (!inst) { kv_layer_free(&L); return KV_ERR_NOMEM; }
+    for (int i = 0; i < n_picked; i++) {
+        int seeded = has_seed_param(picked[i].m), n = seeded ? o->seeds : 1;
+        int per_k = picked[i].m->search_updates_state && o->nk > 1;
+        for (int s = 0; s < n; s++)
+            for (int b = 0; b < (per_k ? o->nk : 1); b++, n_inst++) {
+                inst[n_inst].r = picked[i];
+                inst[n_inst].r.seed = (uint64_t)o->seed + (uint64_t)s;
+                inst[n_inst].r.seeded = seeded;
+                inst[n_inst].b0 = per_k ? b : 0;
+                inst[n_inst].nb = per_k ? 1 : o->nk;
+                inst[n_inst].first_rec = n_recs;
+                n_recs += inst[n_inst].nb;
+            }
+    }
+    kv_method_run *recs = kv_calloc((size_t)n_recs, sizeof *recs, "run records");
+    kv_profile_rows prof = {.Hq = L.Hq};
+    kv_shape sh = {.num_q_heads = L.Hq, .num_kv_heads = L.Hkv, .head_dim = L.D, .group = L.Hq / L.Hkv,
+                   .max_tokens = L.T, .prefill_len = in->prefill_len, .softmax_scale = in->softmax_scale,
+                   .sink = o->sink, .local = o->local, .seed = (uint64_t)o->seed, .use_gpu = meta->use_gpu};
+    kv_oracle *orc = NULL;
+    kv_protocol *proto = NULL;
+    kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
+    if (st == KV_OK)
+        st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
+                                 meta->use_gpu, !o->no_profile, &orc);
+    if (st == KV_OK) kv_oracle_set_context(orc, in->path, meta->layer);
+    if (st == KV_OK) st = kv_protocol_create(&L, o->sink, o->local, keff[o->nk - 1], in->prefill_len, &proto);
+    if (st == KV_OK)
+        st = run_loop(&L, o, in->prefill_len, inst, n_inst, recs, keff, orc, proto, meta, &prof, meta->layer);
+    for (int i = 0; i < n_inst; i++) {
+        kv_method_run *r = &inst[i].r;
+        if (r->state) r->index_bytes = r->m->memory_bytes(r->state);
+        for (int b = inst[i].b0; recs && b < inst[i].b0 + inst[i].nb; b++) {
+            kv_method_run *rec = &recs[inst[i].first_rec + b - inst[i].b0];
+            kv_step_metric *rows = rec->rows;
+            double *ss = rec->search_s;
+            size_t nr = rec->n_rows;
+            int ns = rec->n_steps;
+            *rec = *r; /* the instance's identity and timings, then the record's own */
+            rec->rows = rows; rec->search_s = ss; rec->n_rows = nr; rec->n_steps = ns;
+            rec->layer = meta->layer;
+            rec->k = o->ks[b];
+            rec->k_eff = keff[b];
+        }
+    }
+    if (st == KV_OK && meta->steps_evaluated == 0)
+        st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
+                     "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o->sink, o->local);
+    if (st == KV_OK) st = kv_results_add(acc, meta, recs, n_recs, o->no_profile ? NULL : &prof);
+    if (st == KV_OK && !o->no_profile && !o->quiet)
+        kv_profile_print(stderr, meta->layer, &prof, in->prefill_len, o->window, o->sink, o->local);
+    for (int i = 0; i < n_inst; i++) {
+        if (inst[i].r.state) inst[i].r.m->destroy(inst[i].r.state);
+        kv_selection_free(&inst[i].r.sel);
+    }
+    for (int i = 0; recs && i < n_recs; i++) { free(recs[i].rows); free(recs[i].search_s); }
+    free(recs);
+    free(inst);
+    kv_profile_free(&prof);
+    kv_protocol_destroy(proto);
+    kv_oracle_destroy(orc);
+    kv_layer_free(&L);
     return st;
 }
 
@@ -235,22 +405,29 @@ int cmd_run(int argc, char **argv) {
     kv_status st = out ? kv_results_check_out(out, o.force) : KV_OK; /* the default: once the trace is open */
     if (st != KV_OK) { free(out); return kv_report(st); }
 
+    int keff[MAX_KS];
     kv_run_meta meta = {.k = o.k, .sink = o.sink, .local = o.local, .stride = o.stride, .max_steps = o.max_steps,
-                        .window = o.window, .seed = (uint64_t)o.seed, .force = o.force, .lag = o.lag};
+                        .window = o.window, .seed = (uint64_t)o.seed, .force = o.force, .ks = o.ks, .nk = o.nk,
+                        .seeds = o.seeds, .lag = o.lag};
     kv_trace_info *in = kv_malloc(sizeof *in, "trace info");
     if (!in || !(meta.cmdline = kv_command_line(argc + 1, argv - 1))) { free(in); free(out); return kv_report(KV_ERR_NOMEM); }
     st = kv_trace_open(o.trace, in);
     if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
-    int li = o.layer ? kv_trace_find_layer(in, o.layer) : 0;
-    if (li < 0) {
-        fprintf(stderr, "kvbench: %s: --layer %s: no such layer; the trace has:", in->path, o.layer);
-        for (int i = 0; i < in->num_layers; i++) fprintf(stderr, " %s", in->layer_names[i]);
-        fprintf(stderr, "\n");
-        free(in); free(out); free(meta.cmdline);
-        return 2;
+    int *lidx = kv_malloc((size_t)(in->num_layers + 1) * sizeof(int), "layer list");
+    int n_layers = lidx ? pick_layers(in, o.layer, lidx) : -1;
+    char *layers = NULL;
+    for (int i = 0; i < n_layers; i++) {
+        char *x = kv_strfmt("%s%s%s", layers ? layers : "", i ? "," : "", in->layer_names[lidx[i]]);
+        free(layers);
+        layers = x;
+    }
+    if (n_layers < 0 || (n_layers > 0 && !layers)) {
+        free(lidx); free(layers); free(in); free(out); free(meta.cmdline);
+        return lidx ? 2 : kv_report(KV_ERR_NOMEM);
     }
     meta.info = in;
-    meta.layer = in->layer_names[li];
+    meta.layer = in->layer_names[lidx[0]];
+    meta.layers = layers;
     /* The protocol's counts against the trace: the last step's retrievable
      * region [sink, T - local) must be non-empty, and a budget above it
      * retrieves the whole region at every step, so it is clamped there
@@ -262,65 +439,52 @@ int cmd_run(int argc, char **argv) {
     else if (in->prefill_len >= in->num_tokens)
         st = kv_fail(KV_ERR_INPUT, "%s: prefill_len %d leaves no decode step in the trace's %d tokens", in->path,
                      in->prefill_len, in->num_tokens);
-    meta.k_effective = o.k < region ? o.k : (int)region;
-    if (st == KV_OK && o.k > region)
-        fprintf(stderr, "kvbench: warning: --k %d is larger than the largest retrievable region (T - sink - local = "
-                        "%d - %d - %d = %lld): every step retrieves its whole region; the effective budget is %d "
-                        "(min(k, region) at each step)\n", o.k, in->num_tokens, o.sink, o.local, region, meta.k_effective);
+    for (int b = 0; b < o.nk; b++) {
+        keff[b] = o.ks[b] < region ? o.ks[b] : (int)(region > 0 ? region : 1);
+        if (st == KV_OK && o.ks[b] > region)
+            fprintf(stderr, "kvbench: warning: --k %d is larger than the largest retrievable region (T - sink - local = "
+                            "%d - %d - %d = %lld): every step retrieves its whole region; the effective budget is %d "
+                            "(min(k, region) at each step)\n", o.ks[b], in->num_tokens, o.sink, o.local, region, keff[b]);
+    }
+    meta.k_effective = keff[o.nk - 1];
     if (st == KV_OK && !out) {
-        out = default_out(in, meta.layer);
+        out = default_out(in, n_layers == 1 ? meta.layer : n_layers == in->num_layers ? "all" : "layers");
         st = !out ? KV_ERR_NOMEM : kv_check_parent("--out", "results/<trace>-<layer>-<time> (the default)");
         if (st == KV_OK) st = kv_results_check_out(out, o.force);
     }
     if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
-    if (st != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
+    if (st != KV_OK) { free(lidx); free(layers); free(in); free(out); free(meta.cmdline); return kv_report(st); }
     kv_host_setup("run", o.threads, &meta.host);
     time_t now = time(NULL);
     strftime(meta.started, sizeof meta.started, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
-    fprintf(stderr, "kvbench %s (%s): trace %s layer %s: T=%d P=%d Hq=%d Hkv=%d D=%d; methods %s; k=%d S=%d W=%d; "
-                    "seed %d; device %s%s%s%s; %d CPU threads (OMP_WAIT_POLICY %s), load %.2f on %d cores\n",
-            KVBENCH_VERSION, kv_git_sha(), in->path, meta.layer, in->num_tokens, in->prefill_len, in->num_q_heads,
-            in->num_kv_heads, in->head_dim, o.methods, o.k, o.sink, o.local, o.seed, meta.use_gpu ? meta.gpu.name : "cpu",
+    char kl[16 * MAX_KS] = "", sd[48] = "";
+    if (o.seeds > 1) snprintf(sd, sizeof sd, " (x%d seeds for seeded methods)", o.seeds);
+    for (int b = 0; b < o.nk; b++) snprintf(kl + strlen(kl), sizeof kl - strlen(kl), "%s%d", b ? "," : "", o.ks[b]);
+    fprintf(stderr, "kvbench %s (%s): trace %s layer %s: T=%d P=%d Hq=%d Hkv=%d D=%d; methods %s; k=%s S=%d W=%d; "
+                    "seed %d%s; device %s%s%s%s; %d CPU threads (OMP_WAIT_POLICY %s), load %.2f on %d cores\n",
+            KVBENCH_VERSION, kv_git_sha(), in->path, layers, in->num_tokens, in->prefill_len, in->num_q_heads,
+            in->num_kv_heads, in->head_dim, o.methods, kl, o.sink, o.local, o.seed,
+            sd,
+            meta.use_gpu ? meta.gpu.name : "cpu",
             !meta.use_gpu && meta.gpu.reason[0] ? " (no GPU: " : "", meta.use_gpu ? "" : meta.gpu.reason,
             !meta.use_gpu && meta.gpu.reason[0] ? ")" : "", meta.host.threads, meta.host.wait_policy, meta.host.load[0],
             meta.host.cores);
 
     double w0 = kv_now();
-    kv_layer L;
-    if ((st = kv_trace_load_layer(in, li, &L)) != KV_OK) { free(in); free(out); free(meta.cmdline); return kv_report(st); }
-    kv_shape sh = {.num_q_heads = L.Hq, .num_kv_heads = L.Hkv, .head_dim = L.D, .group = L.Hq / L.Hkv,
-                   .max_tokens = L.T, .prefill_len = in->prefill_len, .softmax_scale = in->softmax_scale,
-                   .sink = o.sink, .local = o.local, .seed = (uint64_t)o.seed, .use_gpu = meta.use_gpu};
-    kv_oracle *orc = NULL;
-    kv_protocol *proto = NULL;
-    st = build_all(&L, in->prefill_len, meta.k_effective, o.lag, runs, n_runs, &sh);
-    if (st == KV_OK)
-        st = kv_oracle_create(&L, in->softmax_scale, o.sink, o.local, meta.k_effective, in->prefill_len, meta.use_gpu,
-                              &orc);
-    if (st == KV_OK) kv_oracle_set_context(orc, in->path, meta.layer);
-    if (st == KV_OK) st = kv_protocol_create(&L, o.sink, o.local, meta.k_effective, in->prefill_len, &proto);
-    if (st == KV_OK) st = run_loop(&L, &o, in->prefill_len, runs, n_runs, orc, proto, &meta);
-    for (int i = 0; i < n_runs; i++)
-        if (runs[i].state) runs[i].index_bytes = runs[i].m->memory_bytes(runs[i].state);
+    kv_results_acc acc;
+    st = kv_results_begin(&acc);
+    for (int i = 0; i < n_layers && st == KV_OK; i++) st = run_layer(&o, in, lidx[i], &meta, runs, n_runs, keff, &acc);
+    meta.layer = in->layer_names[lidx[0]];
     meta.wall_s = kv_now() - w0;
-    if (st == KV_OK && meta.steps_evaluated == 0)
-        st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
-                     "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o.sink, o.local);
-    if (st == KV_OK) st = kv_results_write(out, &meta, runs, n_runs);
+    if (st == KV_OK) st = kv_results_write(out, &meta, &acc);
     if (st == KV_OK && !o.quiet) {
-        kv_results_print(stdout, &meta, runs, n_runs);
-        printf("results: %s/summary.json, %s/drift.csv, %s/steps.csv\n", out, out, out);
+        kv_results_print(stdout, &meta, &acc);
+        printf("results: %s/summary.json, %s/drift.csv, %s/steps.csv, %s/profile.csv\n", out, out, out, out);
     }
     rc = st == KV_OK ? 0 : kv_report(st);
-    for (int i = 0; i < n_runs; i++) {
-        if (runs[i].state) runs[i].m->destroy(runs[i].state);
-        kv_selection_free(&runs[i].sel);
-        free(runs[i].rows);
-        free(runs[i].search_s);
-    }
-    kv_protocol_destroy(proto);
-    kv_oracle_destroy(orc);
-    kv_layer_free(&L);
+    kv_results_end(&acc);
+    free(lidx);
+    free(layers);
     free(in);
     free(out);
     free(meta.cmdline);

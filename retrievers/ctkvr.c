@@ -425,6 +425,7 @@ const kv_method kv_method_ctkvr = {
     .paper = "\"CTKVR: Efficient KV Cache Retrieval for Long-Context LLMs via Centroid-then-Token Indexing\", Lu, Lin et al., preprint (ACM template); no public code",
     .per_kv_head = 1,
     .has_gpu = 1,
+    .search_updates_state = 1, /* DCU: every search replaces the FIFO's oldest centroid slot */
     .params = ct_params,
     .create = ct_create,
     .build = ct_build,

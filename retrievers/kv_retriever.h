@@ -102,6 +102,9 @@ typedef struct kv_method {
     int variable_budget;     /* may return more than k (reports effective budget) */
     int uses_logw;           /* fills selection.logw */
     int has_gpu;             /* has a CUDA path */
+    int search_updates_state; /* 1: search() changes the state (a second search at the same step, with another
+                               * k, would see the first one's changes): `kvbench run --k LIST` then builds one
+                               * instance per budget instead of searching one instance at every budget */
     const kv_param_spec *params;
     kv_status (*create)(const kv_shape *shape, const kv_param_set *params, void **state);
     kv_status (*build)(void *state, const kv_prefill *pre);

@@ -73,7 +73,7 @@ def trace_layers(kvbench, trace):
     m = re.search(r"^layers\s+\d+:\s*(.*)$", out.stdout, re.M)
     if not m:
         die(f"{trace}: kvbench info printed no layers line")
-    return [x.split("(")[0].strip() for x in m.group(1).split(",") if x.strip()]
+    return re.findall(r"([^\s(]+)\(", m.group(1))  # "L6(float16) L14(float16, no v)" -> L6, L14 (as sweep.py)
 
 
 def run_key(trace, layer, method, params, extra, kvbench):

@@ -17,11 +17,20 @@ def main():
     ap.add_argument("--windows", type=int, default=4, help="groups of decode windows (columns)")
     ap.add_argument("--metric", default="recall_mean,outerr_mean",
                     help="drift.csv columns, one cell each per group (default recall_mean,outerr_mean)")
+    ap.add_argument("--layer", default=None, help="a run over several layers: which (default: the first row's)")
+    ap.add_argument("--k", default=None, help="a run over several budgets: which (default: the first row's)")
+    ap.add_argument("--seed", default=None, help="a run over several seeds: which (default: the first row's)")
     a = ap.parse_args()
     path = os.path.join(a.run, "drift.csv")
     if not os.path.isfile(path):
         sys.exit(f"drift_table.py: {path}: missing (expected a kvbench run directory)")
     rows = list(csv.DictReader(open(path, newline="")))
+    for col in ("layer", "k", "seed"):  # drift.csv of a run over several layers/budgets/seeds (issue 11)
+        if rows and col in rows[0]:
+            v = getattr(a, col) or rows[0][col]
+            rows = [r for r in rows if r[col] == str(v)]
+    if not rows:
+        sys.exit(f"drift_table.py: {path}: no rows for the chosen --layer/--k/--seed")
     metrics = a.metric.split(",")
     for m in metrics:
         if rows and m not in rows[0]:

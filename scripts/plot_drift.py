@@ -37,6 +37,9 @@ def num(x):
     return float(x) if x not in (None, "") else math.nan
 
 
+SELECT = {}  # --layer/--k/--seed: which rows of a run over several layers, budgets or seeds (issue 11)
+
+
 def load(run_dir):
     summ_path = os.path.join(run_dir, "summary.json")
     drift_path = os.path.join(run_dir, "drift.csv")
@@ -53,8 +56,16 @@ def load(run_dir):
     except (ValueError, KeyError, TypeError) as e:
         fail(f"{summ_path}: not a kvbench summary ({type(e).__name__}: {e})")
     series = {}
+    # a run over several layers/budgets/seeds: one (layer, k, seed) per figure, by default the summary's first
+    # layer, its largest k (protocol.k) and its --seed; drift.csv files before issue 11 have no such columns
+    want = {"layer": SELECT.get("layer") or tr.get("layer"), "k": str(SELECT.get("k") or pr["k"]),
+            "seed": str(SELECT.get("seed") if SELECT.get("seed") is not None else pr.get("seed", 0))}
+    pr["k"] = int(want["k"])
+    tr["layer"] = want["layer"]
     with open(drift_path, newline="") as f:
         for row in csv.DictReader(f):
+            if any(c in row and row[c] != v for c, v in want.items()):
+                continue
             s = series.setdefault(row["method"], {k: [] for k in ("x", "r", "r10", "e", "e90", "g")})
             lo, hi = float(row["step_start"]), min(float(row["step_end"]), T)  # the last window ends at T
             s["x"].append(0.5 * (lo + hi - 1))
@@ -64,7 +75,8 @@ def load(run_dir):
             s["e90"].append(num(row["outerr_p90"]))
             s["g"].append(num(row.get("recall_generated_keys")))
     if not series:
-        fail(f"{drift_path}: no rows (the run evaluated no decode step)")
+        fail(f"{drift_path}: no rows (the run evaluated no decode step, or none has layer {want['layer']}, "
+             f"k {want['k']}, seed {want['seed']})")
     return summary, series
 
 
@@ -77,7 +89,11 @@ def main():
     ap.add_argument("runs", nargs="+", help="kvbench run directories")
     ap.add_argument("-o", "--out", required=True, help="output image (png, pdf, svg)")
     ap.add_argument("--title", default=None, help="first title line (the protocol line is kept)")
+    ap.add_argument("--layer", default=None, help="a run over several layers: the layer to draw (default: its first)")
+    ap.add_argument("--k", type=int, default=None, help="a run over several budgets: the k to draw (default: the largest)")
+    ap.add_argument("--seed", type=int, default=None, help="a run over several seeds: the seed to draw (default: --seed)")
     args = ap.parse_args()
+    SELECT.update(layer=args.layer, k=args.k, seed=args.seed)
     runs = [load(d) for d in args.runs]  # input errors before matplotlib is looked for
     kvstyle.need_matplotlib(ME)
     import matplotlib.pyplot as plt

@@ -108,6 +108,14 @@ extern char kv_test_reason[512];
     X(results_atomic_on_failure, KV_NEEDS_SUBPROCESS)      \
     X(ablate_script, KV_NEEDS_SUBPROCESS)                  \
     X(oracle_nonfinite_scores, 0)                          \
+    X(profile_hand_case, 0)                                \
+    X(profile_brute_force, 0)                              \
+    X(profile_long_regions, 0)                             \
+    X(gpu_oracle_multi_k_profile_matches_cpu, KV_NEEDS_GPU) \
+    X(run_multi_k_layer_seed_equals_single, KV_NEEDS_SUBPROCESS) \
+    X(sweep_script, KV_NEEDS_SUBPROCESS)                   \
+    X(sweep_slurm_array, KV_NEEDS_SUBPROCESS)              \
+    X(pareto_front_hand_case, KV_NEEDS_SUBPROCESS)         \
     X(gpu_oracle_nonfinite_scores, KV_NEEDS_GPU)           \
     X(cli_option_errors, KV_NEEDS_SUBPROCESS)              \
     X(cli_help_and_info, KV_NEEDS_SUBPROCESS)              \

@@ -67,5 +67,15 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r4.returncode == 2 and "unknown keys: ['beta']" in r4.stderr, f"bad table: exit {r4.returncode} {r4.stderr}")
     r5 = ablate(os.path.join(tmp, "b"), "pariskv", "--traces", TRACE, "--variant", "nope")
     check(r5.returncode == 2 and "nope" in r5.stderr, f"unknown variant: exit {r5.returncode} {r5.stderr}")
+    # every layer of a multi-layer trace (kvbench info lists them space-separated: "L0(float16) L1(float16) ...")
+    syn = os.path.join(tmp, "syn3.h5")
+    subprocess.run([KV, "synth", "--out", syn, "--tokens", "600", "--prefill", "400", "--q-heads", "4", "--kv-heads",
+                    "2", "--dim", "32", "--layers", "3"], check=True, capture_output=True)
+    r6 = ablate(os.path.join(tmp, "c"), "pariskv", "--traces", syn, "--variant", names[1], "--", "--stride", "32")
+    check(r6.returncode == 0, f"ablate on a 3-layer trace: exit {r6.returncode} {r6.stderr}")
+    if r6.returncode == 0:
+        with open(os.path.join(tmp, "c", "ablation.csv")) as f:
+            layers = [row["layer"] for row in csv.DictReader(f)]
+        check(layers == ["L0", "L1", "L2"], f"3-layer trace: ablation.csv layers {layers}, want L0 L1 L2")
 print(f"test_ablate: {'ok' if not fails else str(fails) + ' failed'}")
 sys.exit(1 if fails else 0)

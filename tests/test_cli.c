@@ -184,7 +184,8 @@ int test_e2e_demo_trace(void) {
     FILE *f = fopen(p, "r");
     CHECK(f, "drift.csv written");
     char line[4096];
-    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,params,window,step_start,step_end,recall_mean,", 52), "drift header");
+    CHECK(fgets(line, sizeof line, f) && !strncmp(line, "method,params,layer,k,seed,window,step_start,step_end,recall_mean,", 65),
+          "drift header: %s", line);
     fclose(f);
     kv_trace_info in;
     CHECK_OK(kv_trace_open(DEMO, &in));
@@ -203,6 +204,8 @@ int test_e2e_demo_trace(void) {
         char *c = strchr(line, ',');
         if (!c) break;
         snprintf(method, sizeof method, "%.*s", (int)(c - line), line);
+        for (int i = 0; i < 3 && c; i++) c = strchr(c + 1, ','); /* layer, k, seed (issue 11) */
+        if (!c) { bad++; continue; }
         if (sscanf(c + 1, "%d,%d,%lf,%lf,", &step, &head, &recall, &recall_sel) != 4) { bad++; continue; }
         char *fld = c + 1; /* fields: step head recall recall_sel cand mass outerr ... */
         for (int i = 0; i < 5; i++) fld = strchr(fld, ',') + 1;
@@ -290,5 +293,41 @@ int test_ablate_script(void) {
     int rc = sh("KVBENCH_BIN=%s python3 tests/test_ablate.py", kv_test_bin());
     fputs(out, stdout);
     CHECK(rc == 0, "tests/test_ablate.py exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+/* issue 11: several budgets/layers/seeds in one run vs the single runs, and scripts/sweep.py (tests/test_sweep.py) */
+int test_run_multi_k_layer_seed_equals_single(void) {
+    int rc = sh("KVBENCH_BIN=%s python3 tests/test_sweep.py multi", kv_test_bin());
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py multi exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+int test_sweep_script(void) {
+    int rc = sh("KVBENCH_BIN=%s python3 tests/test_sweep.py sweep", kv_test_bin());
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py sweep exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+/* the Slurm backend on a single-node cluster the test starts itself (tests/test_slurm.py; exit 77 = skip) */
+int test_sweep_slurm_array(void) {
+    int rc = sh("KVBENCH_BIN=%s timeout 900 python3 tests/test_slurm.py", kv_test_bin());
+    if (rc == 77) {
+        char *why = strstr(out, "skipped: ");
+        kv_test_skip_reason("%s", why ? why + 9 : "tests/test_slurm.py skipped");
+        return KV_TEST_SKIP;
+    }
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_slurm.py exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
+/* the Pareto front of a hand-made point set, log interpolation, AUC (scripts/pareto.py) */
+int test_pareto_front_hand_case(void) {
+    int rc = sh("python3 tests/test_sweep.py pareto");
+    fputs(out, stdout);
+    CHECK(rc == 0, "tests/test_sweep.py pareto exit %d:\n%s\n%s", rc, out, err);
     return KV_TEST_PASS;
 }

@@ -103,7 +103,52 @@ def main():
     os.link(os.path.join(a, "summary.json"), os.path.join(empty, "summary.json"))
     rc, out, err = sh(sys.executable, PLOT, empty, "-o", os.path.join(tmp, "x.png"))
     check(rc == 1 and "no rows" in err and "Traceback" not in err, f"run without rows: exit {rc}: {err[-300:]}")
+    sweep_plots(tmp)
     return 1 if failures else 0
+
+
+def sweep_plots(tmp):
+    """issue 11: plot_pareto.py (every metric and cost), plot_profile.py (a sweep and a run directory), the
+    leaderboard, from a tiny sweep of the demo trace; a folder without a sweep gives one line, no traceback."""
+    cfg = os.path.join(tmp, "tiny.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[sweep]\ntraces = ["{os.path.join(ROOT, "datasets", "demo.h5")}"]\nk = [16, 64, 256]\nseeds = 2\n'
+                '[protocol]\nstride = 64\nthreads = 1\n[methods.exact]\n[methods.random]\n[methods.quest]\npage = [8, 16]\n')
+    sw = os.path.join(tmp, "sweep")
+    rc, out, err = sh("python3", os.path.join(ROOT, "scripts", "sweep.py"), cfg, "--out", sw, "--kvbench", BIN)
+    check(rc == 0, f"sweep.py: exit {rc}: {err[-400:]}")
+    pngs = []
+    for metric in ("recall", "mass", "output_error"):
+        png = os.path.join(tmp, f"pareto-{metric}.png")
+        rc, out, err = sh("python3", os.path.join(ROOT, "scripts", "plot_pareto.py"), sw, "--metric", metric, "--out", png)
+        check(rc == 0 and "Traceback" not in err, f"plot_pareto.py --metric {metric}: exit {rc}: {err[-400:]}")
+        pngs.append(png)
+    png = os.path.join(tmp, "pareto-avg.png")
+    rc, out, err = sh("python3", os.path.join(ROOT, "scripts", "plot_pareto.py"), sw, "--average", "--costs", "budget",
+                      "--out", png)
+    check(rc == 0, f"plot_pareto.py --average: exit {rc}: {err[-400:]}")
+    pngs.append(png)
+    for src in (sw, os.path.join(sw, "runs", sorted(os.listdir(os.path.join(sw, "runs")))[0])):
+        png = os.path.join(tmp, f"profile-{len(pngs)}.png")
+        rc, out, err = sh("python3", os.path.join(ROOT, "scripts", "plot_profile.py"), src, "--out", png)
+        check(rc == 0 and "Traceback" not in err, f"plot_profile.py {src}: exit {rc}: {err[-400:]}")
+        pngs.append(png)
+    for png in pngs:
+        ok = os.path.isfile(png) and os.path.getsize(png) > 10000
+        if ok:
+            with open(png, "rb") as f:
+                head = f.read(24)
+            w, h = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+            ok = head[:8] == b"\x89PNG\r\n\x1a\n" and w > 400 and h > 300
+        check(ok, f"{png}: not a readable figure")
+    rc, out, err = sh("python3", os.path.join(ROOT, "scripts", "leaderboard.py"), sw)
+    check(rc == 0 and "| exact | 1.000 | 1.000 | 16 |" in out, f"leaderboard: exit {rc}: {out[-600:]} {err[-300:]}")
+    empty = os.path.join(tmp, "not-a-sweep")
+    os.makedirs(empty, exist_ok=True)
+    for script in ("plot_pareto.py", "plot_profile.py", "leaderboard.py"):
+        rc, out, err = sh("python3", os.path.join(ROOT, "scripts", script), empty)
+        check(rc != 0 and "Traceback" not in err and "no such file" in err, f"{script} on a folder without a sweep: "
+                                                                          f"exit {rc}: {err[-300:]}")
 
 
 if __name__ == "__main__":

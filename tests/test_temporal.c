@@ -384,21 +384,24 @@ int test_lag_shows_query_of_t_minus_d(void) {
     CHECK(f, "%s: missing", p);
     char line[4096];
     CHECK(fgets(line, sizeof line, f), "steps.csv header");
+    CHECK(!strncmp(line, "method,layer,k,seed,step,head,recall,", 37) && strstr(line, ",method_metric\n") &&
+          !strstr(line, ",method_metric\n")[15], "steps.csv header: %s", line);
     sc_pair *buf = malloc((size_t)L.T * sizeof(sc_pair));
     int rows = 0, bad = 0, discriminating = 0, fk = 0, fired = 0;
     while (fgets(line, sizeof line, f)) {
-        char *fld[16];
+        char *fld[24];
         int nf = 0;
-        for (char *c = line; nf < 16;) {
+        for (char *c = line; nf < 24;) {
             fld[nf++] = c;
             c = strchr(c, ',');
             if (!c) break;
             *c++ = 0;
         }
-        CHECK(nf == 13, "steps.csv row with %d fields", nf);
-        int t = atoi(fld[1]), h = atoi(fld[2]);
+        /* method,layer,k,seed,step,head,recall,...,recall_generated_keys,method_metric (issue 11's layer, k, seed) */
+        CHECK(nf == 16, "steps.csv row with %d fields", nf);
+        int t = atoi(fld[4]), h = atoi(fld[5]);
         if (!strcmp(fld[0], "exact")) {
-            double r = atof(fld[3]);
+            double r = atof(fld[6]);
             double want = exact_recall_with(&L, h, t, t - d, S, t + 1 - W, k, buf);
             double other = exact_recall_with(&L, h, t, t - d + 1, S, t + 1 - W, k, buf);
             if (fabs(r - want) > 1e-6) {
@@ -407,7 +410,7 @@ int test_lag_shows_query_of_t_minus_d(void) {
             discriminating += fabs(other - want) > 1e-6;
             rows++;
         } else if (!strcmp(fld[0], "freekv") && h == 0) {
-            double got = atof(fld[12]);
+            double got = atof(fld[15]);
             int nc = 0;
             float *a = malloc((size_t)G * D * sizeof(float)), *b = malloc((size_t)G * D * sizeof(float));
             for (int g = 0; g < L.Hkv; g++) {
