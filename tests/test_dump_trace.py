@@ -278,6 +278,16 @@ def run_errors(work, tok):
         expect("error" in r.stderr, f"{what}: no error message on stderr ({r.stderr[-300:]!r})")
         expect(not any(fn.startswith("e") and fn.endswith(".h5") for fn in os.listdir(work)),
                f"{what}: an output file was left behind")
+    # a failing --check (tolerance below float16 rounding) must leave nothing under --out: make_traces.sh
+    # takes an existing output as finished
+    bad = os.path.join(work, "checkfail.h5")
+    r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--layers", "0", "--question", "hi",
+                        "--max-new-tokens", "3", "--check", "--check-tol", "1e-12", "--out", bad],
+                       capture_output=True, text=True, timeout=300)
+    expect(r.returncode == 3, f"--check-tol 1e-12: exit {r.returncode}, expected 3 ({r.stderr[-300:]!r})")
+    expect(not os.path.exists(bad), "a trace that failed --check was left under --out")
+    expect(os.path.exists(bad + ".check-failed"), "the trace that failed --check was not kept as .check-failed")
+    expect(not any(".tmp." in fn for fn in os.listdir(work)), "a temporary file was left behind")
     # --save-converted: a loadable float32 copy with the identity sidecar
     conv = os.path.join(work, "converted")
     r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--save-converted", conv],
@@ -288,7 +298,7 @@ def run_errors(work, tok):
     r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--save-converted", conv],
                        capture_output=True, text=True, timeout=300)
     expect(r.returncode != 0 and "exists" in r.stderr, "--save-converted overwrote without --force")
-    return f"{len(cases)} bad invocations rejected, --save-converted ok"
+    return f"{len(cases)} bad invocations rejected, failed --check leaves no output, --save-converted ok"
 
 
 def main():
