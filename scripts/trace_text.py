@@ -4,8 +4,10 @@
 A dumped trace is only useful for retrieval while the model writes real text: once it loops, the
 decode steps' queries repeat.  This prints the prompt's tail and the generated text, then, for every
 window of --window generated tokens, the number of distinct tokens in it (the measure used in
-scripts/TRACES.md: real text keeps ~70-130 distinct tokens per 256, a loop falls to ~10-30) and the
-longest run of a repeated n-gram ending in the window.
+scripts/TRACES.md: real text keeps ~70-130 distinct tokens per 256, a short loop falls to ~10-30), the
+longest stretch repeating the one just before it (period <= 64 tokens) and the share of positions whose
+next 16 tokens already occurred earlier in the generated text (copies and long-period loops, which keep
+the distinct count high; quoting the prompt does not count).
 
   .venv/bin/python scripts/trace_text.py datasets/real/qwen2.5-1.5b-long-gen.h5 \\
       --tokenizer ~/.cache/kvbench/models/qwen2.5-coder-1.5b-instruct-q4_k_m-f32
@@ -56,7 +58,14 @@ def main():
         print("=== generated")
         print(tok.decode(gen))
         print("=== end")
-    print(f"window  positions        distinct  longest_repeat")
+    N = 16
+    seen, rep16 = set(), np.zeros(len(gen), dtype=bool)
+    for i in range(len(gen) - N + 1):
+        key = gen[i:i + N].tobytes()
+        rep16[i] = key in seen
+        seen.add(key)
+    first = int(np.argmax(rep16)) if rep16.any() else -1
+    print(f"window  positions        distinct  longest_repeat  repeated_16gram_share")
     for w0 in range(0, len(gen), a.window):
         w = gen[w0:w0 + a.window]
         # longest stretch (in tokens) inside the window that equals the stretch just before it
@@ -66,7 +75,13 @@ def main():
             for i in range(max(period, w0), w0 + len(w)):
                 run = run + 1 if gen[i] == gen[i - period] else 0
                 best = max(best, run)
-        print(f"{w0 // a.window:6d}  {P + w0:6d}-{P + w0 + len(w) - 1:6d}  {len(set(w.tolist())):8d}  {best:14d}")
+        share = rep16[w0:w0 + len(w)].mean()
+        print(f"{w0 // a.window:6d}  {P + w0:6d}-{P + w0 + len(w) - 1:6d}  {len(set(w.tolist())):8d}  {best:14d}"
+              f"  {share:21.2f}")
+    if first >= 0:
+        print(f"first repeated {N}-gram of generated text at position {P + first} (generated token {first})")
+    else:
+        print(f"no {N}-gram of the generated text repeats")
     return 0
 
 
