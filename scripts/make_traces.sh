@@ -319,14 +319,15 @@ main() {
           wait $p2 || fail "long-gen failed"
         elif [ "$s" = long-input ]; then long_input; else long_gen; fi ;;
       demo) demo ;;
-      demo-1.5b) MODEL=qwen2.5-1.5b "$0" demo ;;
+      demo-1.5b)
+        if [ "$MODEL" = qwen2.5-1.5b ]; then demo; else MODEL=qwen2.5-1.5b "$0" demo; fi ;;
       -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
       *) fail "unknown step '$s' (all, model, fetch, long-input, long-gen, demo, demo-1.5b)" ;;
     esac
   done
-  say "done ($MODEL); traces in $OUT:"
+  say "done; traces in $OUT, demos in $ROOT/datasets:"
   local f
-  for f in "$OUT"/*.h5 "$DEMO"; do
+  for f in "$OUT"/*.h5 "$ROOT"/datasets/demo*.h5; do
     [ -f "$f" ] && say "  $(stat -c %s "$f")  $f"
   done
   return 0
