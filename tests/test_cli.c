@@ -169,13 +169,15 @@ static void reference(const kv_layer *L, float scale, int t, int h, const int *s
     free(s); free(r); free(att); free(oa); free(of);
 }
 
-int test_e2e_demo_trace(void) {
+/* One end-to-end run of exact and streaming on a bundled trace, every row
+ * of steps.csv checked against selections and metrics computed here. */
+static int e2e_trace(const char *trace, const char *tag) {
     const char *B = kv_test_bin();
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/e2e", kv_test_tmpdir());
+    snprintf(dir, sizeof dir, "%s/e2e-%s", kv_test_tmpdir(), tag);
     int k = 50, S = 4, W = 32;
     CHECK(sh("%s run --trace %s --method exact,streaming --k %d --sink %d --local %d --stride 23 --max-steps 12 "
-             "--device cpu --out %s --force", B, DEMO, k, S, W, dir) == 0, "run failed: %s", err);
+             "--device cpu --out %s --force", B, trace, k, S, W, dir) == 0, "run failed: %s", err);
     CHECK(strstr(out, "exact") && strstr(out, "results: "), "summary table on stdout: %s", out);
     char p[700];
     snprintf(p, sizeof p, "%s/summary.json", dir);
@@ -188,7 +190,7 @@ int test_e2e_demo_trace(void) {
           "drift header: %s", line);
     fclose(f);
     kv_trace_info in;
-    CHECK_OK(kv_trace_open(DEMO, &in));
+    CHECK_OK(kv_trace_open(trace, &in));
     kv_layer L;
     CHECK_OK(kv_trace_load_layer(&in, 0, &L));
     CHECK(L.v, "the demo trace has values");
@@ -239,8 +241,14 @@ int test_e2e_demo_trace(void) {
     fclose(f);
     kv_layer_free(&L);
     CHECK(rows == 2 * 12 * in.num_q_heads, "steps.csv has %d rows, want %d", rows, 2 * 12 * in.num_q_heads);
-    CHECK(bad == 0, "%d rows disagree with the independent computation", bad);
+    CHECK(bad == 0, "%s: %d rows disagree with the independent computation", trace, bad);
     return KV_TEST_PASS;
+}
+
+/* Both bundled traces: the 0.5B model's (64-dim heads, GQA 7) and the 1.5B's (128-dim heads, GQA 6). */
+int test_e2e_demo_trace(void) {
+    if (e2e_trace(DEMO, "0.5b") != KV_TEST_PASS) return KV_TEST_FAIL;
+    return e2e_trace("datasets/demo-1.5b.h5", "1.5b");
 }
 
 int test_results_atomic_on_failure(void) {

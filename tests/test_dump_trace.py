@@ -2,12 +2,15 @@
 """End-to-end test of scripts/dump_trace.py on tiny random models.
 
 For each supported family (Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma2, Gemma3)
-a randomly initialised 2-layer GQA model (4 query heads, 2 kv heads) and a
-small byte-level BPE tokenizer are built and saved locally (nothing is
+a randomly initialised 2-layer GQA model (4 query heads, 2 kv heads, head_dim 16)
+and a small byte-level BPE tokenizer are built and saved locally (nothing is
 downloaded); dump_trace.py runs on it in a subprocess with --check, and the
 file is then checked against the kvtrace v1 spec with h5py and against the
-model's own KV cache (recomputed here in-process).  If KVBENCH_BIN names the
-kvbench binary, `$KVBENCH_BIN info FILE` must exit 0 too.  KVBENCH_TEST_DEVICE=cuda
+model's own KV cache (recomputed here in-process).  One more Qwen2 case has the
+head shape of Qwen2.5-1.5B (12 query heads, 2 kv heads, head_dim 128, RoPE base
+1e6).  If KVBENCH_BIN names the kvbench binary, `$KVBENCH_BIN info FILE` must
+exit 0 and report the heads and head_dim, and for the 128-dim case a short
+`$KVBENCH_BIN run` (exact, pariskv) must evaluate every query head.  KVBENCH_TEST_DEVICE=cuda
 runs the dumper on that device (in float32, so the same tolerances hold).
 
 Run:  python3 tests/test_dump_trace.py   (re-executes itself with .venv/bin/python
@@ -63,6 +66,7 @@ transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
 HQ, HKV, D, HIDDEN = 4, 2, 16, 64
+D128 = (12, 2, 128)      # (query heads, kv heads, head_dim) of the qwen2-d128 case, as Qwen2.5-1.5B
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -113,6 +117,13 @@ def configs(vocab, bos, eos, pad):
         ("gemma3", Gemma3TextConfig(**common, query_pre_attn_scalar=24, sliding_window=16,
                                     layer_types=["sliding_attention", "full_attention"]),
          ["--question", "What does the First Amendment protect?", "--prefill-chunk", "9"], 24 ** -0.5, 16),
+        # Qwen2.5-1.5B's attention shape: 128-dim heads, GQA group 6, RoPE base 1e6 (hidden kept small)
+        ("qwen2-d128", Qwen2Config(**dict(common, num_attention_heads=D128[0], num_key_value_heads=D128[1],
+                                          head_dim=D128[2]), rope_parameters={"rope_type": "default",
+                                                                              "rope_theta": 1e6}),
+         ["--prompt-file", TEXT, "--skip-comment-lines", "--question", "Who may be elected President?",
+          "--max-prompt-tokens", "96", "--prefill-chunk", "32", "--temperature", "0.7", "--seed", "3"],
+         D128[2] ** -0.5, None),
     ]
 
 
@@ -125,7 +136,7 @@ def expect(cond, msg):
         raise Fail(msg)
 
 
-def check_spec(path, n_new, scale):
+def check_spec(path, n_new, scale, dims=(D, HQ, HKV)):
     with h5py.File(path, "r") as f:
         a = f.attrs
         for k in ("kvtrace_version", "model", "description", "head_dim", "num_q_heads", "num_kv_heads",
@@ -140,7 +151,7 @@ def check_spec(path, n_new, scale):
         expect(a["rope"] == b"applied", f"rope is {a['rope']!r}")
         d, hq, hkv = int(a["head_dim"]), int(a["num_q_heads"]), int(a["num_kv_heads"])
         t, p = int(a["num_tokens"]), int(a["prefill_len"])
-        expect((d, hq, hkv) == (D, HQ, HKV), f"head_dim/num_q_heads/num_kv_heads = {(d, hq, hkv)}")
+        expect((d, hq, hkv) == dims, f"head_dim/num_q_heads/num_kv_heads = {(d, hq, hkv)}, expected {dims}")
         expect(1 <= p <= t and t == p + n_new, f"num_tokens {t}, prefill_len {p}, expected {n_new} generated")
         expect(abs(float(a["softmax_scale"]) - scale) < 1e-9, f"softmax_scale {a['softmax_scale']} != {scale}")
         expect(set(f.keys()) == {"tokens", "layers"}, f"unexpected root members {sorted(f.keys())}")
@@ -200,15 +211,50 @@ def run_case(name, cfg, extra, scale, window, work, tok):
         raise Fail(f"dump_trace exit {r.returncode}: {(r.stderr + r.stdout).strip()[-1500:]}")
     expect("check passed" in r.stdout, f"no 'check passed' in output: {r.stdout[-500:]}")
     worst = [ln for ln in r.stdout.splitlines() if ln.startswith("check passed")][0].split()[-1]
-    t, p, tokens, kv = check_spec(out, n_new, scale)
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    if name == "qwen2-d128":
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta")
+        expect((hq, hkv, d) == D128 and theta == 1e6, f"{name}: config has {(hq, hkv, d)}, rope_theta {theta}")
+    t, p, tokens, kv = check_spec(out, n_new, scale, (d, hq, hkv))
     check_against_cache(mdir, tokens, kv, window)
+    with h5py.File(out, "r") as f:
+        desc = f.attrs["description"].decode()
+    for want in (f"{hq} query heads, {hkv} kv heads, head_dim {d}", "Generation settings: max new tokens 12",
+                 f"prompt {p} tokens", "ignore-eos yes", "prefill chunk ",
+                 "system prompt" if "--system" in extra else "no --system given" if "--question" in extra
+                 else "no system prompt"):
+        expect(want in desc, f"description lacks {want!r}: {desc[-600:]!r}")
     bin_ = os.environ.get("KVBENCH_BIN")
     note = ""
     if bin_:
         r2 = subprocess.run([bin_, "info", out], capture_output=True, text=True, timeout=60)
         expect(r2.returncode == 0, f"{bin_} info exit {r2.returncode}: {(r2.stderr + r2.stdout).strip()[-800:]}")
+        heads = f"{hq} query, {hkv} kv (group {hq // hkv})"
+        expect(heads in r2.stdout and f"head_dim (D)  {d}" in r2.stdout,
+               f"{bin_} info does not report '{heads}' and head_dim {d}:\n{r2.stdout}")
         note = ", kvbench info ok"
+        if d == 128:
+            note += run_kvbench(bin_, out, work, name, hq, t - p)
     return f"T={t} P={p}, check max rel err {worst}{note}"
+
+
+def run_kvbench(bin_, trace, work, name, hq, n_dec):
+    """A short `kvbench run` on the trace: exact must find all of its own top-k (recall 1) and both
+    methods must have evaluated every query head at every decode step (rows = steps * Hq)."""
+    import json
+    rdir = os.path.join(work, f"{name}-run")
+    cmd = [bin_, "run", "--trace", trace, "--layer", "L1", "--method", "exact,pariskv", "--k", "8",
+           "--sink", "2", "--local", "8", "--device", "cpu", "--out", rdir, "--quiet"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    expect(r.returncode == 0, f"{' '.join(cmd)} exit {r.returncode}: {(r.stderr + r.stdout).strip()[-800:]}")
+    with open(os.path.join(rdir, "summary.json")) as f:
+        ms = {m["method"]: m for m in json.load(f)["methods"]}
+    expect(set(ms) == {"exact", "pariskv"}, f"summary.json methods {sorted(ms)}")
+    expect(ms["exact"]["recall"] == 1, f"exact recall {ms['exact']['recall']} != 1")
+    for m in ms.values():
+        expect(m["rows"] == n_dec * hq, f"{m['method']}: {m['rows']} rows, expected {n_dec} steps x {hq} heads")
+        expect(0 <= m["recall"] <= 1, f"{m['method']}: recall {m['recall']}")
+    return f", kvbench run exact+pariskv ok (pariskv recall {ms['pariskv']['recall']:.3f})"
 
 
 def run_errors(work, tok):
@@ -232,6 +278,16 @@ def run_errors(work, tok):
         expect("error" in r.stderr, f"{what}: no error message on stderr ({r.stderr[-300:]!r})")
         expect(not any(fn.startswith("e") and fn.endswith(".h5") for fn in os.listdir(work)),
                f"{what}: an output file was left behind")
+    # a failing --check (tolerance below float16 rounding) must leave nothing under --out: make_traces.sh
+    # takes an existing output as finished
+    bad = os.path.join(work, "checkfail.h5")
+    r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--layers", "0", "--question", "hi",
+                        "--max-new-tokens", "3", "--check", "--check-tol", "1e-12", "--out", bad],
+                       capture_output=True, text=True, timeout=300)
+    expect(r.returncode == 3, f"--check-tol 1e-12: exit {r.returncode}, expected 3 ({r.stderr[-300:]!r})")
+    expect(not os.path.exists(bad), "a trace that failed --check was left under --out")
+    expect(os.path.exists(bad + ".check-failed"), "the trace that failed --check was not kept as .check-failed")
+    expect(not any(".tmp." in fn for fn in os.listdir(work)), "a temporary file was left behind")
     # --save-converted: a loadable float32 copy with the identity sidecar
     conv = os.path.join(work, "converted")
     r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--save-converted", conv],
@@ -242,7 +298,7 @@ def run_errors(work, tok):
     r = subprocess.run([sys.executable, DUMPER, "--model", mdir, "--save-converted", conv],
                        capture_output=True, text=True, timeout=300)
     expect(r.returncode != 0 and "exists" in r.stderr, "--save-converted overwrote without --force")
-    return f"{len(cases)} bad invocations rejected, --save-converted ok"
+    return f"{len(cases)} bad invocations rejected, failed --check leaves no output, --save-converted ok"
 
 
 def main():
