@@ -37,7 +37,7 @@ METHOD_STYLE = {
     "racc": ("#D55E00", "p"),
     # Faiss baselines
     "faiss-flat": ("#332288", "1"),
-    "faiss-ivf": ("#88CCEE", "d"),
+    "faiss-ivf": ("#5E3C99", "d"),
     "faiss-ivfpq": ("#44AA99", "2"),
     "faiss-hnsw": ("#882255", "3"),
 }
