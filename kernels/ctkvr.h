@@ -12,14 +12,6 @@
 
 #include "ops/kv_gpu.h"
 
-#ifndef KV_GPU_TABLE
-#if defined(__CUDACC__)
-#define KV_GPU_TABLE
-#else
-#define KV_GPU_TABLE __attribute__((weak))
-#endif
-#endif
-
 #ifdef __cplusplus
 extern "C" {
 #endif
