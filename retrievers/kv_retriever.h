@@ -20,7 +20,7 @@
 #include "../kernels/ops/kv_common.h"
 #include "../kernels/ops/kv_gpu.h"
 
-#define KV_RETRIEVER_ABI 1
+#define KV_RETRIEVER_ABI 2 /* 2: search_updates_state, group_pool_param, metric_name (this session) */
 #define KV_MAX_PARAMS 24
 
 typedef struct {
