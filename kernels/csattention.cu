@@ -779,6 +779,6 @@ kv_status cs_bench(const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, con
 
 }  // namespace
 
-extern "C" const kv_csattention_gpu_ops kv_csattention_gpu = {
+extern "C" const kv_csattention_cuda_ops kv_csattention_cuda = {
     cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_search, cs_destroy, cs_bench,
 };

@@ -1,6 +1,6 @@
 /* csattention.h: the C face of kernels/csattention.cu, CSAttention's CUDA
  * path, as one table of launchers. The table is a weak symbol outside nvcc:
- * a build without nvcc leaves it undefined, &kv_csattention_gpu == NULL,
+ * a build without nvcc leaves it undefined, &kv_csattention_cuda == NULL,
  * and retrievers/csattention.c refuses use_gpu with KV_NO_CUDA.
  *
  * Device state per retriever: centroids [Hkv][m][C][ds] (float32, unit),
@@ -70,9 +70,9 @@ typedef struct {
      * per-stage timings of one search. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, const kv_cs_bench_params *p, const kv_gpu_keys *K, const float *q,
                        kv_gpu_stages *out);
-} kv_csattention_gpu_ops;
+} kv_csattention_cuda_ops;
 
-extern const kv_csattention_gpu_ops kv_csattention_gpu KV_GPU_TABLE;
+extern const kv_csattention_cuda_ops kv_csattention_cuda KV_GPU_TABLE;
 
 #ifdef __cplusplus
 }

@@ -567,6 +567,6 @@ kv_status ct_bench(const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp, 
 
 }  // namespace
 
-extern "C" const kv_ctkvr_gpu_ops kv_ctkvr_gpu = {
+extern "C" const kv_ctkvr_cuda_ops kv_ctkvr_cuda = {
     ct_create, ct_build, ct_read_lists, ct_append, ct_search, ct_dcu_commit, ct_destroy, ct_bench,
 };

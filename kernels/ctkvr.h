@@ -1,5 +1,5 @@
 /* ctkvr.h: the C face of kernels/ctkvr.cu, CTKVR's CUDA path, as one table
- * of launchers (a weak symbol outside nvcc: without nvcc &kv_ctkvr_gpu ==
+ * of launchers (a weak symbol outside nvcc: without nvcc &kv_ctkvr_cuda ==
  * NULL and retrievers/ctkvr.c refuses use_gpu with KV_NO_CUDA).
  *
  * Device state: the keys [Hkv][T][D] (float32), the slot queries [C][Hq][D]
@@ -50,9 +50,9 @@ typedef struct {
      * positions, documented), then per-stage timings of one search. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *p, const kv_gpu_keys *K,
                        const float *q, kv_gpu_stages *out);
-} kv_ctkvr_gpu_ops;
+} kv_ctkvr_cuda_ops;
 
-extern const kv_ctkvr_gpu_ops kv_ctkvr_gpu KV_GPU_TABLE;
+extern const kv_ctkvr_cuda_ops kv_ctkvr_cuda KV_GPU_TABLE;
 
 #ifdef __cplusplus
 }

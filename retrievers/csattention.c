@@ -271,7 +271,7 @@ static void list_try_insert(int32_t *hi, float *hv, int *cnt, int L, int pos, fl
 
 static void cs_free(cs_state *s) {
     if (!s) return;
-    if (s->gpu) kv_csattention_gpu.destroy(s->gpu);
+    if (s->gpu) kv_csattention_cuda.destroy(s->gpu);
     free(s->cent); free(s->lidx); free(s->lval); free(s->lcnt);
     free(s->acc); free(s->tmp); free(s->sc); free(s->stamp); free(s->epoch); free(s->u); free(s->qp);
     free(s);
@@ -281,7 +281,7 @@ static kv_status cs_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     int m = kv_param_int(ps, "m");
     if (sh->head_dim % m)
         return kv_fail(KV_ERR_INPUT, "csattention: m=%d must divide head_dim %d", m, sh->head_dim);
-    if (sh->use_gpu && !&kv_csattention_gpu) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+    if (sh->use_gpu && !&kv_csattention_cuda) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
     cs_state *s = kv_calloc(1, sizeof *s, "csattention state");
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
@@ -322,7 +322,7 @@ static kv_status cs_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     if (sh->use_gpu) {
         kv_cs_gpu_config cfg = {.Hq = sh->num_q_heads, .Hkv = sh->num_kv_heads, .T = sh->max_tokens,
                                 .D = sh->head_dim, .m = m, .C = s->C, .L = s->L, .sink = sh->sink};
-        kv_status st = kv_csattention_gpu.create(&cfg, &s->gpu);
+        kv_status st = kv_csattention_cuda.create(&cfg, &s->gpu);
         if (st != KV_OK) { cs_free(s); return st; }
     }
     *out = s;
@@ -378,7 +378,7 @@ static kv_status cs_gpu_kmeans(cs_state *s, const kv_prefill *pre, int *done) {
         for (int j = 0; j < jobs && rc == KV_OK; j++)
             memcpy(pts + (size_t)j * maxn * ds, x[j], (size_t)npts[j] * ds * sizeof(float));
         if (rc == KV_OK)
-            rc = kv_csattention_gpu.kmeans(s->gpu, pts, npts, maxn, s->iters, draws, s->cent, fb);
+            rc = kv_csattention_cuda.kmeans(s->gpu, pts, npts, maxn, s->iters, draws, s->cent, fb);
     }
     for (int j = 0; j < jobs && rc == KV_OK; j++) done[j] = maxn > 0 && npts[j] > 0 && !fb[j];
     for (int j = 0; x && j < jobs; j++) free(x[j]);
@@ -430,8 +430,8 @@ static kv_status cs_build(void *st, const kv_prefill *pre) {
     free(done);
     s->n = P;
     if (rc != KV_OK || !s->gpu) return rc;
-    KV_TRY(kv_csattention_gpu.build(s->gpu, pre->k, P, s->cent));
-    return kv_csattention_gpu.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
+    KV_TRY(kv_csattention_cuda.build(s->gpu, pre->k, P, s->cent));
+    return kv_csattention_cuda.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
 }
 
 static kv_status cs_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -441,7 +441,7 @@ static kv_status cs_append(void *st, int t, const float *k, const float *v, cons
         return kv_fail(KV_ERR_INTERNAL, "csattention: append of position %d, expected %d", t, s->n);
     s->n++;
     if (!s->update || t < s->sh.sink) return KV_OK;
-    if (s->gpu) return kv_csattention_gpu.append(s->gpu, t, k);
+    if (s->gpu) return kv_csattention_cuda.append(s->gpu, t, k);
     int D = s->sh.head_dim, m = s->m, C = s->C, ds = s->ds, L = s->L;
     for (int g = 0; g < s->sh.num_kv_heads; g++)
         for (int b = 0; b < m; b++)
@@ -489,7 +489,7 @@ static kv_status cs_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, G = sh->group, hi = t + 1 - sh->local;
     if (hi <= sh->sink || k <= 0) return KV_OK;
     if (s->gpu)
-        return kv_csattention_gpu.search(s->gpu, q, s->pool, s->missing, s->weight, hi, k, sel->idx, sel->cap,
+        return kv_csattention_cuda.search(s->gpu, q, s->pool, s->missing, s->weight, hi, k, sel->idx, sel->cap,
                                          sel->count, sel->cand, sel->cand_cap, sel->n_cand);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -540,7 +540,7 @@ static void cs_describe(FILE *f) {
 void kv_csattention_view(const void *st, kv_cs_view *out) {
     const cs_state *s = st;
     if (s->gpu) /* the lists live on the device: refresh the host mirror */
-        (void)kv_csattention_gpu.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
+        (void)kv_csattention_cuda.read_index(s->gpu, NULL, s->lidx, s->lval, s->lcnt);
     *out = (kv_cs_view){.m = s->m, .C = s->C, .ds = s->ds, .L = s->L, .n = s->n, .cent = s->cent,
                         .lidx = s->lidx, .lval = s->lval, .lcnt = s->lcnt};
 }
@@ -548,14 +548,14 @@ void kv_csattention_view(const void *st, kv_cs_view *out) {
 static kv_status cs_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
                               const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
     (void)V;
-    if (!&kv_csattention_gpu) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+    if (!&kv_csattention_cuda) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
     if (spec->D % kv_param_int(ps, "m"))
         return kv_fail(KV_ERR_INPUT, "csattention: m=%d must divide head_dim %d", kv_param_int(ps, "m"), spec->D);
     kv_cs_bench_params bp = {.m = kv_param_int(ps, "m"), .C = kv_param_int(ps, "C"), .alpha = kv_param(ps, "alpha"),
                              .iters = kv_param_int(ps, "iters"), .pool = kv_param_int(ps, "pool"),
                              .missing = kv_param_int(ps, "missing"), .weight = kv_param_int(ps, "weight"),
                              .seed = sh->seed + (uint64_t)kv_param_int(ps, "seed")};
-    return kv_csattention_gpu.bench(spec, &bp, K, q, out);
+    return kv_csattention_cuda.bench(spec, &bp, K, q, out);
 }
 
 const kv_method kv_method_csattention = {

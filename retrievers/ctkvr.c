@@ -139,7 +139,7 @@ void kv_ctkvr_positions(int choice, int P, int C, uint64_t seed, int32_t *pos) {
 
 static void ct_free(ct_state *s) {
     if (!s) return;
-    if (s->gpu) kv_ctkvr_gpu.destroy(s->gpu);
+    if (s->gpu) kv_ctkvr_cuda.destroy(s->gpu);
     free(s->keys); free(s->cq); free(s->cnorm); free(s->cpos); free(s->lidx); free(s->lcnt);
     free(s->cosv); free(s->top); free(s->set); free(s->rank); free(s->sc); free(s->sel);
     free(s->stamp); free(s->epoch); free(s->dcu_list); free(s->dcu_cnt);
@@ -147,7 +147,7 @@ static void ct_free(ct_state *s) {
 }
 
 static kv_status ct_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
-    if (sh->use_gpu && !&kv_ctkvr_gpu) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+    if (sh->use_gpu && !&kv_ctkvr_cuda) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
     ct_state *s = kv_calloc(1, sizeof *s, "ctkvr state");
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
@@ -193,7 +193,7 @@ static kv_status ct_create(const kv_shape *sh, const kv_param_set *ps, void **ou
         kv_ctkvr_gpu_config cfg = {.Hq = sh->num_q_heads, .Hkv = sh->num_kv_heads, .T = sh->max_tokens,
                                    .D = sh->head_dim, .C = s->C, .rho = s->rho, .sink = sh->sink,
                                    .scale = sh->softmax_scale};
-        kv_status st = kv_ctkvr_gpu.create(&cfg, &s->gpu);
+        kv_status st = kv_ctkvr_cuda.create(&cfg, &s->gpu);
         if (st != KV_OK) { ct_free(s); return st; }
     }
     *out = s;
@@ -250,8 +250,8 @@ static kv_status ct_build(void *st, const kv_prefill *pre) {
             s->cnorm[(size_t)j * Hq + h] = sqrtf(kv_dot_ref(dst, dst, D));
         }
     if (s->gpu) {
-        KV_TRY(kv_ctkvr_gpu.build(s->gpu, pre->k, P, s->cq, nc, s->idx_hi));
-        return kv_ctkvr_gpu.read_lists(s->gpu, s->lidx, s->lcnt);
+        KV_TRY(kv_ctkvr_cuda.build(s->gpu, pre->k, P, s->cq, nc, s->idx_hi));
+        return kv_ctkvr_cuda.read_lists(s->gpu, s->lidx, s->lcnt);
     }
     for (int g = 0; g < Hkv; g++)
         memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
@@ -277,7 +277,7 @@ static kv_status ct_append(void *st, int t, const float *k, const float *v, cons
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "ctkvr: append of position %d, expected %d", t, s->n);
     int D = s->sh.head_dim;
-    if (s->gpu) KV_TRY(kv_ctkvr_gpu.append(s->gpu, t, k));
+    if (s->gpu) KV_TRY(kv_ctkvr_cuda.append(s->gpu, t, k));
     else
         for (int g = 0; g < s->sh.num_kv_heads; g++)
             memcpy(s->keys + ((size_t)g * s->sh.max_tokens + t) * D, k + (size_t)g * D, (size_t)D * sizeof(float));
@@ -319,11 +319,11 @@ static kv_status ct_search(void *st, int t, const float *q, int k, kv_selection 
      * densely already, so only [sink, gen_lo) */
     int oracle_hi = s->gen == CT_GEN_RERANK ? hi : (gen_lo < hi ? gen_lo : hi);
     if (s->gpu) {
-        KV_TRY(kv_ctkvr_gpu.search(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, oracle_hi,
+        KV_TRY(kv_ctkvr_cuda.search(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, oracle_hi,
                                    sel->idx, sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand,
                                    s->dcu_list, s->dcu_cnt));
         if (s->dcu != CT_DCU_OFF) {
-            KV_TRY(kv_ctkvr_gpu.dcu_commit(s->gpu, s->next, q));
+            KV_TRY(kv_ctkvr_cuda.dcu_commit(s->gpu, s->next, q));
             ct_dcu_insert(s, t, q); /* host mirror of the slot queries and lists */
         }
         return KV_OK;
@@ -408,14 +408,14 @@ void kv_ctkvr_view_of(const void *st, kv_ctkvr_view *out) {
 static kv_status ct_bench_gpu(const kv_shape *sh, const kv_param_set *ps, const kv_gpu_bench_spec *spec,
                               const kv_gpu_keys *K, const kv_gpu_keys *V, const float *q, kv_gpu_stages *out) {
     (void)V;
-    if (!&kv_ctkvr_gpu) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+    if (!&kv_ctkvr_cuda) return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
     int C = kv_param_int(ps, "C"), rho = kv_param_int(ps, "rho");
     if (C == 0) C = spec->n / 16 < 2048 ? spec->n / 16 : 2048;
     if (C < 1) C = 1;
     if (rho == 0) rho = (int)ceil(2.5 * spec->k);
     kv_ctkvr_bench_params bp = {.C = C, .rho = rho, .cp = kv_param_int(ps, "cp"),
                                 .seed = sh->seed + (uint64_t)kv_param_int(ps, "seed")};
-    return kv_ctkvr_gpu.bench(spec, &bp, K, q, out);
+    return kv_ctkvr_cuda.bench(spec, &bp, K, q, out);
 }
 
 const kv_method kv_method_ctkvr = {
