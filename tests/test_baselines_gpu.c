@@ -25,7 +25,7 @@
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
-static uint64_t fresh_seed(void) { return (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)getpid() << 40); }
+static uint64_t fresh_seed(void) { return kv_test_seed(); } /* KVBENCH_TEST_SEED reproduces a run */
 
 static int need_gpu(void) {
     if (kv_test_have_gpu()) return 1;
