@@ -8,7 +8,9 @@
  *   encode     one warp per key: l2 norm (double, tree-reduced), SRHT
  *              (signs, FWHT in shared memory, the CPU's butterflies), then
  *              one lane per subspace: radius, sign-centroid id, 4-bit codes,
- *              w = |k| r / alpha; per-block shared histograms of the ids
+ *              w = |k| r / alpha (float32, stored as bf16 rounded to
+ *              nearest even with ops/bf16.h, the C reference's function,
+ *              as the released code stores it); per-block shared histograms of the ids
  *              become the per-centroid counts (one atomic per bin per block).
  *   tier       one block per (row, subspace): the row's query (group mean),
  *              its transform, the 2^m centroid scores <q~_b, c>, each
@@ -30,7 +32,7 @@
  *              index order); then each tile compacts in index order with a
  *              block scan. The output equals the CPU's exactly.
  *   rerank     one thread per candidate: 4-bit codes (uint4 loads) and
- *              weights gathered, the query's 16-entry-per-coordinate table in
+ *              bf16 weights (uint4 loads, widened exactly) gathered, the query's 16-entry-per-coordinate table in
  *              shared memory, accumulated in float in the CPU's order with
  *              no contraction (__fadd_rn / __fmul_rn), so the scores are
  *              bitwise the CPU's.
@@ -39,14 +41,16 @@
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
- * key's B ids once); codes uint8 [Hkv][Tp][D'/2] and weights float
- * [Hkv][Tp][B] token-major, so a gathered candidate is two contiguous
- * 64-byte runs (D = 128, m = 8); counts int32 [Hkv][B][2^m]. Tp = T rounded
+ * key's B ids once); codes uint8 [Hkv][Tp][D'/2] and weights bf16
+ * [Hkv][Tp][B] token-major, so a gathered candidate is a 64-byte and a
+ * 32-byte run (D = 128, m = 8: 112 index bytes per key with the ids, as
+ * the released layout); counts int32 [Hkv][B][2^m]. Tp = T rounded
  * up to 16 (aligned uint4 access). D' <= 256. Exactness: everything but the key norm follows the CPU's float
  * operations in the CPU's order; the key norm's double sum is tree-reduced,
  * which can differ from the CPU's sequential double sum only in the last
  * double bit, so the float norm agrees except with probability ~1e-9 per
- * key (the tests compare ids and codes exactly, weights to 1e-5).
+ * key (the tests compare ids and codes exactly, the bf16 weights exactly
+ * but for at most two one-step differences per case).
  * Streams: every copy and launch of a handle goes on its own non-blocking
  * stream (which does not wait for the legacy default stream), and create
  * ends with a device synchronisation. The bench's `search` stage is the
@@ -83,7 +87,7 @@ template <bool WARP> __device__ void pk_fwht(float *x, int n, int tid, int step)
 
 /* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32). */
 __global__ void pk_encode_kernel(const void *src, int half, long long gstride, int a, int n, int D, int dp, int m,
-                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, float *w,
+                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, kv_bf16 *w,
                                  int *counts, long long Tp) {
     extern __shared__ float sm[];
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y, nc = 1 << m;
@@ -124,7 +128,7 @@ __global__ void pk_encode_kernel(const void *src, int half, long long gstride, i
             ids[((long long)g * nb + b) * Tp + i] = (uint8_t)id;
             uint8_t *cp = code + ((long long)g * Tp + i) * cb + b * (m / 2);
             for (int t = 0; t < m / 2; t++) cp[t] = (uint8_t)(bits >> (8 * t));
-            w[((long long)g * Tp + i) * nb + b] = __fdiv_rn(__fmul_rn(norm, r), fmaxf(alpha, 1e-6f));
+            w[((long long)g * Tp + i) * nb + b] = kv_bf16_from_f32(__fdiv_rn(__fmul_rn(norm, r), fmaxf(alpha, 1e-6f)));
             atomicAdd(&scnt[b * nc + id], 1);
         }
         __syncwarp();
@@ -237,7 +241,7 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
 /* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
  * float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
 template <int M, int CW>
-__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const float *w,
+__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
                                  const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
                                  float *csc) {
     constexpr int DP = 32 * CW, NB = DP / M;
@@ -253,15 +257,27 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
     if (j >= C) return;
     const long long i = cand[r * ld + j];
     const uint4 *cr = (const uint4 *)(code + ((long long)g * Tp + i) * (DP / 2));
-    const float *wr = w + ((long long)g * Tp + i) * NB;
+    const kv_bf16 *wr = w + ((long long)g * Tp + i) * NB;
     uint4 cw[CW];
-    float wv[NB];
+    float wv[NB]; /* the bf16 weights widened exactly (element 2e of a word is its low half) */
 #pragma unroll
     for (int wd = 0; wd < CW; wd++) cw[wd] = __ldg(cr + wd);
+    if constexpr (NB % 8 == 0) { /* rows of 2*NB bytes at a 16-byte multiple (Tp is one of 16) */
 #pragma unroll
-    for (int b = 0; b < NB; b += 4) {
-        const float4 x = __ldg((const float4 *)(wr + b));
-        wv[b] = x.x; wv[b + 1] = x.y; wv[b + 2] = x.z; wv[b + 3] = x.w;
+        for (int b = 0; b < NB; b += 8) {
+            const uint4 x = __ldg((const uint4 *)(wr + b));
+            const unsigned u[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                wv[b + 2 * e] = __uint_as_float(u[e] << 16);
+                wv[b + 2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+            }
+        }
+    } else { /* NB = 4 (D' = 32, m = 8): 8-byte rows */
+        static_assert(NB == 4, "pariskv rerank: NB is 4 or a multiple of 8");
+        const uint2 x = __ldg((const uint2 *)wr);
+        wv[0] = __uint_as_float(x.x << 16); wv[1] = __uint_as_float(x.x & 0xffff0000u);
+        wv[2] = __uint_as_float(x.y << 16); wv[3] = __uint_as_float(x.y & 0xffff0000u);
     }
     float acc = 0, dot = 0;
 #pragma unroll
@@ -292,7 +308,7 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_ALLOC(p->signs, (size_t)c->dp * 4, 0, "pariskv SRHT signs");
     KV_CUDA_ALLOC(p->ids, H * c->nb * Tp, 0, "pariskv centroid ids");
     KV_CUDA_ALLOC(p->code, H * Tp * p->cb, 0, "pariskv 4-bit codes");
-    KV_CUDA_ALLOC(p->w, H * Tp * c->nb * 4, 0, "pariskv weights");
+    KV_CUDA_ALLOC(p->w, H * Tp * c->nb * sizeof(kv_bf16), 0, "pariskv weights (bf16)");
     KV_CUDA_ALLOC(p->counts, H * c->nb * p->nc * 4, 0, "pariskv centroid counts");
     KV_CUDA_ALLOC(p->stage, H * p->stage_tokens * c->D * 4, 0, "pariskv key staging");
     KV_CUDA_ALLOC(p->q, (size_t)c->Hq * c->D * 4, 0, "pariskv queries");
@@ -489,7 +505,7 @@ static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const 
 }
 
 static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
-                                               float *w, int32_t *counts) {
+                                               kv_bf16 *w, int32_t *counts) {
     const int nb = p->c.nb, n = b - a;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
     if (ids) {
@@ -504,7 +520,9 @@ static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int 
     }
     if (code)
         KV_CUDA_TRY(cudaMemcpy(code, p->code + ((size_t)g * p->Tp + a) * p->cb, (size_t)n * p->cb, cudaMemcpyDeviceToHost));
-    if (w) KV_CUDA_TRY(cudaMemcpy(w, p->w + ((size_t)g * p->Tp + a) * nb, (size_t)n * nb * 4, cudaMemcpyDeviceToHost));
+    if (w)
+        KV_CUDA_TRY(cudaMemcpy(w, p->w + ((size_t)g * p->Tp + a) * nb, (size_t)n * nb * sizeof(kv_bf16),
+                               cudaMemcpyDeviceToHost));
     if (counts)
         KV_CUDA_TRY(cudaMemcpy(counts, p->counts, (size_t)p->c.Hkv * nb * p->nc * 4, cudaMemcpyDeviceToHost));
     return KV_OK;
@@ -544,9 +562,9 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     KV_CUDA_TRY(cudaStreamSynchronize(st));
     static const char *names[6] = {"encode", "collision", "bucket_topk", "rerank", "final_topk", "search"};
     const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
-    const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 4 * Bn;
+    const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 2 * Bn;
     const double bytes[6] = {
-        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 4 * Bn),   /* key in, ids + codes + weights out */
+        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn),   /* key in, ids + codes + bf16 weights out */
         row_keys * (Bn + 2),                                       /* ids in, score out */
         row_keys * 2 + cand * 4,                                   /* scores in, candidates out */
         cand * (cand_bytes + 4),                                   /* candidate, codes, weights in, score out */
@@ -565,9 +583,9 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     }
     out->n = 6;
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + weights 4B "
+             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + bf16 weights 2B "
              "per kv-head key (%.3f us/token over %d heads); collision = ids B + score 2 (the kernel also builds the "
-             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + weights 4B + score 4; final_topk = "
+             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + bf16 weights 2B + score 4; final_topk = "
              "4 per candidate + k indices; search = ids B per key + codes+weights per candidate + k indices",
              R, c->nb, p->cb, (int)ke, out->stage[0].t.med_us / n, c->Hkv, C);
     out->l2_bytes = tm->dev.l2_bytes;

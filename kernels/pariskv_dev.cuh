@@ -27,7 +27,8 @@ struct kv_pariskv_gpu {
     pk_lv lv;
     kv_cuda_dev dev;
     cudaStream_t st;
-    float *signs, *w, *stage, *q, *qt, *qnorm, *csc;
+    float *signs, *stage, *q, *qt, *qnorm, *csc;
+    kv_bf16 *w; /* RSQ-IP weights [Hkv][Tp][B], bf16 (ops/bf16.h) */
     uint8_t *ids, *code, *wt;
     int *counts, *thist, *ghist, *toff, *teq, *thr;
     uint16_t *scores;
