@@ -195,6 +195,16 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     }
 }
 
+/* acc (two 16-bit sums per word, keys 2e and 2e+1 of 16) += the bonuses t[id] of one subspace's 16 ids. */
+__device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const unsigned char *t) {
+    const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
+        acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
+    }
+}
+
 /* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
  * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
@@ -213,16 +223,18 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
     if (i0 < end) {
         const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
-        for (int b = 0; b < nb; b++) {
-            const uint4 v = __ldg((const uint4 *)(ib + b * Tp));
-            const unsigned char *t = tb + b * nc;
-            const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+        /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
+         * thread: a short region has few blocks, and one load at a time left them latency-bound);
+         * integer sums, so the batching changes no result */
+        int b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            uint4 v[8];
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
-                acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
-            }
+            for (int u = 0; u < 8; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
+#pragma unroll
+            for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb + (b + u) * nc);
         }
+        for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
         uint16_t *out = scores + (long long)r * Tp + i0;
         if (i0 >= lo && i0 + 16 <= end) {
             ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
@@ -399,6 +411,23 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     }
 }
 
+/* The whole search's device work (stages 0-3) on st: one CUDA graph,
+ * captured for this step's shape and replayed while it repeats (ops/kv_cuda.h
+ * kv_graph_run; the same launches as calling pk_stage 0..3 directly). */
+kv_status pk_search_launch(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, cudaStream_t st) {
+    struct {
+        int v[6];
+        double rho;
+    } key;
+    memset(&key, 0, sizeof key);
+    key.v[0] = s->lo; key.v[1] = s->end; key.v[2] = s->n_idx; key.v[3] = s->C; key.v[4] = s->k; key.v[5] = s->multi;
+    key.rho = s->rho;
+    return kv_graph_run(&p->graph, &key, (int)sizeof key, st, [&](cudaStream_t cs) -> kv_status {
+        for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, cs));
+        return KV_OK;
+    });
+}
+
 kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
     int n = s->end - s->lo;
     if (s->lo < 0 || n <= 0 || s->end > p->c.T || s->n_idx > p->c.T || s->C < 1 || s->C > n || s->k < 1)
@@ -412,6 +441,7 @@ kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
 static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
     if (!p) return;
     if (p->st) cudaStreamSynchronize(p->st);
+    kv_graph_destroy(&p->graph);
     void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
                  p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
@@ -469,7 +499,7 @@ static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const 
     KV_TRY(pk_check_step(p, s));
     const int R = p->c.rows, kk = s->k < s->C ? s->k : s->C;
     KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->c.Hq * p->c.D * 4, cudaMemcpyHostToDevice, p->st));
-    for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, p->st));
+    KV_TRY(pk_search_launch(p, s, p->st));
     p->last_lo = s->lo;
     p->last_n = s->end - s->lo;
     p->last_C = s->C;
@@ -575,10 +605,7 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
         if (i == 0) KV_TRY(kv_bench_time(tm, encode, &t));
         else if (i < 5) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, i - 1, st); }, &t));
         else
-            KV_TRY(kv_bench_time(tm, [&]() -> kv_status {
-                for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st));
-                return KV_OK;
-            }, &t));
+            KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
         out->stage[i] = kv_gpu_stage{names[i], t, bytes[i]};
     }
     out->n = 6;

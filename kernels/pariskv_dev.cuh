@@ -35,6 +35,7 @@ struct kv_pariskv_gpu {
     int32_t *cand, *pos, *hpos;
     kv_topk_ws tk;
     int last_lo, last_n, last_C; /* of the last search, for read_last */
+    kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
     float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
 };
 
