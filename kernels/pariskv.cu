@@ -36,8 +36,15 @@
  *              shared memory, accumulated in float in the CPU's order with
  *              no contraction (__fadd_rn / __fmul_rn), so the scores are
  *              bitwise the CPU's.
- *   final top-k  kv_topk_launch (topk.cu) over the candidates' scores: larger
- *              first, smaller candidate (so smaller position) among equals.
+ *   final top-k  over the candidates' scores, larger first, smaller
+ *              candidate (so smaller position) among equals: for C <= 16384
+ *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
+ *              select + bitonic sort in shared memory), else the cooperative
+ *              kv_topk_launch (topk.cu).
+ * The whole search (6 launches) runs as one CUDA graph per step shape
+ * (pk_search_launch, ops/kv_cuda.h kv_graph_run): a short search is
+ * launch-bound (60.6 us at 16K against exact's 32.3 us on the H100 before
+ * issue 12), and the graph removes the per-launch host cost and gaps.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -55,8 +62,8 @@
  * stream (which does not wait for the legacy default stream), and create
  * ends with a device synchronisation. The bench's `search` stage is the
  * device work of one search (the query already uploaded, nothing copied
- * back); the retriever's search adds the query upload and the copy-back of
- * the lists and candidates. */
+ * back), replayed as its graph; the retriever's search adds the query
+ * upload and the copy-back of the lists and candidates. */
 #include <string.h>
 
 #include "pariskv_dev.cuh"
@@ -308,6 +315,90 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
     csc[r * ld + j] = __fmul_rn(qnorm[r], acc);
 }
 
+/* Final top-k of a short candidate list, one 1024-thread block per row
+ * (C <= PK_SMALL_C, kk <= PK_SMALL_K): pos[r*kk + j] = the j-th candidate of
+ * row r in kv_topk_ref's order (larger score first, smaller index among
+ * equal scores; -0 == +0 through kv_f2key). The row's order-preserving keys
+ * sit in shared memory; a radix select (8 bits a pass, most significant
+ * first) finds K, the kk-th largest key, and `take`, how many keys equal to
+ * K belong to the top kk; then every key above K and the first `take`
+ * equal to K in index order (block scan) become 64-bit sort keys
+ * ~key << 32 | index, sorted ascending (bitonic) = kv_topk_ref's order. One
+ * launch without grid synchronisation, where the cooperative kv_topk_launch
+ * costs ~20 us at these lengths (the 16K search is launch- and
+ * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
+constexpr int PK_SMALL_C = 16384, PK_SMALL_K = 1024;
+__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    __shared__ unsigned rh[256], sel[2], s_nab;
+    __shared__ int wsum[32];
+    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const float *row = csc + (long long)r * ld;
+    for (int j = tid; j < C; j += nt) sk[j] = kv_f2key(row[j]);
+    if (tid == 0) s_nab = 0;
+    unsigned prefix = 0, mask = 0, need = (unsigned)kk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int e = tid; e < 256; e += nt) rh[e] = 0;
+        __syncthreads();
+        for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
+            const int j = j0 + tid;
+            const unsigned u = j < C ? sk[j] : 0u;
+            const unsigned d = j < C && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        if (tid < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
+            unsigned v[8], sum = 0;
+            for (int q = 0; q < 8; q++) { v[q] = rh[255 - 8 * tid - q]; sum += v[q]; }
+            unsigned inc = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (tid >= o) inc += y;
+            }
+            unsigned c = inc - sum;
+            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
+                int q = 0;
+                while (c + v[q] < need) c += v[q++];
+                sel[0] = (unsigned)(255 - 8 * tid - q);
+                sel[1] = need - c;
+            }
+        }
+        __syncthreads();
+        prefix |= sel[0] << shift;
+        mask |= 255u << shift;
+        need = sel[1];
+    }
+    const unsigned K = prefix, take = need; /* kk - take keys lie above K */
+    int carry = 0;
+    for (int j0 = 0; j0 < C; j0 += nt) {
+        const int j = j0 + tid;
+        const unsigned u = j < C ? sk[j] : 0u;
+        const int above = j < C && u > K, eq = j < C && u == K;
+        if (above) sv[atomicAdd(&s_nab, 1u)] = (unsigned long long)~u << 32 | (unsigned)j;
+        int tot;
+        const int rk = kv_block_scan(eq, &tot, wsum) + carry;
+        carry += tot;
+        if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+    }
+    for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = sv[j], b = sv[l];
+                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < kk; j += nt) pos[(long long)r * kk + j] = (int32_t)(unsigned)sv[j];
+}
+
 }  // namespace
 
 namespace {
@@ -339,6 +430,8 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
     if (!p->hpos) return KV_ERR_NOMEM;
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
@@ -406,6 +499,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     default: {
         const int kk = s->k < s->C ? s->k : s->C;
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
+        if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) { /* one block per row, no grid synchronisation */
+            int P = 32;
+            while (P < kk) P <<= 1;
+            pk_small_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)s->C * 4, st>>>(p->csc, p->Tp, s->C, kk, P,
+                                                                                    p->pos);
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     }
