@@ -229,6 +229,8 @@ int test_pariskv_gpu_search_matches_cpu(void) {
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.1, 0.2, 1, 1000) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 17, 3001, 20011, 0.5, 0.5, 0, 50) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 3, 60, 20011, 0.5, 0.5, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL; /* C < k */
+    /* C = 18010 > 16384: the final top-k on the cooperative kv_topk_launch, not the one-block-per-row kernel */
+    if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 300) != KV_TEST_PASS) return KV_TEST_FAIL;
     pk_fixture_free(&f);
     CHECK_OK(pk_fixture_open(&f, &r, 6, 2, 64, 4, 9000, 0)); /* pool=none: one row per query head */
     if (pk_search_case(&f, &r, seed, 2, 8900, 9000, 0.25, 0.3, 1, 64) != KV_TEST_PASS) return KV_TEST_FAIL;
