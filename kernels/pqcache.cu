@@ -51,8 +51,21 @@ __global__ void pq_lut(const float *q, const float *cent, int G, int D, int M, i
     for (int e = threadIdx.x; e < M * C; e += blockDim.x) {
         int m = e / C, c = e % C;
         const float *qm = q + h * D + m * dsub, *cm = cent + ((long long)(g * M + m) * dsub) * C + c;
+        /* operands loaded 16 at a time ahead of the sums (a cold load per term kept this launch
+         * latency-bound); the products and sums are the CPU's, in its order */
         float a = 0.f;
-        for (int j = 0; j < dsub; j++) a = __fadd_rn(a, __fmul_rn(qm[j], cm[(long long)j * C]));
+        int j = 0;
+        for (; j + 16 <= dsub; j += 16) {
+            float qv[16], cv[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                qv[u] = __ldg(qm + j + u);
+                cv[u] = __ldg(cm + (long long)(j + u) * C);
+            }
+#pragma unroll
+            for (int u = 0; u < 16; u++) a = __fadd_rn(a, __fmul_rn(qv[u], cv[u]));
+        }
+        for (; j < dsub; j++) a = __fadd_rn(a, __fmul_rn(qm[j], cm[(long long)j * C]));
         lut[(long long)h * M * C + e] = a;
     }
 }
