@@ -157,7 +157,8 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     __shared__ float s_norm;
     for (int d = tid; d < dp; d += blockDim.x) {
         float acc = 0;
-        for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
+        if (d < D) /* padding coordinates (D < D') read nothing: the last head's row ends at D */
+            for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
         qv[d] = d < D ? __fdiv_rn(acc, (float)nh) : 0.0f;
     }
     for (int c = tid; c < nc; c += blockDim.x) cnt[c] = counts[((long long)g * nb + b) * nc + c];
