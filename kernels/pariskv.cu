@@ -8,7 +8,9 @@
  *   encode     one warp per key: l2 norm (double, tree-reduced), SRHT
  *              (signs, FWHT in shared memory, the CPU's butterflies), then
  *              one lane per subspace: radius, sign-centroid id, 4-bit codes,
- *              w = |k| r / alpha; per-block shared histograms of the ids
+ *              w = |k| r / alpha (float32, stored as bf16 rounded to
+ *              nearest even with ops/bf16.h, the C reference's function,
+ *              as the released code stores it); per-block shared histograms of the ids
  *              become the per-centroid counts (one atomic per bin per block).
  *   tier       one block per (row, subspace): the row's query (group mean),
  *              its transform, the 2^m centroid scores <q~_b, c>, each
@@ -30,29 +32,38 @@
  *              index order); then each tile compacts in index order with a
  *              block scan. The output equals the CPU's exactly.
  *   rerank     one thread per candidate: 4-bit codes (uint4 loads) and
- *              weights gathered, the query's 16-entry-per-coordinate table in
+ *              bf16 weights (uint4 loads, widened exactly) gathered, the query's 16-entry-per-coordinate table in
  *              shared memory, accumulated in float in the CPU's order with
  *              no contraction (__fadd_rn / __fmul_rn), so the scores are
  *              bitwise the CPU's.
- *   final top-k  kv_topk_launch (topk.cu) over the candidates' scores: larger
- *              first, smaller candidate (so smaller position) among equals.
+ *   final top-k  over the candidates' scores, larger first, smaller
+ *              candidate (so smaller position) among equals: for C <= 16384
+ *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
+ *              select + bitonic sort in shared memory), else the cooperative
+ *              kv_topk_launch (topk.cu).
+ * The whole search (6 launches) runs as one CUDA graph per step shape
+ * (pk_search_launch, ops/kv_cuda.h kv_graph_run): a short search is
+ * launch-bound (60.6 us at 16K against exact's 32.3 us on the H100 before
+ * issue 12), and the graph removes the per-launch host cost and gaps.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
- * key's B ids once); codes uint8 [Hkv][Tp][D'/2] and weights float
- * [Hkv][Tp][B] token-major, so a gathered candidate is two contiguous
- * 64-byte runs (D = 128, m = 8); counts int32 [Hkv][B][2^m]. Tp = T rounded
+ * key's B ids once); codes uint8 [Hkv][Tp][D'/2] and weights bf16
+ * [Hkv][Tp][B] token-major, so a gathered candidate is a 64-byte and a
+ * 32-byte run (D = 128, m = 8: 112 index bytes per key with the ids, as
+ * the released layout); counts int32 [Hkv][B][2^m]. Tp = T rounded
  * up to 16 (aligned uint4 access). D' <= 256. Exactness: everything but the key norm follows the CPU's float
  * operations in the CPU's order; the key norm's double sum is tree-reduced,
  * which can differ from the CPU's sequential double sum only in the last
  * double bit, so the float norm agrees except with probability ~1e-9 per
- * key (the tests compare ids and codes exactly, weights to 1e-5).
+ * key (the tests compare ids and codes exactly, the bf16 weights exactly
+ * but for at most two one-step differences per case).
  * Streams: every copy and launch of a handle goes on its own non-blocking
  * stream (which does not wait for the legacy default stream), and create
  * ends with a device synchronisation. The bench's `search` stage is the
  * device work of one search (the query already uploaded, nothing copied
- * back); the retriever's search adds the query upload and the copy-back of
- * the lists and candidates. */
+ * back), replayed as its graph; the retriever's search adds the query
+ * upload and the copy-back of the lists and candidates. */
 #include <string.h>
 
 #include "pariskv_dev.cuh"
@@ -83,7 +94,7 @@ template <bool WARP> __device__ void pk_fwht(float *x, int n, int tid, int step)
 
 /* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32). */
 __global__ void pk_encode_kernel(const void *src, int half, long long gstride, int a, int n, int D, int dp, int m,
-                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, float *w,
+                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, kv_bf16 *w,
                                  int *counts, long long Tp) {
     extern __shared__ float sm[];
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y, nc = 1 << m;
@@ -124,7 +135,7 @@ __global__ void pk_encode_kernel(const void *src, int half, long long gstride, i
             ids[((long long)g * nb + b) * Tp + i] = (uint8_t)id;
             uint8_t *cp = code + ((long long)g * Tp + i) * cb + b * (m / 2);
             for (int t = 0; t < m / 2; t++) cp[t] = (uint8_t)(bits >> (8 * t));
-            w[((long long)g * Tp + i) * nb + b] = __fdiv_rn(__fmul_rn(norm, r), fmaxf(alpha, 1e-6f));
+            w[((long long)g * Tp + i) * nb + b] = kv_bf16_from_f32(__fdiv_rn(__fmul_rn(norm, r), fmaxf(alpha, 1e-6f)));
             atomicAdd(&scnt[b * nc + id], 1);
         }
         __syncwarp();
@@ -146,7 +157,8 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     __shared__ float s_norm;
     for (int d = tid; d < dp; d += blockDim.x) {
         float acc = 0;
-        for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
+        if (d < D) /* padding coordinates (D < D') read nothing: the last head's row ends at D */
+            for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
         qv[d] = d < D ? __fdiv_rn(acc, (float)nh) : 0.0f;
     }
     for (int c = tid; c < nc; c += blockDim.x) cnt[c] = counts[((long long)g * nb + b) * nc + c];
@@ -191,6 +203,16 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     }
 }
 
+/* acc (two 16-bit sums per word, keys 2e and 2e+1 of 16) += the bonuses t[id] of one subspace's 16 ids. */
+__device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const unsigned char *t) {
+    const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
+        acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
+    }
+}
+
 /* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
  * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
@@ -209,16 +231,18 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
     if (i0 < end) {
         const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
-        for (int b = 0; b < nb; b++) {
-            const uint4 v = __ldg((const uint4 *)(ib + b * Tp));
-            const unsigned char *t = tb + b * nc;
-            const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+        /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
+         * thread: a short region has few blocks, and one load at a time left them latency-bound);
+         * integer sums, so the batching changes no result */
+        int b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            uint4 v[8];
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
-                acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
-            }
+            for (int u = 0; u < 8; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
+#pragma unroll
+            for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb + (b + u) * nc);
         }
+        for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
         uint16_t *out = scores + (long long)r * Tp + i0;
         if (i0 >= lo && i0 + 16 <= end) {
             ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
@@ -237,7 +261,7 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
 /* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
  * float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
 template <int M, int CW>
-__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const float *w,
+__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
                                  const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
                                  float *csc) {
     constexpr int DP = 32 * CW, NB = DP / M;
@@ -253,15 +277,27 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
     if (j >= C) return;
     const long long i = cand[r * ld + j];
     const uint4 *cr = (const uint4 *)(code + ((long long)g * Tp + i) * (DP / 2));
-    const float *wr = w + ((long long)g * Tp + i) * NB;
+    const kv_bf16 *wr = w + ((long long)g * Tp + i) * NB;
     uint4 cw[CW];
-    float wv[NB];
+    float wv[NB]; /* the bf16 weights widened exactly (element 2e of a word is its low half) */
 #pragma unroll
     for (int wd = 0; wd < CW; wd++) cw[wd] = __ldg(cr + wd);
+    if constexpr (NB % 8 == 0) { /* rows of 2*NB bytes at a 16-byte multiple (Tp is one of 16) */
 #pragma unroll
-    for (int b = 0; b < NB; b += 4) {
-        const float4 x = __ldg((const float4 *)(wr + b));
-        wv[b] = x.x; wv[b + 1] = x.y; wv[b + 2] = x.z; wv[b + 3] = x.w;
+        for (int b = 0; b < NB; b += 8) {
+            const uint4 x = __ldg((const uint4 *)(wr + b));
+            const unsigned u[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                wv[b + 2 * e] = __uint_as_float(u[e] << 16);
+                wv[b + 2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+            }
+        }
+    } else { /* NB = 4 (D' = 32, m = 8): 8-byte rows */
+        static_assert(NB == 4, "pariskv rerank: NB is 4 or a multiple of 8");
+        const uint2 x = __ldg((const uint2 *)wr);
+        wv[0] = __uint_as_float(x.x << 16); wv[1] = __uint_as_float(x.x & 0xffff0000u);
+        wv[2] = __uint_as_float(x.y << 16); wv[3] = __uint_as_float(x.y & 0xffff0000u);
     }
     float acc = 0, dot = 0;
 #pragma unroll
@@ -280,6 +316,90 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
     csc[r * ld + j] = __fmul_rn(qnorm[r], acc);
 }
 
+/* Final top-k of a short candidate list, one 1024-thread block per row
+ * (C <= PK_SMALL_C, kk <= PK_SMALL_K): pos[r*kk + j] = the j-th candidate of
+ * row r in kv_topk_ref's order (larger score first, smaller index among
+ * equal scores; -0 == +0 through kv_f2key). The row's order-preserving keys
+ * sit in shared memory; a radix select (8 bits a pass, most significant
+ * first) finds K, the kk-th largest key, and `take`, how many keys equal to
+ * K belong to the top kk; then every key above K and the first `take`
+ * equal to K in index order (block scan) become 64-bit sort keys
+ * ~key << 32 | index, sorted ascending (bitonic) = kv_topk_ref's order. One
+ * launch without grid synchronisation, where the cooperative kv_topk_launch
+ * costs ~20 us at these lengths (the 16K search is launch- and
+ * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
+constexpr int PK_SMALL_C = 16384, PK_SMALL_K = 1024;
+__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    __shared__ unsigned rh[256], sel[2], s_nab;
+    __shared__ int wsum[32];
+    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const float *row = csc + (long long)r * ld;
+    for (int j = tid; j < C; j += nt) sk[j] = kv_f2key(row[j]);
+    if (tid == 0) s_nab = 0;
+    unsigned prefix = 0, mask = 0, need = (unsigned)kk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int e = tid; e < 256; e += nt) rh[e] = 0;
+        __syncthreads();
+        for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
+            const int j = j0 + tid;
+            const unsigned u = j < C ? sk[j] : 0u;
+            const unsigned d = j < C && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        if (tid < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
+            unsigned v[8], sum = 0;
+            for (int q = 0; q < 8; q++) { v[q] = rh[255 - 8 * tid - q]; sum += v[q]; }
+            unsigned inc = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (tid >= o) inc += y;
+            }
+            unsigned c = inc - sum;
+            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
+                int q = 0;
+                while (c + v[q] < need) c += v[q++];
+                sel[0] = (unsigned)(255 - 8 * tid - q);
+                sel[1] = need - c;
+            }
+        }
+        __syncthreads();
+        prefix |= sel[0] << shift;
+        mask |= 255u << shift;
+        need = sel[1];
+    }
+    const unsigned K = prefix, take = need; /* kk - take keys lie above K */
+    int carry = 0;
+    for (int j0 = 0; j0 < C; j0 += nt) {
+        const int j = j0 + tid;
+        const unsigned u = j < C ? sk[j] : 0u;
+        const int above = j < C && u > K, eq = j < C && u == K;
+        if (above) sv[atomicAdd(&s_nab, 1u)] = (unsigned long long)~u << 32 | (unsigned)j;
+        int tot;
+        const int rk = kv_block_scan(eq, &tot, wsum) + carry;
+        carry += tot;
+        if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+    }
+    for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = sv[j], b = sv[l];
+                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < kk; j += nt) pos[(long long)r * kk + j] = (int32_t)(unsigned)sv[j];
+}
+
 }  // namespace
 
 namespace {
@@ -292,7 +412,7 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_ALLOC(p->signs, (size_t)c->dp * 4, 0, "pariskv SRHT signs");
     KV_CUDA_ALLOC(p->ids, H * c->nb * Tp, 0, "pariskv centroid ids");
     KV_CUDA_ALLOC(p->code, H * Tp * p->cb, 0, "pariskv 4-bit codes");
-    KV_CUDA_ALLOC(p->w, H * Tp * c->nb * 4, 0, "pariskv weights");
+    KV_CUDA_ALLOC(p->w, H * Tp * c->nb * sizeof(kv_bf16), 0, "pariskv weights (bf16)");
     KV_CUDA_ALLOC(p->counts, H * c->nb * p->nc * 4, 0, "pariskv centroid counts");
     KV_CUDA_ALLOC(p->stage, H * p->stage_tokens * c->D * 4, 0, "pariskv key staging");
     KV_CUDA_ALLOC(p->q, (size_t)c->Hq * c->D * 4, 0, "pariskv queries");
@@ -311,6 +431,8 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
     if (!p->hpos) return KV_ERR_NOMEM;
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
@@ -378,9 +500,34 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     default: {
         const int kk = s->k < s->C ? s->k : s->C;
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
+        if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) { /* one block per row, no grid synchronisation */
+            int P = 32;
+            while (P < kk) P <<= 1;
+            pk_small_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)s->C * 4, st>>>(p->csc, p->Tp, s->C, kk, P,
+                                                                                    p->pos);
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     }
+}
+
+/* The whole search's device work (stages 0-3) on st: one CUDA graph,
+ * captured for this step's shape and replayed while it repeats (ops/kv_cuda.h
+ * kv_graph_run; the same launches as calling pk_stage 0..3 directly). */
+kv_status pk_search_launch(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, cudaStream_t st) {
+    struct {
+        int v[6];
+        double rho;
+    } key;
+    memset(&key, 0, sizeof key);
+    key.v[0] = s->lo; key.v[1] = s->end; key.v[2] = s->n_idx; key.v[3] = s->C; key.v[4] = s->k; key.v[5] = s->multi;
+    key.rho = s->rho;
+    return kv_graph_run(&p->graph, &key, (int)sizeof key, st, [&](cudaStream_t cs) -> kv_status {
+        for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, cs));
+        return KV_OK;
+    });
 }
 
 kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
@@ -396,6 +543,7 @@ kv_status pk_check_step(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s) {
 static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
     if (!p) return;
     if (p->st) cudaStreamSynchronize(p->st);
+    kv_graph_destroy(&p->graph);
     void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
                  p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
@@ -453,7 +601,7 @@ static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const 
     KV_TRY(pk_check_step(p, s));
     const int R = p->c.rows, kk = s->k < s->C ? s->k : s->C;
     KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->c.Hq * p->c.D * 4, cudaMemcpyHostToDevice, p->st));
-    for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, p->st));
+    KV_TRY(pk_search_launch(p, s, p->st));
     p->last_lo = s->lo;
     p->last_n = s->end - s->lo;
     p->last_C = s->C;
@@ -489,7 +637,7 @@ static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const 
 }
 
 static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
-                                               float *w, int32_t *counts) {
+                                               kv_bf16 *w, int32_t *counts) {
     const int nb = p->c.nb, n = b - a;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
     if (ids) {
@@ -504,7 +652,9 @@ static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int 
     }
     if (code)
         KV_CUDA_TRY(cudaMemcpy(code, p->code + ((size_t)g * p->Tp + a) * p->cb, (size_t)n * p->cb, cudaMemcpyDeviceToHost));
-    if (w) KV_CUDA_TRY(cudaMemcpy(w, p->w + ((size_t)g * p->Tp + a) * nb, (size_t)n * nb * 4, cudaMemcpyDeviceToHost));
+    if (w)
+        KV_CUDA_TRY(cudaMemcpy(w, p->w + ((size_t)g * p->Tp + a) * nb, (size_t)n * nb * sizeof(kv_bf16),
+                               cudaMemcpyDeviceToHost));
     if (counts)
         KV_CUDA_TRY(cudaMemcpy(counts, p->counts, (size_t)p->c.Hkv * nb * p->nc * 4, cudaMemcpyDeviceToHost));
     return KV_OK;
@@ -544,9 +694,9 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     KV_CUDA_TRY(cudaStreamSynchronize(st));
     static const char *names[6] = {"encode", "collision", "bucket_topk", "rerank", "final_topk", "search"};
     const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
-    const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 4 * Bn;
+    const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 2 * Bn;
     const double bytes[6] = {
-        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 4 * Bn),   /* key in, ids + codes + weights out */
+        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn),   /* key in, ids + codes + bf16 weights out */
         row_keys * (Bn + 2),                                       /* ids in, score out */
         row_keys * 2 + cand * 4,                                   /* scores in, candidates out */
         cand * (cand_bytes + 4),                                   /* candidate, codes, weights in, score out */
@@ -557,17 +707,14 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
         if (i == 0) KV_TRY(kv_bench_time(tm, encode, &t));
         else if (i < 5) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, i - 1, st); }, &t));
         else
-            KV_TRY(kv_bench_time(tm, [&]() -> kv_status {
-                for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st));
-                return KV_OK;
-            }, &t));
+            KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
         out->stage[i] = kv_gpu_stage{names[i], t, bytes[i]};
     }
     out->n = 6;
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + weights 4B "
+             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + bf16 weights 2B "
              "per kv-head key (%.3f us/token over %d heads); collision = ids B + score 2 (the kernel also builds the "
-             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + weights 4B + score 4; final_topk = "
+             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + bf16 weights 2B + score 4; final_topk = "
              "4 per candidate + k indices; search = ids B per key + codes+weights per candidate + k indices",
              R, c->nb, p->cb, (int)ke, out->stage[0].t.med_us / n, c->Hkv, C);
     out->l2_bytes = tm->dev.l2_bytes;

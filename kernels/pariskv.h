@@ -1,12 +1,13 @@
 /* pariskv.h: the C face of kernels/pariskv.cu and pariskv_bucket.cu, the
  * CUDA path of the ParisKV retriever (retrievers/pariskv.c), as one table of
  * launchers (kv_pariskv_cuda; absent without nvcc). A kv_pariskv_gpu holds
- * one layer's index on the device (centroid ids, 4-bit codes, weights,
+ * one layer's index on the device (centroid ids, 4-bit codes, bf16 weights,
  * per-centroid counts) and the scratch of one search; every device
  * allocation happens in create. */
 #ifndef KV_PARISKV_H
 #define KV_PARISKV_H
 
+#include "ops/bf16.h"
 #include "ops/kv_gpu.h"
 
 #ifdef __cplusplus
@@ -58,7 +59,7 @@ typedef struct {
      * token-major layout (ids [n][nb], code [n][dp/2], w [n][nb]); counts
      * [Hkv][nb][2^m] (each nullable), and the last search's collision scores
      * (scores[r*(end-lo) + i - lo]) and rerank scores (csc[r*C + j]). */
-    kv_status (*read_index)(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code, float *w,
+    kv_status (*read_index)(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code, kv_bf16 *w,
         int32_t *counts);
     kv_status (*read_last)(kv_pariskv_gpu *p, uint16_t *scores, float *csc);
 

@@ -21,13 +21,16 @@ __global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, i
     pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
 }
 
-/* One block per row: the threshold from the row's histogram (as
- * kv_pariskv_bucket_topk), then each tile's output offset and share of the
- * threshold ties (a thread per tile). */
+/* One block per row (1024 threads): the threshold from the row's histogram
+ * (as kv_pariskv_bucket_topk), then each tile's output offset and share of
+ * the threshold ties (a thread per tile, in chunks of 1024 tiles). A tile's
+ * keys above the threshold and at it are summed first by one warp per tile
+ * (lanes over the tile's contiguous bins: coalesced, instead of one thread
+ * reading a tile's nbins counts one after another). */
 __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
                                int *thr_out) {
     extern __shared__ int hs[]; /* [nbins] */
-    __shared__ int wsum[32], s_thr, s_take;
+    __shared__ int wsum[32], s_thr, s_take, s_above[1024], s_eq[1024];
     const int r = blockIdx.x;
     const int *th = thist + (long long)r * ntiles * nbins;
     for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = ghist[(long long)r * nbins + s];
@@ -42,14 +45,26 @@ __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, in
     __syncthreads();
     const int thr = s_thr, take = s_take;
     int carry_eq = 0, carry_sel = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
+        const int t1 = min(t0 + (int)blockDim.x, ntiles);
+        for (int t = t0 + warp; t < t1; t += nw) {
+            const int *tt = th + (long long)t * nbins;
+            int a = 0;
+            for (int s = thr + 1 + lane; s < nbins; s += 32) a += tt[s];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0) {
+                s_above[t - t0] = a;
+                s_eq[t - t0] = tt[thr];
+            }
+        }
+        __syncthreads();
         const int t = t0 + threadIdx.x;
         int above = 0, eq = 0, tot;
         if (t < ntiles) {
-            const int *tt = th + (long long)t * nbins;
-#pragma unroll 8
-            for (int s = thr + 1; s < nbins; s++) above += tt[s];
-            eq = tt[thr];
+            above = s_above[threadIdx.x];
+            eq = s_eq[threadIdx.x];
         }
         int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
         carry_eq += tot;

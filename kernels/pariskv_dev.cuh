@@ -27,13 +27,15 @@ struct kv_pariskv_gpu {
     pk_lv lv;
     kv_cuda_dev dev;
     cudaStream_t st;
-    float *signs, *w, *stage, *q, *qt, *qnorm, *csc;
+    float *signs, *stage, *q, *qt, *qnorm, *csc;
+    kv_bf16 *w; /* RSQ-IP weights [Hkv][Tp][B], bf16 (ops/bf16.h) */
     uint8_t *ids, *code, *wt;
     int *counts, *thist, *ghist, *toff, *teq, *thr;
     uint16_t *scores;
     int32_t *cand, *pos, *hpos;
     kv_topk_ws tk;
     int last_lo, last_n, last_C; /* of the last search, for read_last */
+    kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
     float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
 };
 

@@ -43,6 +43,7 @@ struct kv_pq_gpu {
     unsigned *ctr;
     int32_t *idx;
     kv_topk_ws tk;
+    kv_graph graph;   /* the whole search's launches as one CUDA graph per (lo, hi, k, scale) */
 };
 
 /* k-means scratch of one build (pqcache_kmeans.cu). */

@@ -50,8 +50,12 @@
  * - beta = 0 / rho = 0 (the defaults) mean the released length-adaptive
  *   table by retrieval-zone length n (n < 5K: .5/.5, < 10K: .25/.3,
  *   < 30K: .2/.25, else .1/.2); any other value fixes it.
- * - RSQ-IP accumulates in float32 (bf16 in the released kernel); weights
- *   are stored in float32 (bf16 there).
+ * - RSQ-IP weights are stored as bf16, as the released code stores them
+ *   (rounded to nearest even from the float32 w_b; kernels/ops/bf16.h,
+ *   the same bits on the GPU); the estimate widens them exactly and
+ *   accumulates in float32 (the released kernel accumulates in bf16; a
+ *   float accumulator is the reference METHODS.md asks for, and it is what
+ *   keeps the GPU's scores bitwise the CPU's).
  * - Index layout (layout=released, the default, as polar_cache.py does it):
  *   the protocol fixes sink S and local window W, and keys inside the local
  *   window are never indexed. build() indexes [S, P-W); the last W prefill
@@ -84,11 +88,11 @@
  *   ids  uint8 [T][B]        centroid id per subspace
  *   code uint8 [T][D'/2]     4-bit codes, coordinate c at byte c/2 (low
  *                            nibble even c), nibble = sign<<3 | magnitude bin
- *   w    float [T][B]        RSQ-IP weights
+ *   w    bf16  [T][B]        RSQ-IP weights (uint16_t bits)
  *   counts int32 [B][2^m]    keys per centroid (all indexed keys)
  *   kmeans only: float [B][2^m][m] centres.
- * Bytes per key and kv head: B + D'/2 + 4B (D = 128, m = 8: 16 + 64 + 64 =
- * 144; the released code's bf16 weights make it 112), which memory_bytes
+ * Bytes per key and kv head: B + D'/2 + 2B (D = 128, m = 8: 16 + 64 + 32 =
+ * 112, as the released code's layout with its bf16 weights), which memory_bytes
  * counts, plus the per-head tables; with rerank=exact also the 4D bytes
  * of the full-precision key it reads. The raw keys of the update buffer
  * are KV cache, not index, and are not counted.
@@ -140,7 +144,7 @@ typedef struct {
     int n_idx;        /* positions [sink, n_idx) are indexed */
     int pend_start;   /* first position held in the update buffer (= n_idx once the buffer holds any) */
     uint8_t *ids, *code;
-    float *w;
+    kv_bf16 *w;       /* RSQ-IP weights, bf16 */
     int32_t *counts;  /* [Hkv][B][nc] */
     float *cent, *cnorm; /* kmeans: [Hkv][B][nc][m], [Hkv][B][nc] */
     float *pend;      /* [Hkv][pend_cap][D] raw keys of the positions [pend_start, n_seen) */
@@ -256,7 +260,7 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
     }
     s->ids = kv_malloc(nt * nb, "pariskv centroid ids");
     s->code = kv_malloc(nt * s->cx.code_bytes, "pariskv codes");
-    s->w = kv_malloc(nt * nb * sizeof(float), "pariskv weights");
+    s->w = kv_malloc(nt * nb * sizeof(kv_bf16), "pariskv weights (bf16)");
     s->counts = kv_calloc((size_t)Hkv * nb * s->nc, sizeof(int32_t), "pariskv centroid counts");
     s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
     int fail = !s->ids || !s->code || !s->w || !s->counts || !s->pend;
@@ -625,7 +629,7 @@ static size_t pk_memory(const void *st) {
     const pk_state *s = st;
     const kv_pariskv_codec *cx = &s->cx;
     size_t Hkv = (size_t)s->sh.num_kv_heads, n = (size_t)(s->n_idx - s->sh.sink > 0 ? s->n_idx - s->sh.sink : 0);
-    size_t bytes = Hkv * n * ((size_t)cx->nb + cx->code_bytes + cx->nb * sizeof(float));
+    size_t bytes = Hkv * n * ((size_t)cx->nb + cx->code_bytes + cx->nb * sizeof(kv_bf16));
     bytes += Hkv * cx->nb * s->nc * sizeof(int32_t);
     if (s->kmeans) bytes += Hkv * cx->nb * s->nc * (cx->m + 1) * sizeof(float);
     if (s->keys) bytes += Hkv * (size_t)s->n_seen * s->sh.head_dim * sizeof(float);
@@ -643,7 +647,7 @@ static void pk_describe(FILE *f) {
         for (int i = 0; i < KV_PARISKV_LEVELS - 1; i++) fprintf(f, " %.4f", th[i]);
         fputc('\n', f);
     }
-    fprintf(f, "%-12s   index bytes per key and kv head: B + D'/2 + 4B (D=128, m=8: 144)\n", "");
+    fprintf(f, "%-12s   index bytes per key and kv head: B + D'/2 + 2B (bf16 weights; D=128, m=8: 112)\n", "");
     fprintf(f, "%-12s   GPU path: centroids=analytic rotation=srht normalize=1 rerank=rsqip (other values run on the CPU)\n",
             "");
 }

@@ -2,7 +2,9 @@
  * the Lloyd-Max magnitude quantiser (paper appendix B.1.2), the SRHT
  * rotation and the 4-bit key encoder (sections 4.1.1-4.1.3), the RSQ-IP
  * estimator (B.2.2), the collision tier weights and the bucket top-k
- * (B.2.1). The retriever itself (index, decode updates, search) is
+ * (B.2.1). The RSQ-IP weights are stored as bf16 (rounded to nearest even
+ * from the float32 value; kernels/ops/bf16.h), as the released code stores
+ * them; the estimator widens them exactly and accumulates in float32. The retriever itself (index, decode updates, search) is
  * pariskv.c.
  *
  * Quadrature: the density of X = |u_j| is proportional to
@@ -167,7 +169,7 @@ float kv_pariskv_transform(const kv_pariskv_codec *c, const float *x, float *out
     return c->normalize ? norm : 1.0f;
 }
 
-void kv_pariskv_encode(const kv_pariskv_codec *c, const float *k, uint8_t *ids, uint8_t *code, float *w, float *xt) {
+void kv_pariskv_encode(const kv_pariskv_codec *c, const float *k, uint8_t *ids, uint8_t *code, kv_bf16 *w, float *xt) {
     float nk = kv_pariskv_transform(c, k, xt);
     memset(code, 0, (size_t)c->code_bytes);
     for (int b = 0; b < c->nb; b++) {
@@ -185,7 +187,7 @@ void kv_pariskv_encode(const kv_pariskv_codec *c, const float *k, uint8_t *ids, 
             alpha += c->level[t] * au;
         }
         ids[b] = (uint8_t)id;
-        w[b] = nk * r / fmaxf(alpha, 1e-6f);
+        w[b] = kv_bf16_from_f32(nk * r / fmaxf(alpha, 1e-6f));
     }
 }
 
@@ -195,12 +197,12 @@ void kv_pariskv_query_lut(const kv_pariskv_codec *c, const float *qt, float *lut
             lut[cc * 16 + nib] = (nib & 8 ? qt[cc] : -qt[cc]) * c->level[nib & 7];
 }
 
-float kv_pariskv_rsqip(const kv_pariskv_codec *c, const float *lut, const uint8_t *code, const float *w, float qnorm) {
+float kv_pariskv_rsqip(const kv_pariskv_codec *c, const float *lut, const uint8_t *code, const kv_bf16 *w, float qnorm) {
     float acc = 0;
     for (int b = 0, cc = 0; b < c->nb; b++) {
         float dot = 0;
         for (int j = 0; j < c->m; j++, cc++) dot += lut[cc * 16 + ((code[cc >> 1] >> ((cc & 1) * 4)) & 15)];
-        acc += w[b] * dot;
+        acc += kv_bf16_to_f32(w[b]) * dot;
     }
     return qnorm * acc;
 }

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "../kernels/ops/bf16.h"
 #include "../kernels/pariskv.h"
 #include "kv_retriever.h"
 
@@ -55,14 +56,17 @@ float kv_pariskv_transform(const kv_pariskv_codec *c, const float *x, float *out
 /* Encodes one key: sign-pattern centroid id per subspace (bit j set iff
  * u_j >= 0), the 4-bit codes, and w_b = |k| r_b / alpha_b with
  * alpha_b = sum_j level[t_j] |u_j| (alpha clamped at 1e-6 as the released
- * code). `xt` is dp floats of scratch and receives the transformed key. */
-void kv_pariskv_encode(const kv_pariskv_codec *c, const float *k, uint8_t *ids, uint8_t *code, float *w, float *xt);
+ * code), computed in float32 and stored as bf16 (round to nearest even,
+ * kernels/ops/bf16.h), as the released code stores it. `xt` is dp floats
+ * of scratch and receives the transformed key. */
+void kv_pariskv_encode(const kv_pariskv_codec *c, const float *k, uint8_t *ids, uint8_t *code, kv_bf16 *w, float *xt);
 
 /* Per-query lookup table: lut[c*16 + nibble] = qt[c] * sign * level[mag]
  * for coordinate c of the transformed query (dp*16 floats). */
 void kv_pariskv_query_lut(const kv_pariskv_codec *c, const float *qt, float *lut);
-/* RSQ-IP: |q| * sum_b w_b <v_b, q~_b>, accumulated in float in subspace order. */
-float kv_pariskv_rsqip(const kv_pariskv_codec *c, const float *lut, const uint8_t *code, const float *w, float qnorm);
+/* RSQ-IP: |q| * sum_b w_b <v_b, q~_b>, accumulated in float in subspace
+ * order (each bf16 weight widened exactly to float32). */
+float kv_pariskv_rsqip(const kv_pariskv_codec *c, const float *lut, const uint8_t *code, const kv_bf16 *w, float qnorm);
 
 /* Stage I, one subspace: given the proxy score of each of the nc
  * centroids and the number of searchable keys assigned to each, ranks the

@@ -42,6 +42,14 @@ for m in ${METHODS//,/ }; do
     fi
 done
 
+step "kvbench bench with CUDA graphs off (KVBENCH_CUDA_GRAPHS=0): what the search graphs of pariskv and pqcache save"
+for m in pariskv pqcache; do
+    case ",$METHODS," in *",$m,"*)
+        KVBENCH_CUDA_GRAPHS=0 timeout 200 ./kvbench bench --method "$m" --tokens "$TOKENS" 2>&1 |
+            tee -a "$OUT/bench_nograph.log" | grep -E "^method| search " ;;
+    esac
+done
+
 step "kvbench run: GPU vs CPU on a synthetic trace (32K tokens, stride 64)"
 TR=/tmp/kvb-check-32k.h5
 {

@@ -54,6 +54,10 @@ const char *kv_test_bin(void);
  * the buffers when given (truncated to cap). */
 int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err_cap);
 /* 1 when a usable GPU is present (KVBENCH_REQUIRE_GPU=1 turns "no" into a failure). */
+/* A fresh seed for tests with random inputs (time and pid), or the value of
+ * KVBENCH_TEST_SEED when set, so a failing run's printed seed reproduces:
+ * KVBENCH_TEST_SEED=1239212912984247 ./tests/run_tests pariskv_gpu_search_matches_cpu */
+uint64_t kv_test_seed(void);
 int kv_test_have_gpu(void);
 
 /* A small valid-looking trace (layer L3) with a NaN in v (test_loader.c). */

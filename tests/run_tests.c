@@ -57,6 +57,7 @@ extern char kv_test_reason[512];
     X(baselines_param_variants, 0)                         \
     X(pariskv_srht_orthogonal, 0)                          \
     X(pariskv_lloyd_max, 0)                                \
+    X(pariskv_bf16_rounding, 0)                            \
     X(pariskv_rsqip_estimate, 0)                           \
     X(pariskv_collision_scores, 0)                         \
     X(pariskv_bucket_topk, 0)                              \

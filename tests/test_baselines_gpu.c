@@ -25,7 +25,7 @@
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
-static uint64_t fresh_seed(void) { return (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)getpid() << 40); }
+static uint64_t fresh_seed(void) { return kv_test_seed(); } /* KVBENCH_TEST_SEED reproduces a run */
 
 static int need_gpu(void) {
     if (kv_test_have_gpu()) return 1;
@@ -263,6 +263,22 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
         float scale = 1.0f / sqrtf((float)D);
         CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx0, kk, cnt, NULL, NULL));
         CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, NULL));
+        /* the search runs as a CUDA graph per (lo, hi, k, scale, agg wanted) (kv_graph_run): back to the first
+         * shape (re-captured), the same again (replayed), and direct launches (KVBENCH_CUDA_GRAPHS=0) must all
+         * select what the first search did */
+        for (int pass = 0; pass < 3; pass++) {
+            int32_t *idx2 = malloc((size_t)Hkv * kk * 4);
+            CHECK(idx2, "out of memory");
+            if (pass == 2) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
+            kv_status gs = kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx2, kk, cnt, NULL, NULL);
+            if (pass == 2) unsetenv("KVBENCH_CUDA_GRAPHS");
+            CHECK_OK(gs);
+            int same = !memcmp(idx2, idx0, (size_t)Hkv * kk * 4);
+            free(idx2);
+            CHECK(same, "case %zu: search %d (%s) selected otherwise than the first, seed %llu", ci, pass + 3,
+                  pass == 0 ? "re-captured" : pass == 1 ? "graph replayed" : "direct launches",
+                  (unsigned long long)seed);
+        }
         for (int g = 0; g < Hkv; g++) {
             CHECK(cnt[g] == kk, "case %zu g %d: %d selected, want %d", ci, g, cnt[g], kk);
             CHECK(kv_topk_ref(agg + (size_t)g * nn, nn, k, lo, ri, NULL) == kk, "reference top-k failed");

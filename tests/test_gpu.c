@@ -18,7 +18,7 @@
 #include "../retrievers/kv_retriever.h"
 #include "kv_test.h"
 
-static uint64_t fresh_seed(void) { return (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)getpid() << 40); }
+static uint64_t fresh_seed(void) { return kv_test_seed(); } /* KVBENCH_TEST_SEED reproduces a run */
 
 static float half_round(float x) { return kv_half_to_float(kv_float_to_half(x)); }
 

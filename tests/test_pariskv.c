@@ -139,13 +139,55 @@ int test_pariskv_lloyd_max(void) {
 
 /* ---- encoder and RSQ-IP ---- */
 
+/* bf16 rounding (kernels/ops/bf16.h) on hand cases: exact values, round to
+ * nearest with ties to even, overflow to infinity, NaN stays NaN. */
+int test_pariskv_bf16_rounding(void) {
+    static const struct { uint32_t in; uint16_t want; } cs[] = {
+        {0x3f800000u, 0x3f80}, /* 1.0 exact */
+        {0x3f807fffu, 0x3f80}, /* below half an ulp: down */
+        {0x3f808000u, 0x3f80}, /* tie, 0x3f80 even: down */
+        {0x3f818000u, 0x3f82}, /* tie, 0x3f81 odd: up to even */
+        {0x3f808001u, 0x3f81}, /* above half: up */
+        {0xbf80c000u, 0xbf81}, /* negative, above half: away from zero */
+        {0x00000000u, 0x0000}, {0x80000000u, 0x8000}, /* signed zeros */
+        {0x00018000u, 0x0002}, /* subnormal tie to even (0x0001 odd: up) */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to +inf */
+        {0xff800000u, 0xff80}, /* -inf */
+        {0x7f800001u, 0x7fc0}, /* signalling NaN: quiet NaN, not inf */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        float f;
+        memcpy(&f, &cs[i].in, 4);
+        kv_bf16 h = kv_bf16_from_f32(f);
+        CHECK(h == cs[i].want, "case %zu: 0x%08x -> 0x%04x, want 0x%04x", i, cs[i].in, h, cs[i].want);
+        uint32_t back;
+        float g = kv_bf16_to_f32(h);
+        memcpy(&back, &g, 4);
+        CHECK(back == (uint32_t)h << 16, "case %zu: widening is not exact", i);
+    }
+    /* against double arithmetic: the nearest of the two bf16 neighbours, ties to the even one */
+    kv_rng r;
+    kv_rng_seed(&r, 5);
+    for (int i = 0; i < 100000; i++) {
+        float f = (float)(kv_rng_normal(&r) * exp(kv_rng_normal(&r) * 5));
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+        double dl = fabs((double)f - kv_bf16_to_f32(lo)), dh = fabs((double)f - kv_bf16_to_f32(hi));
+        uint16_t want = dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo);
+        CHECK(kv_bf16_from_f32(f) == want, "%.9g: 0x%04x, want 0x%04x", f, kv_bf16_from_f32(f), want);
+    }
+    return KV_TEST_PASS;
+}
+
 int test_pariskv_rsqip_estimate(void) {
     enum { D = 128, N = 4000 };
     kv_pariskv_codec c;
     CHECK_OK(kv_pariskv_codec_init(&c, D, 8, 1, 1, 0, 11));
     kv_rng r;
     kv_rng_seed(&r, 3);
-    float k[D], q[D], kt[D], qt[D], lut[D * 16], w[16];
+    float k[D], q[D], kt[D], qt[D], lut[D * 16];
+    kv_bf16 w[16];
     uint8_t ids[16], code[64];
     double err_ind = 0, err_cor = 0, bias = 0;
     for (int trial = 0; trial < N; trial++) {
@@ -174,8 +216,9 @@ int test_pariskv_rsqip_estimate(void) {
                 vq += v * qt[cc];
             }
             CHECK(ids[b] == id, "centroid id of subspace %d: %u, want %u", b, ids[b], id);
-            CHECK_CLOSE(w[b], nk * rb / alpha, 0, 1e-5);
-            direct += w[b] * vq;
+            /* bf16 (8-bit significand): within 2^-8 relative of the value, plus float32 rounding */
+            CHECK_CLOSE(kv_bf16_to_f32(w[b]), nk * rb / alpha, 0, 1.0 / 256 + 1e-5);
+            direct += kv_bf16_to_f32(w[b]) * vq;
         }
         direct *= qn;
         CHECK_CLOSE(est, direct, 1e-4 * nk * qn, 1e-5);
@@ -442,7 +485,7 @@ int test_pariskv_update_buffer(void) {
     const int P = 200;
     layer_random(&L, 4, 2, 400, 32, 47);
     int S = 4, W = 16, k = 8, U = 32;
-    size_t per_key = 2 * (4 + 16 + 4 * 4); /* 2 kv heads x (B ids + D/2 code bytes + 4B weight bytes), D=32, m=8 */
+    size_t per_key = 2 * (4 + 16 + 2 * 4); /* 2 kv heads x (B ids + D/2 code bytes + 2B bf16 weight bytes), D=32, m=8 */
     for (int released = 1; released >= 0; released--) {
         const char *pp[] = {"update=32", "beta=1", released ? "layout=released" : "layout=eager", NULL};
         const char *name = released ? "released" : "eager";

@@ -55,6 +55,20 @@ int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
+uint64_t kv_test_seed(void) {
+    const char *e = getenv("KVBENCH_TEST_SEED");
+    if (e && *e) {
+        char *end;
+        unsigned long long v = strtoull(e, &end, 0);
+        if (*end) {
+            fprintf(stderr, "KVBENCH_TEST_SEED: expected an unsigned integer, found '%s'\n", e);
+            exit(2);
+        }
+        return (uint64_t)v;
+    }
+    return (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)getpid() << 40);
+}
+
 int kv_test_have_gpu(void) {
     kv_gpu_info gi;
     kv_gpu_probe(&gi);

@@ -233,4 +233,70 @@ template <class F> kv_status kv_bench_time(kv_bench_timer *t, F &&launch, kv_gpu
     return kv_bench_timer_stats(t, out);
 }
 
+/* ---- CUDA Graphs for a fixed launch sequence (issue 12: short searches are launch-bound) ----
+ * kv_graph_run(g, key, key_n, st, launch): `launch` (a callable taking the
+ * stream, returning kv_status, doing nothing but kernel launches and
+ * async device work on it) is captured into a graph the first time and
+ * whenever `key` (the bytes its launches depend on: sizes, scalars) changes,
+ * and the graph is replayed otherwise. A changed key re-captures and
+ * updates the executable graph in place (cudaGraphExecUpdate; a new
+ * instantiation when the topology changed). The launches and their order
+ * are exactly those of a direct call, so results are unchanged. Where
+ * capture or instantiation fails (or KVBENCH_CUDA_GRAPHS=0), the handle
+ * falls back to direct launches for good, with no error left behind. */
+#include <string.h>
+typedef struct {
+    cudaGraphExec_t exec;
+    cudaStream_t st;
+    unsigned char key[128];
+    int key_n;
+    int off; /* 1: direct launches */
+} kv_graph;
+/* 1 unless KVBENCH_CUDA_GRAPHS=0 (read at each call: cheap, and tests may set it). */
+static inline int kv_graphs_enabled(void) {
+    const char *e = getenv("KVBENCH_CUDA_GRAPHS");
+    return !(e && e[0] == '0' && !e[1]);
+}
+static inline void kv_graph_destroy(kv_graph *g) {
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    g->exec = NULL;
+    g->key_n = 0;
+}
+template <class F> kv_status kv_graph_run(kv_graph *g, const void *key, int key_n, cudaStream_t st, F &&launch) {
+    if (g->off || key_n > (int)sizeof g->key || !kv_graphs_enabled()) return launch(st);
+    if (g->exec && g->st == st && g->key_n == key_n && !memcmp(g->key, key, (size_t)key_n)) {
+        KV_CUDA_TRY(cudaGraphLaunch(g->exec, st));
+        return KV_OK;
+    }
+    cudaGraph_t graph = NULL;
+    int ok = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (ok) {
+        kv_status ls = launch(st);
+        cudaError_t e = cudaStreamEndCapture(st, &graph);
+        ok = ls == KV_OK && e == cudaSuccess && graph;
+    }
+    if (ok && g->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(g->exec, graph, &info) != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaGraphExecDestroy(g->exec);
+            g->exec = NULL;
+        }
+    }
+    if (ok && !g->exec) ok = cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess;
+    if (graph) cudaGraphDestroy(graph);
+    if (!ok) { /* not capturable here: direct launches from now on (a real error recurs there) */
+        (void)cudaGetLastError();
+        kv_clear_error();
+        kv_graph_destroy(g);
+        g->off = 1;
+        return launch(st);
+    }
+    g->st = st;
+    g->key_n = key_n;
+    memcpy(g->key, key, (size_t)key_n);
+    KV_CUDA_TRY(cudaGraphLaunch(g->exec, st));
+    return KV_OK;
+}
+
 #endif

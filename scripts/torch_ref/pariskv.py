@@ -90,7 +90,7 @@ class ParisKV:
         pos = xb >= 0
         mag = torch.bucketize(au, self.thr)
         alpha = (self.level[mag] * au).sum(-1)
-        self.w = norm * r / alpha.clamp_min(1e-6)  # [Hkv][T][nb]
+        self.w = (norm * r / alpha.clamp_min(1e-6)).to(torch.bfloat16)  # [Hkv][T][nb], bf16 as released
         nib = ((pos.to(torch.uint8) << 3) | mag.to(torch.uint8)).view(Hkv, T, self.dp)
         self.code = nib[..., 0::2] | (nib[..., 1::2] << 4)  # [Hkv][T][dp/2]
         ids = (pos.long() * self.pow2).sum(-1)  # [Hkv][T][nb]
@@ -132,7 +132,7 @@ class ParisKV:
         code = torch.gather(self.code, 1, self.cand[..., None].expand(H, C, self.dp // 2))
         nib = torch.stack([code & 15, code >> 4], -1).view(H, C, self.dp)
         v = torch.where(nib >= 8, 1.0, -1.0) * self.level[(nib & 7).long()]
-        w = torch.gather(self.w, 1, self.cand[..., None].expand(H, C, self.nb))
+        w = torch.gather(self.w, 1, self.cand[..., None].expand(H, C, self.nb)).float()
         dot = (v * self.qt[:, None, :]).view(H, C, self.nb, self.m).sum(-1)
         self.est = (w * dot).sum(-1) * self.qn
         return self.est
@@ -171,18 +171,18 @@ def main():
             pk.rerank()
             return pk.final_topk(k)
 
-        stages = (("encode", lambda: pk.encode(K), keys * (2 * D + nb + cb + 4 * nb)),
+        stages = (("encode", lambda: pk.encode(K), keys * (2 * D + nb + cb + 2 * nb)),
                   ("collision", lambda: (pk.query(q), pk.collision(T, rho)), keys * (nb + 2)),
                   ("bucket_topk", lambda: pk.bucket_topk(C), keys * 2 + cand * 4),
-                  ("rerank", pk.rerank, cand * (4 + cb + 4 * nb + 4)),
+                  ("rerank", pk.rerank, cand * (4 + cb + 2 * nb + 4)),
                   ("final_topk", lambda: pk.final_topk(k), cand * 4 + Hkv * kk * 4),
-                  ("search", search, keys * nb + cand * (cb + 4 * nb) + Hkv * kk * 4))
+                  ("search", search, keys * nb + cand * (cb + 2 * nb) + Hkv * kk * 4))
         for name, fn, nbytes in stages:
             b.time(T, name, fn, nbytes)
         del K
         torch.cuda.empty_cache()
     return b.finish(f"as kvbench bench --method pariskv (per key and kv head: ids B={nb}, codes {cb}, weights "
-                    f"{4 * nb}; C = beta*T candidates per kv head); ids held as int64 here")
+                    f"{2 * nb} (bf16); C = beta*T candidates per kv head); ids held as int64 here")
 
 
 if __name__ == "__main__":
