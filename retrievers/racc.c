@@ -14,7 +14,16 @@
  * retrieval index. Compressions run at build (on the prefill: the paper's
  * LILO mode compresses prompt and generated tokens alike) and after every
  * L_n generated tokens (positions P + j*L_n - 1, j >= 1); tokens generated
- * in between are resident. Retrieval: at step t the query of step t-1 (the
+ * in between are resident. alpha applies to the RESIDENT set, so the
+ * resident fraction compounds (0.6 of 0.6 of ...): sec. 4, "Before
+ * compression, the length of the KV cache is denoted as L_history. After
+ * each compression, the resulting KV length becomes L_compression =
+ * (L_history + L_n) x alpha", and eq. 4's overall rate
+ * P_R = (alpha^n - 1) / (n (alpha - 1)) + beta is that geometric series
+ * (alg. 1 line 5: K = L_2.size x compress_ratio, L_2 = the cache between
+ * the sink and the window). The issue's "a fraction alpha of the context"
+ * reads as alpha of the cache being compressed; there is no parameter for
+ * alpha of the whole context, which the paper does not describe. Retrieval: at step t the query of step t-1 (the
  * one append() was handed at t-1: lag 1, the retrieval runs one step ahead
  * asynchronously in the paper) searches the evicted keys of the region
  * exactly (index=exact: all inner products, kv_topk_ref) and the top
@@ -46,8 +55,9 @@
  *   RACC adds evicted keys out of position order, which needs a label map
  *   and an internal header shared with faiss.c: left for later.
  * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
- *   the vote (all kv heads' window queries as rows of the shared score
- *   kernel, masked softmax, sum over the window and group) runs there and
+ *   the vote (kernels/racc_vote.cu: two fused sweeps, row max and sum of
+ *   exp, then the votes, scores bitwise kv_dot_ref's, masked softmax, sum
+ *   over the window and group) runs there and
  *   its float votes come back for the ranking here (nc floats once every
  *   L_n tokens), so votes agree with the CPU's to ~1e-12 relative (CUDA's
  *   exp, another summation order of the softmax denominators) and the kept
