@@ -99,6 +99,7 @@ extern char kv_test_reason[512];
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
+    X(freekv_gpu_group_mean_pages, KV_NEEDS_GPU)           \
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
     X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \

@@ -11,7 +11,10 @@
 #include <string.h>
 
 #include "../kernels/freekv.h"
+#include "../kernels/ops/topk.h"
+#include "../kernels/quest.h"
 #include "../kernels/racc.h"
+#include "../retrievers/pages.h"
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
@@ -165,4 +168,87 @@ int test_racc_gpu_matches_cpu(void) {
     if (rc == KV_TEST_PASS) rc = both_paths("racc", p2, 4, &L, 600, 0, 8, 100);
     kv_layer_free(&L);
     return rc;
+}
+
+/* FreeKV's selection (Quest's search with pool=mean) on the device against
+ * the CPU's pages.c: bounds bitwise kv_pages_bound's, pages equal to the top
+ * kp of kv_pages_pool_mean by kv_topk_ref, except that two pages may swap
+ * where their CPU pooled scores agree within 1e-6 relative (CUDA's expf is
+ * within 2 ulp of glibc's). The shapes cover the fused path
+ * (kernels/pages_mean.cu: groups of 1, 2, 4, 8; one page per thread and
+ * four; one chunk and many, so the last-block merge; a head dimension with
+ * a channel tail) and the older path (kp 17 > PM_KMAX, group of 3). */
+typedef struct { int Hq, Hkv, D, page, npages, kp; } pm_case;
+
+static int pool_mean_case(const pm_case *c, uint64_t seed) {
+    const int Hq = c->Hq, Hkv = c->Hkv, D = c->D, G = Hq / Hkv, page = c->page, T = page * c->npages, P = c->npages;
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    float *k = malloc((size_t)Hkv * T * D * 4), *q = malloc((size_t)Hq * D * 4), *gb = malloc((size_t)Hq * P * 4);
+    float *mn = malloc((size_t)Hkv * P * D * 4), *mx = malloc((size_t)Hkv * P * D * 4), *cb = malloc((size_t)Hq * P * 4);
+    float *pool = malloc((size_t)P * 4);
+    int32_t *pages = malloc((size_t)Hkv * c->kp * 4), *ri = malloc((size_t)c->kp * 4);
+    CHECK(k && q && gb && mn && mx && cb && pool && pages && ri, "out of memory");
+    for (size_t e = 0; e < (size_t)Hkv * T * D; e++) k[e] = (float)kv_rng_normal(&r);
+    for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = 2.0f * (float)kv_rng_normal(&r);
+    for (int g = 0; g < Hkv; g++)
+        for (int j = 0; j < P; j++)
+            for (int i = 0; i < D; i++) {
+                float a = INFINITY, b = -INFINITY;
+                for (int o = 0; o < page; o++) {
+                    float v = k[((size_t)g * T + (size_t)j * page + o) * D + i];
+                    a = v < a ? v : a;
+                    b = v > b ? v : b;
+                }
+                mn[((size_t)g * P + j) * D + i] = a;
+                mx[((size_t)g * P + j) * D + i] = b;
+            }
+    const float scale = 1.0f / sqrtf((float)D);
+    kv_quest_gpu *gq;
+    CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, 0, P, 0, &gq));
+    CHECK_OK(kv_quest_cuda.build(gq, k, T));
+    CHECK_OK(kv_quest_cuda.search(gq, q, scale, 1, P, c->kp, pages, gb));
+    int swaps = 0;
+    for (int h = 0; h < Hq; h++)
+        for (int j = 0; j < P; j++) {
+            size_t o = ((size_t)(h / G) * P + j) * D;
+            cb[(size_t)h * P + j] = kv_pages_bound(q + (size_t)h * D, mn + o, mx + o, D);
+            CHECK(memcmp(&cb[(size_t)h * P + j], &gb[(size_t)h * P + j], 4) == 0, "head %d page %d: bound %.9g, CPU %.9g",
+                  h, j, gb[(size_t)h * P + j], cb[(size_t)h * P + j]);
+        }
+    for (int g = 0; g < Hkv; g++) {
+        kv_pages_pool_mean(cb + (size_t)g * G * P, (size_t)P, G, P, scale, pool);
+        CHECK(kv_topk_ref(pool, P, c->kp, 0, ri, NULL) == c->kp, "top-k");
+        for (int j = 0; j < c->kp; j++) {
+            int a = pages[(size_t)g * c->kp + j], b = ri[j];
+            if (a == b) continue;
+            CHECK(a >= 0 && a < P && fabsf(pool[a] - pool[b]) <= 1e-6f * fabsf(pool[b]),
+                  "G %d P %d kp %d kv head %d rank %d: page %d (pooled %.9g), CPU %d (%.9g)", G, P, c->kp, g, j, a,
+                  a >= 0 && a < P ? pool[a] : 0.f, b, pool[b]);
+            swaps++;
+        }
+    }
+    if (swaps) fprintf(stderr, "    pool=mean G %d P %d: %d ranks swapped between near-equal pages\n", G, P, swaps);
+    kv_quest_cuda.destroy(gq);
+    free(k); free(q); free(gb); free(mn); free(mx); free(cb); free(pool); free(pages); free(ri);
+    return KV_TEST_PASS;
+}
+
+int test_freekv_gpu_group_mean_pages(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    CHECK(&kv_quest_cuda, "built without CUDA");
+    static const pm_case cs[] = {
+        {8, 2, 64, 16, 700, 7},     /* G 4, one page per thread, one chunk */
+        {16, 8, 32, 1, 40000, 16},  /* G 2, four pages per thread, 20 chunks merged */
+        {8, 8, 44, 4, 5000, 5},     /* G 1, channel tail (44 = 5 x 8 + 4) */
+        {16, 2, 64, 8, 3000, 16},   /* G 8 */
+        {16, 8, 128, 32, 9000, 3},  /* the bench's shape, FreeKV's defaults */
+        {8, 2, 64, 16, 700, 17},    /* kp > PM_KMAX: the older path */
+        {12, 4, 32, 16, 600, 6},    /* G 3: the older path */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int rc = pool_mean_case(&cs[i], 31 + i);
+        if (rc != KV_TEST_PASS) return rc;
+    }
+    return KV_TEST_PASS;
 }
