@@ -166,6 +166,10 @@ int test_racc_gpu_matches_cpu(void) {
     const char *p1[] = {"Ln=100", "window=16"}, *p2[] = {"Ln=37", "alpha=0.5", "window=8", "beta=0.05"};
     int rc = both_paths("racc", p1, 2, &L, 600, 4, 64, 100);
     if (rc == KV_TEST_PASS) rc = both_paths("racc", p2, 4, &L, 600, 0, 8, 100);
+#ifdef KV_HAVE_FAISS /* votes on the device, the Faiss retrieval on the host */
+    const char *p3[] = {"Ln=100", "window=16", "index=faiss-ivf", "nlist=8", "nprobe=8"};
+    if (rc == KV_TEST_PASS) rc = both_paths("racc", p3, 5, &L, 600, 4, 64, 100);
+#endif
     kv_layer_free(&L);
     return rc;
 }
