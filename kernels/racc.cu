@@ -51,9 +51,8 @@ struct kv_racc_gpu {
     float *vote;        /* [Hkv][T] */
     int32_t *idx;       /* [Hkv][KV_GPU_TOPK_MAX] */
     kv_topk_ws tk;
-    int fused, fnb;     /* the fused vote (racc_vote.cu) and its blocks per kv head at most */
-    float *fm;          /* [R][fnb] partial maxima, then [R] row maxima at fm + R*fnb */
-    double *fz;         /* [R][fnb] partial sums, then [R] 1/z at fz + R*fnb */
+    int fused;          /* the fused vote (racc_vote.cu) */
+    racc_vote_scratch fw;
 };
 
 namespace {
@@ -153,9 +152,13 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     KV_CUDA_ALLOC(g->idx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "racc retrieved");
     KV_TRY(kv_topk_ws_create(&g->tk, g->Hkv, g->T, &g->dev));
     if (g->fused) {
-        g->fnb = racc_vote_blocks(g->Hkv, g->T, &g->dev);
-        KV_CUDA_ALLOC(g->fm, R * (g->fnb + 1) * sizeof(float), 0, "racc vote partial maxima");
-        KV_CUDA_ALLOC(g->fz, R * (g->fnb + 1) * sizeof(double), 0, "racc vote partial sums");
+        racc_vote_scratch *w = &g->fw;
+        w->nblk_cap = racc_vote_blocks(g->Hkv, g->T, &g->dev);
+        KV_CUDA_ALLOC(w->part_m, R * (w->nblk_cap + 1) * sizeof(float), 0, "racc vote partial maxima");
+        KV_CUDA_ALLOC(w->part_z, R * (w->nblk_cap + 1) * sizeof(double), 0, "racc vote partial sums");
+        KV_CUDA_ALLOC(w->rpos, Hkv * T * sizeof(int32_t), 0, "racc resident positions");
+        KV_CUDA_ALLOC(w->ccnt, Hkv * racc_vote_chunks(g->T) * sizeof(int), 0, "racc resident counts");
+        KV_CUDA_ALLOC(w->rcnt, Hkv * sizeof(int), 0, "racc resident counts");
     }
     return KV_OK;
 }
@@ -164,11 +167,8 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
 kv_status racc_vote_launch(kv_racc_gpu *g, const kv_dev_kv *K, float scale, int lo, int hi) {
     const int span = hi - lo, rpg = g->G * g->W;
     if (span <= 0) return KV_OK;
-    if (g->fused) {
-        const size_t pr = (size_t)g->R * g->fnb;
-        return racc_vote_fused(K, g->ev, g->T, g->qw, g->Hkv, rpg, scale, lo, hi, g->fm, g->fz, g->fnb, g->fm + pr,
-                               g->fz + pr, g->vote, span, &g->dev, g->st);
-    }
+    if (g->fused) return racc_vote_fused(K, g->ev, g->T, g->qw, g->Hkv, rpg, scale, lo, hi, &g->fw, g->vote, span,
+                                         &g->dev, g->st);
     KV_CUDA_TRY(cudaMemsetAsync(g->mkey, 0, (size_t)g->R * sizeof(unsigned), g->st));
     int used = 0;
     for (int pass = 0; pass < 3; pass++) {
@@ -212,7 +212,8 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->keys);
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
-    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fm); cudaFree(g->fz);
+    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
+    cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
