@@ -37,7 +37,7 @@
 namespace {
 
 constexpr int PM_TH = 128;   /* pm_bounds threads per block */
-constexpr int PM_CB = 8;     /* channels loaded ahead */
+constexpr int PM_CB = 8;     /* channels loaded ahead (16 with one page per thread) */
 constexpr int PM_RT = 256;   /* pm_zpart / pm_pool_topk threads per block */
 constexpr int PM_PPT = 8;    /* pages per thread in pm_zpart / pm_pool_topk */
 constexpr int PM_CHUNK = PM_RT * PM_PPT;
@@ -86,16 +86,17 @@ __global__ void __launch_bounds__(PM_TH) pm_bounds(const TS *kmin, const TS *kma
         for (int p = 0; p < PPT; p++) acc[h][p] = 0.f;
     if (j0 < ncand) {
         const TS *mnp = kmin + (long long)g * D * PS + j0, *mxp = kmax + (long long)g * D * PS + j0;
+        constexpr int CB = PPT == 1 ? 2 * PM_CB : PM_CB; /* one page per thread: twice the channels ahead */
         int i = 0;
-        for (; i + PM_CB <= D; i += PM_CB) {
-            float mn[PM_CB][PPT], mx[PM_CB][PPT];
+        for (; i + CB <= D; i += CB) {
+            float mn[CB][PPT], mx[CB][PPT];
 #pragma unroll
-            for (int c = 0; c < PM_CB; c++) { /* every load of the batch issued before any use */
+            for (int c = 0; c < CB; c++) { /* every load of the batch issued before any use */
                 pm_load<TS, PPT>(mnp + (long long)(i + c) * PS, mn[c]);
                 pm_load<TS, PPT>(mxp + (long long)(i + c) * PS, mx[c]);
             }
 #pragma unroll
-            for (int c = 0; c < PM_CB; c++) pm_acc<GT, PPT>(acc, sqv, D, i + c, mn[c], mx[c]);
+            for (int c = 0; c < CB; c++) pm_acc<GT, PPT>(acc, sqv, D, i + c, mn[c], mx[c]);
         }
         for (; i < D; i++) {
             float mn[PPT], mx[PPT];
