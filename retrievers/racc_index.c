@@ -8,8 +8,9 @@
  * (1 - alpha) of the prefill: thousands of keys on any real trace; a cap,
  * not an error, because a short synthetic trace may evict fewer); nprobe is
  * capped at that nlist, so nprobe >= nlist scans every list (exhaustive).
- * Heads are added and searched in kv-head order by one thread, so HNSW's
- * insertion order, hence its graph, is deterministic. */
+ * Heads are added and searched in kv-head order with Faiss's OpenMP pinned
+ * to one thread, so HNSW's insertion order, hence its graph, and IVF's
+ * k-means are deterministic. */
 #define _GNU_SOURCE /* fopencookie: count the serialised bytes */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include <faiss/c_api/error_c.h>
 #include <faiss/c_api/index_factory_c.h>
 #include <faiss/c_api/index_io_c.h>
+#include <omp.h>
 
 struct kv_racc_index {
     int kind, Hkv, D, T, nlist, nprobe, M, ef;
@@ -94,16 +96,27 @@ static kv_status index_new(kv_racc_index *x, int g, int n_train) {
     return st;
 }
 
-kv_status kv_racc_index_add(kv_racc_index *x, int g, const float *Kg, const int32_t *pos, int n) {
-    if (n <= 0) return KV_OK;
-    if (x->n[g] + n > x->T) return kv_fail(KV_ERR_INTERNAL, "racc index: %d keys beyond %d", x->n[g] + n, x->T);
-    for (int i = 0; i < n; i++) memcpy(x->buf + (size_t)i * x->D, Kg + (size_t)pos[i] * x->D, (size_t)x->D * sizeof(float));
+static kv_status index_add(kv_racc_index *x, int g, int n) {
     if (!x->ix[g]) {
         KV_TRY(index_new(x, g, n));
         if (x->kind == KV_RACC_IVF && faiss_Index_train(x->ix[g], n, x->buf))
             return kv_fail(KV_ERR_INTERNAL, "racc index: kv head %d: train: %s", g, msg());
     }
     if (faiss_Index_add(x->ix[g], n, x->buf)) return kv_fail(KV_ERR_INTERNAL, "racc index: kv head %d: add: %s", g, msg());
+    return KV_OK;
+}
+
+kv_status kv_racc_index_add(kv_racc_index *x, int g, const float *Kg, const int32_t *pos, int n) {
+    if (n <= 0) return KV_OK;
+    if (x->n[g] + n > x->T) return kv_fail(KV_ERR_INTERNAL, "racc index: %d keys beyond %d", x->n[g] + n, x->T);
+    for (int i = 0; i < n; i++) memcpy(x->buf + (size_t)i * x->D, Kg + (size_t)pos[i] * x->D, (size_t)x->D * sizeof(float));
+    /* Faiss's own OpenMP pinned to one thread: HNSW insertion and IVF's k-means then do not depend on the
+     * thread count (parallel HNSW insertion builds another graph on every run) */
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    kv_status st = index_add(x, g, n);
+    omp_set_num_threads(nt);
+    KV_TRY(st);
     memcpy(x->pos[g] + x->n[g], pos, (size_t)n * sizeof(int32_t));
     x->n[g] += n;
     return KV_OK;
