@@ -98,7 +98,7 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_OBJS)
 # Objects that read KV_HAVE_FAISS rebuild when Faiss appears or goes (the
 # marker's name carries the state).
 FAISS_MARK := $(BUILD)/.faiss-$(HAVE_FAISS)-$(FAISS_GPU)
-$(BUILD)/retrievers/faiss.o $(BUILD)/retrievers/registry.o $(BUILD)/tests/test_faiss.o: $(FAISS_MARK)
+$(BUILD)/retrievers/faiss.o $(BUILD)/retrievers/racc_index.o $(BUILD)/retrievers/registry.o $(BUILD)/tests/test_faiss.o $(BUILD)/tests/test_racc_index.o: $(FAISS_MARK)
 $(FAISS_MARK):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/.faiss-* && touch $@
 

@@ -5,7 +5,12 @@
  * the page code serves both methods; chosen over moving them into a shared
  * kernels/ops/pages.cu because Quest's table already exposes exactly the
  * operations FreeKV needs (create/build/append/search with pool=mean) and a
- * move would duplicate nothing less while touching Quest's file.
+ * move would duplicate nothing less while touching Quest's file. The
+ * group-mean selection itself (pool=mean: bound scan once per kv head for
+ * the whole group, softmax partial sums, pooled scores and the page top-k
+ * fused, merged by the last block of each kv head) is kernels/pages_mean.cu,
+ * which quest.cu dispatches to; the bench reports its stages as
+ * bound_scan, pool_topk and select_spec (= both).
  *
  * Here: the correction test. One thread per query head computes
  * cos(q_h, qprev_h) in double in channel order (__dmul_rn/__dadd_rn, no

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "ops/kv_cuda.h"
+#include "pages_mean.cuh"
 #include "quest.h"
 
 namespace {
@@ -251,46 +252,6 @@ __global__ void __launch_bounds__(QB_TH) quest_bounds(const TS *kmin, const TS *
     }
 }
 
-/* pool = mean, per query head h: m = max_j scale*b, w = 1/(G * sum_j exp(scale*b - m)). */
-__global__ void quest_softmax_stats(const float *bound, long long PS, int ncand, float scale, int G, float *mz) {
-    __shared__ float sf[32];
-    __shared__ double sd[32];
-    const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const float *b = bound + (long long)h * PS;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < ncand; j += blockDim.x) m = fmaxf(m, __fmul_rn(scale, b[j]));
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) sf[w] = m;
-    __syncthreads();
-    m = sf[0];
-    for (int i = 1; i < nw; i++) m = fmaxf(m, sf[i]);
-    double z = 0;
-    for (int j = threadIdx.x; j < ncand; j += blockDim.x) z += (double)expf(__fmul_rn(scale, b[j]) - m);
-    for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-    if (lane == 0) sd[w] = z;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        z = 0;
-        for (int i = 0; i < nw; i++) z += sd[i];
-        mz[2 * h] = m;
-        mz[2 * h + 1] = (float)(1.0 / (z * G));
-    }
-}
-
-__global__ void quest_pool_mean(const float *bound, long long PS, int ncand, float scale, int G, const float *mz,
-                                float *pooled) {
-    const int g = blockIdx.y;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < ncand; j += gridDim.x * blockDim.x) {
-        float acc = 0.f;
-        for (int hh = 0; hh < G; hh++) {
-            int h = g * G + hh;
-            float e = expf(__fmul_rn(scale, bound[(long long)h * PS + j]) - mz[2 * h]);
-            acc = __fadd_rn(acc, __fmul_rn(e, mz[2 * h + 1]));
-        }
-        pooled[(long long)g * PS + j] = acc;
-    }
-}
-
 }  // namespace
 
 struct kv_quest_gpu {
@@ -304,6 +265,10 @@ struct kv_quest_gpu {
     int32_t *pages;     /* [Hq][kcap] */
     int kcap;
     kv_topk_ws tk;
+    float *bmax, *cv;   /* pool=mean fused (pages_mean.cu): [Hq][nba] block maxima, [Hkv][nbz*PM_KMAX] candidates */
+    double *zpart;      /* [Hq][nbz] */
+    int *cj;
+    unsigned *ctr;      /* [Hkv] */
 };
 
 namespace {
@@ -326,6 +291,14 @@ kv_status quest_create_go(kv_quest_gpu *g) {
     g->kcap = g->P < KV_GPU_TOPK_MAX ? g->P : KV_GPU_TOPK_MAX;
     KV_CUDA_ALLOC(g->pages, Hq * g->kcap * sizeof(int32_t), 0, "quest selected pages");
     KV_TRY(kv_topk_ws_create(&g->tk, g->Hq, g->P, &g->dev));
+    int nba, nbz;
+    pm_sizes(g->P, g->Hkv, &nba, &nbz);
+    KV_CUDA_ALLOC(g->bmax, Hq * nba * sizeof(float), 0, "quest block maxima");
+    KV_CUDA_ALLOC(g->zpart, Hq * nbz * sizeof(double), 0, "quest softmax partial sums");
+    KV_CUDA_ALLOC(g->cv, Hkv * nbz * PM_KMAX * sizeof(float), 0, "quest page candidates");
+    KV_CUDA_ALLOC(g->cj, Hkv * nbz * PM_KMAX * sizeof(int), 0, "quest page candidates");
+    KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "quest block counters");
+    KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
     return KV_OK;
 }
 
@@ -382,6 +355,11 @@ kv_status quest_bounds_launch_t(kv_quest_gpu *g, int ncand, int pool, int write_
 
 /* Stage which: 0 = bounds (+ pooling), 1 = top-k, -1 = both. */
 kv_status quest_search_launch(kv_quest_gpu *g, float scale, int pool, int ncand, int kp, int write_bound, int which) {
+    if (pool == 1 && pm_supported(g->G, kp)) { /* the fused group-mean selection (pages_mean.cu) */
+        const pm_args a = {g->kmin, g->kmax, g->half, g->PS, g->q, g->Hkv, g->G, g->D, ncand, kp, scale,
+                           g->bound, g->bmax, g->zpart, g->cv, g->cj, g->ctr, g->pages};
+        return pm_launch(&a, which, g->st);
+    }
     if (which <= 0) {
         int wb = write_bound || pool != 2;
         /* short contexts: one page per thread (more threads in flight); long ones: 4 (vector loads) */
@@ -390,14 +368,7 @@ kv_status quest_search_launch(kv_quest_gpu *g, float scale, int pool, int ncand,
                                 : quest_bounds_launch_t<__half, 4>(g, ncand, pool, wb))
                        : (small ? quest_bounds_launch_t<float, 1>(g, ncand, pool, wb)
                                 : quest_bounds_launch_t<float, 4>(g, ncand, pool, wb)));
-        if (pool == 1) {
-            quest_softmax_stats<<<g->Hq, 1024, 0, g->st>>>(g->bound, g->PS, ncand, scale, g->G, g->mz);
-            KV_LAUNCH_CHECK();
-            int bx = (ncand + 255) / 256;
-            quest_pool_mean<<<dim3(bx < 1024 ? bx : 1024, g->Hkv), 256, 0, g->st>>>(g->bound, g->PS, ncand, scale,
-                                                                                    g->G, g->mz, g->pooled);
-            KV_LAUNCH_CHECK();
-        }
+        if (pool == 1) KV_TRY(pm_softmax_pool_launch(g->bound, g->PS, ncand, scale, g->Hq, g->Hkv, g->mz, g->pooled, g->st));
     }
     if (which != 0) {
         const float *S = pool ? g->pooled : g->bound;
@@ -414,6 +385,7 @@ static void kv_quest_gpu_destroy(kv_quest_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     cudaFree(g->kmin); cudaFree(g->kmax); cudaFree(g->cmin); cudaFree(g->cmax); cudaFree(g->q); cudaFree(g->bound);
     cudaFree(g->pooled); cudaFree(g->mz); cudaFree(g->key1); cudaFree(g->pages);
+    cudaFree(g->bmax); cudaFree(g->zpart); cudaFree(g->cv); cudaFree(g->cj); cudaFree(g->ctr);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -560,20 +532,22 @@ kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int pag
     c->own = NULL;
     const double es = K->a.half ? 2 : 4, summ_b = (double)s->Hkv * np * 2 * s->D * es,
                  keys = (double)s->Hkv * np * page * s->D * es, qb = (double)s->Hq * s->D * 4;
-    const int R = pool ? s->Hkv : s->Hq;
-    const double sc = (double)R * np * 4, pg = (double)R * kp * 4;
+    const int R = pool ? s->Hkv : s->Hq, fused = pool == 1 && pm_supported(g->G, kp);
+    /* fused pool=mean: the scan writes per-query-head bounds, pool_topk reads them and writes page ids */
+    const double sc = (double)(fused ? s->Hq : R) * np * 4, pg = (double)R * kp * 4;
     out->n = 4;
     out->stage[0] = kv_gpu_stage{"summary", t[0], keys + summ_b};
     out->stage[1] = kv_gpu_stage{"bound_scan", t[1], summ_b + qb + sc};
-    out->stage[2] = kv_gpu_stage{"topk", t[2], sc + pg};
+    out->stage[2] = kv_gpu_stage{fused ? "pool_topk" : "topk", t[2], sc + pg};
     out->stage[3] = kv_gpu_stage{"search", t[3], summ_b + qb + pg};
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "quest page=%d pool=%s, %d pages of %d: per page and kv head 2 x D x %.0f B of min/max (float%s "
              "summaries of float16 keys); summary = keys in + min/max out; bound_scan = min/max + q + %s bounds out "
-             "(4 B/page/row); topk = bounds + page ids; search = min/max + q + page ids (bounds need not reach "
+             "(4 B/page/row); %s = bounds + page ids; search = min/max + q + page ids (bounds need not reach "
              "memory); token expansion on the host",
              page, pool == 0 ? "none" : pool == 1 ? "mean" : "max", kp, np, es, K->a.half ? "16" : "32",
-             pool ? "pooled" : "per-query-head");
+             pool && !fused ? "pooled" : "per-query-head",
+             fused ? "pool_topk (fused softmax sums, group mean and page top-k, kernels/pages_mean.cu)" : "topk");
     out->l2_bytes = c->tm.dev.l2_bytes;
     out->flush_bytes = c->tm.flush_n * sizeof(uint4);
     return KV_OK;

@@ -1,7 +1,11 @@
 /* racc.cu: RACC's CUDA path (issue 10; the CPU reference and the paper's
  * facts are in retrievers/racc.c).
  *
- * Vote. The G*window queries of every kv head are R = Hkv*G*window rows of
+ * Vote. For D % 8 == 0 and D <= 256 (every model here): the fused
+ * two-sweep kernels of kernels/racc_vote.cu (row max and sum of exp in one
+ * sweep, the votes in a second; the window x context score matrix never
+ * reaches memory; scores bitwise kv_dot_ref's). Other shapes: the older
+ * path kept here: the G*window queries of every kv head are R = Hkv*G*window rows of
  * the shared score kernel (kv_scores_launch, bitwise kv_scores_ref: row r
  * reads kv head r / (G*window)) over the context in chunks of C tokens (C
  * chosen so R*C floats stay under 64M: the score matrix of a long context
@@ -11,13 +15,11 @@
  * (row, chunk) from a fixed block tree, then summed in chunk order:
  * deterministic), and the vote of each token, the sum over its kv head's
  * rows in the CPU's order of exp(s - m) / z, in double, stored as float.
- * CUDA's exp and the order of z's sum differ from the CPU's, so votes
+ * Both paths: CUDA's exp and the order of z's sum differ from the CPU's, so votes
  * agree to ~1e-12 relative and the kept set can differ only between votes
  * that are equal as floats up to that; the ranking of the kept set (once
  * every L_n tokens, nc floats) is done on the host by retrievers/racc.c with
- * the CPU's code. Recomputing the scores (3x the key reads) instead of
- * storing R x T floats is the trade at 1M tokens (R = 256 rows there would
- * need 1 GB per kv head).
+ * the CPU's code.
  * Retrieval. The group-mean previous query of each kv head is one row of
  * kv_scores_launch over the region, the resident tokens are masked to -inf,
  * and the shared top-k (kv_topk_launch) returns the top r in kv_topk_ref
@@ -30,6 +32,7 @@
 
 #include "ops/kv_cuda.h"
 #include "racc.h"
+#include "racc_dev.cuh"
 
 struct kv_racc_gpu {
     int Hq, Hkv, T, D, W, G, R;
@@ -48,6 +51,8 @@ struct kv_racc_gpu {
     float *vote;        /* [Hkv][T] */
     int32_t *idx;       /* [Hkv][KV_GPU_TOPK_MAX] */
     kv_topk_ws tk;
+    int fused;          /* the fused vote (racc_vote.cu) */
+    racc_vote_scratch fw;
 };
 
 namespace {
@@ -133,7 +138,8 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     C = C < 1024 ? 1024 : C > (long long)T ? (long long)T : C;
     g->C = C;
     g->nch = (int)((T + C - 1) / C);
-    size_t sfl = (size_t)R * C > Hkv * T ? (size_t)R * C : Hkv * T;
+    g->fused = racc_vote_fused_ok(g->D);
+    size_t sfl = !g->fused && (size_t)R * C > Hkv * T ? (size_t)R * C : Hkv * T; /* the fused vote needs no S */
     KV_CUDA_ALLOC(g->ev, Hkv * T, 0, "racc eviction flags");
     KV_CUDA_TRY(cudaMemset(g->ev, 0, Hkv * T));
     KV_CUDA_ALLOC(g->qw, R * D * sizeof(float), 0, "racc window queries");
@@ -145,6 +151,15 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     KV_CUDA_ALLOC(g->vote, Hkv * T * sizeof(float), 0, "racc votes");
     KV_CUDA_ALLOC(g->idx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "racc retrieved");
     KV_TRY(kv_topk_ws_create(&g->tk, g->Hkv, g->T, &g->dev));
+    if (g->fused) {
+        racc_vote_scratch *w = &g->fw;
+        w->nblk_cap = racc_vote_blocks(g->Hkv, g->T, &g->dev);
+        KV_CUDA_ALLOC(w->part_m, R * (w->nblk_cap + 1) * sizeof(float), 0, "racc vote partial maxima");
+        KV_CUDA_ALLOC(w->part_z, R * (w->nblk_cap + 1) * sizeof(double), 0, "racc vote partial sums");
+        KV_CUDA_ALLOC(w->rpos, Hkv * T * sizeof(int32_t), 0, "racc resident positions");
+        KV_CUDA_ALLOC(w->ccnt, Hkv * racc_vote_chunks(g->T) * sizeof(int), 0, "racc resident counts");
+        KV_CUDA_ALLOC(w->rcnt, Hkv * sizeof(int), 0, "racc resident counts");
+    }
     return KV_OK;
 }
 
@@ -152,6 +167,8 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
 kv_status racc_vote_launch(kv_racc_gpu *g, const kv_dev_kv *K, float scale, int lo, int hi) {
     const int span = hi - lo, rpg = g->G * g->W;
     if (span <= 0) return KV_OK;
+    if (g->fused) return racc_vote_fused(K, g->ev, g->T, g->qw, g->Hkv, rpg, scale, lo, hi, &g->fw, g->vote, span,
+                                         &g->dev, g->st);
     KV_CUDA_TRY(cudaMemsetAsync(g->mkey, 0, (size_t)g->R * sizeof(unsigned), g->st));
     int used = 0;
     for (int pass = 0; pass < 3; pass++) {
@@ -195,7 +212,8 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->keys);
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
-    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx);
+    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
+    cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -291,13 +309,18 @@ static kv_status racc_bench_go(kv_racc_gpu *g, const kv_gpu_bench_spec *s, doubl
     if (st == KV_OK) {
         const double es = K->a.half ? 2 : 4, keys = (double)s->Hkv * n * D * es;
         out->n = 2;
-        out->stage[0] = kv_gpu_stage{"vote", t[0], 3 * keys + (double)s->Hkv * n * (3 + 4)};
+        const int sweeps = g->fused ? 2 : 3;
+        /* the fused vote reads only the resident keys (n - n/2: odd positions are evicted) */
+        const double vkeys = g->fused ? keys * (double)(n - n / 2) / n : keys;
+        out->stage[0] = kv_gpu_stage{"vote", t[0], sweeps * vkeys + (double)s->Hkv * n * (sweeps + 4)};
         out->stage[1] = kv_gpu_stage{"retrieve", t[1], keys + (double)s->Hkv * n * (1 + 4 + 4) + (double)s->Hkv * r * 4};
         snprintf(out->bytes_note, sizeof out->bytes_note,
-                 "racc window=%d beta=%g (r=%d of n=%d; half the keys evicted): vote = the keys read 3x (three sweeps "
-                 "recompute the %d window-query scores: max, sum, vote) + flags 3x + votes out, once every L_n tokens; "
-                 "retrieve = keys + flags + scores out and back + r ids (lag 1: off the critical path in the paper)",
-                 W, beta, r, n, g->R);
+                 "racc window=%d beta=%g (r=%d of n=%d; half the keys evicted): vote = the %skeys read %dx (%s sweeps "
+                 "recompute the %d window-query scores) + flags %dx + votes out, once every L_n tokens (FP32-bound: "
+                 "%dx %d x n x D multiply-adds); retrieve = keys + flags + scores out and back + r ids (lag 1: off the "
+                 "critical path in the paper)",
+                 W, beta, r, n, g->fused ? "resident " : "", sweeps, g->fused ? "two fused" : "three", g->R, sweeps,
+                 sweeps, g->R);
         out->l2_bytes = tm.dev.l2_bytes;
         out->flush_bytes = tm.flush_n * sizeof(uint4);
     }

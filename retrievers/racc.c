@@ -14,7 +14,16 @@
  * retrieval index. Compressions run at build (on the prefill: the paper's
  * LILO mode compresses prompt and generated tokens alike) and after every
  * L_n generated tokens (positions P + j*L_n - 1, j >= 1); tokens generated
- * in between are resident. Retrieval: at step t the query of step t-1 (the
+ * in between are resident. alpha applies to the RESIDENT set, so the
+ * resident fraction compounds (0.6 of 0.6 of ...): sec. 4, "Before
+ * compression, the length of the KV cache is denoted as L_history. After
+ * each compression, the resulting KV length becomes L_compression =
+ * (L_history + L_n) x alpha", and eq. 4's overall rate
+ * P_R = (alpha^n - 1) / (n (alpha - 1)) + beta is that geometric series
+ * (alg. 1 line 5: K = L_2.size x compress_ratio, L_2 = the cache between
+ * the sink and the window). The issue's "a fraction alpha of the context"
+ * reads as alpha of the cache being compressed; there is no parameter for
+ * alpha of the whole context, which the paper does not describe. Retrieval: at step t the query of step t-1 (the
  * one append() was handed at t-1: lag 1, the retrieval runs one step ahead
  * asynchronously in the paper) searches the evicted keys of the region
  * exactly (index=exact: all inner products, kv_topk_ref) and the top
@@ -41,13 +50,26 @@
  *   1) are not candidates (they are attended anyway).
  * - Without the prefill's queries (kvbench bench) the first compression has
  *   no window queries: nothing is evicted at build.
- * - index: exact only. The Faiss retrievers (retrievers/faiss.c) keep their
- *   indexes private and label vectors by region position in add order;
- *   RACC adds evicted keys out of position order, which needs a label map
- *   and an internal header shared with faiss.c: left for later.
+ * - index: exact (default: every evicted key scored, kv_topk_ref), or
+ *   faiss-hnsw / faiss-ivf (retrievers/racc_index.c: one Faiss index per kv
+ *   head, inner product; the keys a compression evicts are added to it in
+ *   position order right after that compression, the paper's incremental
+ *   "new KV entries are dynamically inserted into the existing index"; IVF
+ *   trains on the first compression's evicted keys). The search query is
+ *   the same group-mean q_{t-1} as exact's (one query per kv head); evicted
+ *   keys inside the local window (not candidates) are over-fetched and
+ *   dropped, so with exhaustive settings (ivf nprobe >= nlist; hnsw with
+ *   efSearch >= the evicted set) the retrieved set is exact's up to the
+ *   order of float-equal scores. Faiss's list is kept in Faiss's order.
+ *   Built without Faiss, index=faiss-* fails at create (exit 2, naming the
+ *   parameter). On the GPU path the vote stays on the device and a Faiss
+ *   retrieval runs on the host (the paper's index lives in CPU memory:
+ *   evicted keys are "offloaded to the CPU"); index=exact retrieves on the
+ *   device.
  * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
- *   the vote (all kv heads' window queries as rows of the shared score
- *   kernel, masked softmax, sum over the window and group) runs there and
+ *   the vote (kernels/racc_vote.cu: two fused sweeps, row max and sum of
+ *   exp, then the votes, scores bitwise kv_dot_ref's, masked softmax, sum
+ *   over the window and group) runs there and
  *   its float votes come back for the ranking here (nc floats once every
  *   L_n tokens), so votes agree with the CPU's to ~1e-12 relative (CUDA's
  *   exp, another summation order of the softmax denominators) and the kept
@@ -64,6 +86,7 @@
 #include "../kernels/ops/score.h"
 #include "../kernels/ops/topk.h"
 #include "baselines.h"
+#include "racc_index.h"
 
 typedef struct {
     kv_shape sh;
@@ -90,6 +113,8 @@ typedef struct {
     float *qwall;       /* GPU path: [Hq][window][D] the window queries in position order */
     int *rr;            /* GPU path: [Hkv] keys to retrieve */
     kv_racc_gpu *gpu;
+    kv_racc_index *ix;  /* index=faiss-*: the evicted keys' Faiss indexes, else NULL */
+    int32_t *newev;     /* [T] positions one compression evicts (for the index) */
 } racc_state;
 
 static const kv_param_spec racc_params[] = {
@@ -98,6 +123,13 @@ static const kv_param_spec racc_params[] = {
     {"window", KV_PARAM_INT, KV_PARAM_BUILD, 32, 1, 65536, NULL, "observation window: the last queries that vote"},
     {"beta", KV_PARAM_FLOAT, KV_PARAM_SEARCH, 0.01, 0, 1, NULL,
      "keys retrieved per step from the evicted set, as a fraction of the context (t+1)"},
+    {"index", KV_PARAM_ENUM, KV_PARAM_BUILD, 0, 0, 2, "exact|faiss-hnsw|faiss-ivf",
+     "MIPS index over the evicted keys: exact scan, or Faiss HNSW / IVF-Flat (inner product, per kv head)"},
+    {"nlist", KV_PARAM_INT, KV_PARAM_BUILD, 128, 1, 1 << 20, NULL,
+     "index=faiss-ivf: inverted lists (capped at the first compression's evicted keys)"},
+    {"nprobe", KV_PARAM_INT, KV_PARAM_BUILD, 16, 1, 1 << 20, NULL, "index=faiss-ivf: lists scanned (>= nlist: exhaustive)"},
+    {"hnsw_M", KV_PARAM_INT, KV_PARAM_BUILD, 32, 2, 512, NULL, "index=faiss-hnsw: graph neighbours per node"},
+    {"efSearch", KV_PARAM_INT, KV_PARAM_BUILD, 128, 1, 1 << 20, NULL, "index=faiss-hnsw: search beam width"},
     {NULL},
 };
 
@@ -122,8 +154,9 @@ static void racc_free(racc_state *s) {
     if (!s) return;
     free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted);
     free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->kept); free(s->fv);
-    free(s->vall); free(s->qwall); free(s->rr);
+    free(s->vall); free(s->qwall); free(s->rr); free(s->newev);
     if (s->gpu) kv_racc_cuda.destroy(s->gpu);
+    kv_racc_index_destroy(s->ix);
     free(s);
 }
 
@@ -154,6 +187,14 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
         !s->top || !s->qm || !s->kept || !s->fv) {
         racc_free(s);
         return KV_ERR_NOMEM;
+    }
+    int idxk = kv_param_int(ps, "index");
+    if (idxk != KV_RACC_EXACT) {
+        kv_status st = kv_racc_index_create(idxk, sh->num_kv_heads, sh->head_dim, sh->max_tokens,
+                                            kv_param_int(ps, "nlist"), kv_param_int(ps, "nprobe"),
+                                            kv_param_int(ps, "hnsw_M"), kv_param_int(ps, "efSearch"), &s->ix);
+        if (st == KV_OK && !(s->newev = kv_malloc(T * sizeof(int32_t), "racc evicted positions"))) st = KV_ERR_NOMEM;
+        if (st != KV_OK) { racc_free(s); return st; }
     }
     if (sh->use_gpu) { /* keys, vote and retrieval on the device (kernels/racc.cu) */
         kv_status st = kv_gpu_table(&kv_racc_cuda);
@@ -206,8 +247,14 @@ static kv_status racc_compress(racc_state *s) {
         if (np < 0) return kv_fail(KV_ERR_NOMEM, "racc: out of host memory for the compression top-k");
         memset(s->kept, 0, (size_t)nc);
         for (int j = 0; j < np; j++) s->kept[s->top[j]] = 1;
+        int ne = 0;
         for (int i = 0; i < nc; i++)
-            if (!s->kept[i]) { ev[s->cand[i]] = 1; s->n_evicted[g]++; }
+            if (!s->kept[i]) {
+                ev[s->cand[i]] = 1;
+                s->n_evicted[g]++;
+                if (s->ix) s->newev[ne++] = s->cand[i];
+            }
+        if (s->ix) KV_TRY(kv_racc_index_add(s->ix, g, s->K + (size_t)g * T * D, s->newev, ne));
     }
     return s->gpu ? kv_racc_cuda.set_evicted(s->gpu, n, s->evicted) : KV_OK;
 }
@@ -274,6 +321,19 @@ static kv_status racc_search(void *st, int t, const float *q, int k, kv_selectio
     }
     sel->metric = (float)(res / sh->num_kv_heads);
     if (r <= 0 || !have_prev) return KV_OK;
+    if (s->ix) { /* Faiss over the evicted keys; evicted keys at or past hi (local window) over-fetched, dropped */
+        for (int g = 0; g < sh->num_kv_heads; g++) {
+            const uint8_t *ev = s->evicted + (size_t)g * T;
+            int past = 0;
+            for (int i = hi; i < s->n; i++) past += ev[i];
+            int got = kv_racc_index_search(s->ix, g, s->qm + (size_t)g * D, r + past, s->top);
+            if (got < 0) return KV_ERR_INTERNAL;
+            int32_t *out = sel->idx + (size_t)g * sel->cap;
+            for (int j = 0, c = 0; j < got && c < r; j++)
+                if (s->top[j] >= lo && s->top[j] < hi) { out[sel->count[g]++] = s->top[j]; c++; }
+        }
+        return KV_OK;
+    }
     if (s->gpu) { /* scores over the region masked to the evicted keys, the shared top-k */
         int any = 0;
         for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -319,6 +379,7 @@ static kv_status racc_bench_gpu(const kv_shape *sh, const kv_param_set *ps, cons
 static size_t racc_memory(const void *st) {
     /* the retrieval index: the evicted keys (exact index: the keys themselves) */
     const racc_state *s = st;
+    if (s->ix) return kv_racc_index_bytes(s->ix);
     size_t n = 0;
     for (int g = 0; g < s->sh.num_kv_heads; g++) n += (size_t)s->n_evicted[g];
     return n * (size_t)s->sh.head_dim * sizeof(float);
@@ -336,7 +397,7 @@ void kv_racc_view_of(const void *st, kv_racc_view *out) {
 const kv_method kv_method_racc = {
     .abi = KV_RETRIEVER_ABI,
     .name = "racc",
-    .summary = "resident set by SnapKV voting, recompressed every Ln tokens keeping alpha; plus lag-1 exact retrieval "
+    .summary = "resident set by SnapKV voting, recompressed every Ln tokens keeping alpha; plus lag-1 retrieval (exact or Faiss) "
                "of beta*(t+1) evicted keys; variable budget",
     .paper = "\"RACC: Retrieval-Augmented KV Cache Compression in Long-Context Generation\", anonymous, under double-blind review, sec. 4 and appendices B-C; no public code",
     .per_kv_head = 1,

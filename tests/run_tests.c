@@ -44,6 +44,8 @@ extern char kv_test_reason[512];
     X(freekv_correction_fires_at_the_jump, 0)              \
     X(racc_vote_matches_direct, 0)                         \
     X(racc_resident_follows_alpha_and_ln, 0)               \
+    X(racc_faiss_exhaustive_equals_exact, 0)               \
+    X(racc_index_param_rejected, 0)                        \
     X(racc_retrieval_is_lag1_mips, 0)                      \
     X(pqcache_codes_are_nearest, 0)                        \
     X(pqcache_kmeans_lowers_error, 0)                      \
@@ -100,6 +102,7 @@ extern char kv_test_reason[512];
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
+    X(freekv_gpu_group_mean_pages, KV_NEEDS_GPU)           \
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
     X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \

@@ -6,11 +6,15 @@
  * the device vote equals kv_racc_vote to float rounding with some tokens
  * evicted; the retriever's selections (resident sets from the device votes,
  * retrieval through the shared score + top-k) equal the CPU's. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/freekv.h"
+#include "../kernels/ops/topk.h"
+#include "../kernels/quest.h"
 #include "../kernels/racc.h"
+#include "../retrievers/pages.h"
 #include "../retrievers/baselines.h"
 #include "kv_test.h"
 
@@ -103,14 +107,21 @@ int test_freekv_gpu_matches_cpu(void) {
     return rc;
 }
 
-int test_racc_gpu_vote_matches_cpu(void) {
-    if (!need_gpu()) return KV_TEST_SKIP;
-    CHECK(&kv_racc_cuda, "built without CUDA");
-    int Hq = 8, Hkv = 2, G = 4, T = 3000, D = 64, W = 16, lo = 4, hi = 2900;
+/* One device vote against kv_racc_vote (double, the CPU's order) with ~30%
+ * of the tokens evicted. Tolerance: 1e-6 relative on the float votes; the
+ * scores are bitwise the CPU's on both device paths (kv_dot_ref's order),
+ * only CUDA's exp and the order of the double sums differ (~1e-15), so the
+ * bound is float rounding of the result with a wide margin. */
+static int racc_vote_case(int Hq, int Hkv, int T, int D, int W, int lo, int hi, uint64_t seed) {
+    int G = Hq / Hkv;
     kv_rng r;
-    kv_rng_seed(&r, 17);
+    kv_rng_seed(&r, seed);
     float *K = malloc((size_t)Hkv * T * D * 4), *qw = malloc((size_t)Hq * W * D * 4), *vote = malloc((size_t)Hkv * T * 4);
     uint8_t *ev = calloc((size_t)Hkv * T, 1);
+    int32_t *cand = malloc((size_t)T * 4);
+    double *want = malloc((size_t)T * 8);
+    float *scr = malloc((size_t)T * 4);
+    CHECK(K && qw && vote && ev && cand && want && scr, "out of memory");
     for (size_t e = 0; e < (size_t)Hkv * T * D; e++) K[e] = (float)kv_rng_normal(&r);
     for (size_t e = 0; e < (size_t)Hq * W * D; e++) qw[e] = (float)kv_rng_normal(&r);
     for (int i = 0; i < Hkv * T; i++) ev[i] = kv_rng_uniform(&r) < 0.3;
@@ -118,16 +129,13 @@ int test_racc_gpu_vote_matches_cpu(void) {
     CHECK_OK(kv_racc_cuda.create(Hq, Hkv, T, D, W, &g));
     CHECK_OK(kv_racc_cuda.write_keys(g, 0, T, K));
     CHECK_OK(kv_racc_cuda.set_evicted(g, T, ev));
-    float scale = 0.125f;
+    float scale = 1.0f / sqrtf((float)D);
     CHECK_OK(kv_racc_cuda.vote(g, qw, scale, lo, hi, vote));
-    int32_t *cand = malloc((size_t)T * 4);
-    double *want = malloc((size_t)T * 8);
-    float *scr = malloc((size_t)T * 4);
     for (int h = 0; h < Hkv; h++) {
         int nc = 0;
         for (int i = lo; i < hi; i++)
             if (!ev[(size_t)h * T + i]) cand[nc++] = i;
-            else CHECK(isinf(vote[(size_t)h * (hi - lo) + i - lo]), "evicted position %d has vote %g", i,
+            else CHECK(isinf(vote[(size_t)h * (hi - lo) + i - lo]), "D %d: evicted position %d has vote %g", D, i,
                        vote[(size_t)h * (hi - lo) + i - lo]);
         kv_racc_vote(qw + (size_t)h * G * W * D, G, W, K + (size_t)h * T * D, D, cand, nc, scale, want, scr);
         for (int i = 0; i < nc; i++)
@@ -138,6 +146,19 @@ int test_racc_gpu_vote_matches_cpu(void) {
     return KV_TEST_PASS;
 }
 
+/* The fused two-sweep vote (D % 8 == 0: rows per kv head 64, then 10 (a
+ * partial row tile), D 64 and 128, spans not multiples of the 64-key tile)
+ * and the older three-sweep path (D 36). */
+int test_racc_gpu_vote_matches_cpu(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    CHECK(&kv_racc_cuda, "built without CUDA");
+    int rc = racc_vote_case(8, 2, 3000, 64, 16, 4, 2900, 17);
+    if (rc == KV_TEST_PASS) rc = racc_vote_case(6, 3, 2100, 128, 5, 0, 2077, 18);
+    if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 1, 9000, 40, 33, 3, 8999, 19);
+    if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1500, 36, 8, 1, 1400, 20);
+    return rc;
+}
+
 int test_racc_gpu_matches_cpu(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
     kv_layer L;
@@ -145,6 +166,93 @@ int test_racc_gpu_matches_cpu(void) {
     const char *p1[] = {"Ln=100", "window=16"}, *p2[] = {"Ln=37", "alpha=0.5", "window=8", "beta=0.05"};
     int rc = both_paths("racc", p1, 2, &L, 600, 4, 64, 100);
     if (rc == KV_TEST_PASS) rc = both_paths("racc", p2, 4, &L, 600, 0, 8, 100);
+#ifdef KV_HAVE_FAISS /* votes on the device, the Faiss retrieval on the host */
+    const char *p3[] = {"Ln=100", "window=16", "index=faiss-ivf", "nlist=8", "nprobe=8"};
+    if (rc == KV_TEST_PASS) rc = both_paths("racc", p3, 5, &L, 600, 4, 64, 100);
+#endif
     kv_layer_free(&L);
     return rc;
+}
+
+/* FreeKV's selection (Quest's search with pool=mean) on the device against
+ * the CPU's pages.c: bounds bitwise kv_pages_bound's, pages equal to the top
+ * kp of kv_pages_pool_mean by kv_topk_ref, except that two pages may swap
+ * where their CPU pooled scores agree within 1e-6 relative (CUDA's expf is
+ * within 2 ulp of glibc's). The shapes cover the fused path
+ * (kernels/pages_mean.cu: groups of 1, 2, 4, 8; one page per thread and
+ * four; one chunk and many, so the last-block merge; a head dimension with
+ * a channel tail) and the older path (kp 17 > PM_KMAX, group of 3). */
+typedef struct { int Hq, Hkv, D, page, npages, kp; } pm_case;
+
+static int pool_mean_case(const pm_case *c, uint64_t seed) {
+    const int Hq = c->Hq, Hkv = c->Hkv, D = c->D, G = Hq / Hkv, page = c->page, T = page * c->npages, P = c->npages;
+    kv_rng r;
+    kv_rng_seed(&r, seed);
+    float *k = malloc((size_t)Hkv * T * D * 4), *q = malloc((size_t)Hq * D * 4), *gb = malloc((size_t)Hq * P * 4);
+    float *mn = malloc((size_t)Hkv * P * D * 4), *mx = malloc((size_t)Hkv * P * D * 4), *cb = malloc((size_t)Hq * P * 4);
+    float *pool = malloc((size_t)P * 4);
+    int32_t *pages = malloc((size_t)Hkv * c->kp * 4), *ri = malloc((size_t)c->kp * 4);
+    CHECK(k && q && gb && mn && mx && cb && pool && pages && ri, "out of memory");
+    for (size_t e = 0; e < (size_t)Hkv * T * D; e++) k[e] = (float)kv_rng_normal(&r);
+    for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = 2.0f * (float)kv_rng_normal(&r);
+    for (int g = 0; g < Hkv; g++)
+        for (int j = 0; j < P; j++)
+            for (int i = 0; i < D; i++) {
+                float a = INFINITY, b = -INFINITY;
+                for (int o = 0; o < page; o++) {
+                    float v = k[((size_t)g * T + (size_t)j * page + o) * D + i];
+                    a = v < a ? v : a;
+                    b = v > b ? v : b;
+                }
+                mn[((size_t)g * P + j) * D + i] = a;
+                mx[((size_t)g * P + j) * D + i] = b;
+            }
+    const float scale = 1.0f / sqrtf((float)D);
+    kv_quest_gpu *gq;
+    CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, 0, P, 0, &gq));
+    CHECK_OK(kv_quest_cuda.build(gq, k, T));
+    CHECK_OK(kv_quest_cuda.search(gq, q, scale, 1, P, c->kp, pages, gb));
+    int swaps = 0;
+    for (int h = 0; h < Hq; h++)
+        for (int j = 0; j < P; j++) {
+            size_t o = ((size_t)(h / G) * P + j) * D;
+            cb[(size_t)h * P + j] = kv_pages_bound(q + (size_t)h * D, mn + o, mx + o, D);
+            CHECK(memcmp(&cb[(size_t)h * P + j], &gb[(size_t)h * P + j], 4) == 0, "head %d page %d: bound %.9g, CPU %.9g",
+                  h, j, gb[(size_t)h * P + j], cb[(size_t)h * P + j]);
+        }
+    for (int g = 0; g < Hkv; g++) {
+        kv_pages_pool_mean(cb + (size_t)g * G * P, (size_t)P, G, P, scale, pool);
+        CHECK(kv_topk_ref(pool, P, c->kp, 0, ri, NULL) == c->kp, "top-k");
+        for (int j = 0; j < c->kp; j++) {
+            int a = pages[(size_t)g * c->kp + j], b = ri[j];
+            if (a == b) continue;
+            CHECK(a >= 0 && a < P && fabsf(pool[a] - pool[b]) <= 1e-6f * fabsf(pool[b]),
+                  "G %d P %d kp %d kv head %d rank %d: page %d (pooled %.9g), CPU %d (%.9g)", G, P, c->kp, g, j, a,
+                  a >= 0 && a < P ? pool[a] : 0.f, b, pool[b]);
+            swaps++;
+        }
+    }
+    if (swaps) fprintf(stderr, "    pool=mean G %d P %d: %d ranks swapped between near-equal pages\n", G, P, swaps);
+    kv_quest_cuda.destroy(gq);
+    free(k); free(q); free(gb); free(mn); free(mx); free(cb); free(pool); free(pages); free(ri);
+    return KV_TEST_PASS;
+}
+
+int test_freekv_gpu_group_mean_pages(void) {
+    if (!need_gpu()) return KV_TEST_SKIP;
+    CHECK(&kv_quest_cuda, "built without CUDA");
+    static const pm_case cs[] = {
+        {8, 2, 64, 16, 700, 7},     /* G 4, one page per thread, one chunk */
+        {16, 8, 32, 1, 40000, 16},  /* G 2, four pages per thread, 20 chunks merged */
+        {8, 8, 44, 4, 5000, 5},     /* G 1, channel tail (44 = 5 x 8 + 4) */
+        {16, 2, 64, 8, 3000, 16},   /* G 8 */
+        {16, 8, 128, 32, 9000, 3},  /* the bench's shape, FreeKV's defaults */
+        {8, 2, 64, 16, 700, 17},    /* kp > PM_KMAX: the older path */
+        {12, 4, 32, 16, 600, 6},    /* G 3: the older path */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int rc = pool_mean_case(&cs[i], 31 + i);
+        if (rc != KV_TEST_PASS) return rc;
+    }
+    return KV_TEST_PASS;
 }

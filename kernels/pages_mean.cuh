@@ -1,0 +1,43 @@
+/* pages_mean.cuh: device-side interface between kernels/quest.cu (Quest's
+ * and FreeKV's launcher table) and kernels/pages_mean.cu (the group-mean
+ * page selection with the top-k fused in, and the older softmax + pooling
+ * kernels quest.cu falls back to; its header comment has the design).
+ * Internal to kernels/. */
+#ifndef KV_PAGES_MEAN_CUH
+#define KV_PAGES_MEAN_CUH
+
+#include "ops/kv_cuda.h"
+
+#define PM_KMAX 16          /* pages per kv head the fused top-k selects at most */
+#define PM_SMALL (1 << 16)  /* fewer (pages / 4) x kv heads than this: one page per thread */
+
+typedef struct {
+    const void *kmin, *kmax; /* [Hkv][D][PS] channel-major summaries, __half (half = 1) or float */
+    int half;
+    long long PS;
+    const float *q;          /* [Hq][D] */
+    int Hkv, G, D, ncand, kp;
+    float scale;
+    float *bound;            /* [Hq][PS] out */
+    float *bmax;             /* [Hq][nba] scratch */
+    double *zpart;           /* [Hq][nbz] scratch */
+    float *cv;               /* [Hkv][nbz * kp] scratch */
+    int *cj;                 /* [Hkv][nbz * kp] scratch */
+    unsigned *ctr;           /* [Hkv], zero between launches (the kernel leaves it so) */
+    int32_t *pages;          /* [Hkv][kp] out, kv_topk_ref order */
+} pm_args;
+
+/* 1 when the fused path handles this group size and page count. */
+int pm_supported(int G, int kp);
+/* Scratch sizes for up to max_pages pages: bmax [Hq][nba], zpart [Hq][nbz],
+ * cv/cj [Hkv][nbz * PM_KMAX]. */
+void pm_sizes(int max_pages, int Hkv, int *nba, int *nbz);
+/* which: 0 = the bound scan only, 1 = the rest (softmax sums, pooling,
+ * top-k; the bounds of an earlier which = 0 launch), -1 = all. */
+kv_status pm_launch(const pm_args *a, int which, cudaStream_t st);
+/* The older pool=mean path: per-head softmax constants mz [Hq][2] then the
+ * pooled scores pooled [Hkv][PS] from the bounds [Hq][PS]. */
+kv_status pm_softmax_pool_launch(const float *bound, long long PS, int ncand, float scale, int Hq, int Hkv, float *mz,
+                                 float *pooled, cudaStream_t st);
+
+#endif
