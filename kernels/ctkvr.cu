@@ -21,6 +21,7 @@
  * bit: selections then differ only between keys whose values tie to within
  * an ulp. DCU commit writes the step's queries and the host-mapped list
  * into the slot. C' x rho <= 16384 (the gather's shared memory). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctkvr.h"
@@ -191,6 +192,8 @@ __global__ void ct_slots_from_keys(const TK *K, int T, int D, int G, int Hq, int
     if (h == 0) valid[j] = 1;
 }
 
+#include "ctkvr_fused.cuh"
+
 }  // namespace
 
 struct kv_ct_gpu {
@@ -209,6 +212,9 @@ struct kv_ct_gpu {
     float *h_q;
     int sld;                /* row length of S / rank / set: max(T, C) */
     kv_topk_ws tk;
+    unsigned *ckey, *ctr;   /* the fused search's per-block candidates and arrival counters */
+    int *cslot;
+    int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
 };
 
 namespace {
@@ -251,6 +257,15 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_TRY(kv_topk_ws_create(&g->tk, (int)Hkv, (int)L, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(ct_gather, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      CT_GATHER_CAP * (int)sizeof(int)));
+    const size_t NB = (C + CTF_SPB - 1) / CTF_SPB;
+    KV_CUDA_ALLOC(g->ckey, Hkv * NB * CTF_SPB * sizeof(unsigned), 0, "ctkvr fused candidates");
+    KV_CUDA_ALLOC(g->cslot, Hkv * NB * CTF_SPB * sizeof(int), 0, "ctkvr fused candidate slots");
+    KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
+    KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    const char *env = getenv("KVBENCH_CTKVR_STAGED");
+    g->staged = env && env[0] == '1';
     return KV_OK;
 }
 
@@ -261,7 +276,7 @@ void ct_destroy(void *p) {
     kv_gpu_keys_destroy(g->own);
     cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lcnt); cudaFree(g->q);
     cudaFree(g->cosv); cudaFree(g->top); cudaFree(g->S); cudaFree(g->rank); cudaFree(g->lse); cudaFree(g->set);
-    cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu);
+    cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu); cudaFree(g->ckey); cudaFree(g->cslot); cudaFree(g->ctr);
     cudaFreeHost(g->h_set); cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_odcu); cudaFreeHost(g->h_nset);
     cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -399,11 +414,42 @@ kv_status ct_oracle(kv_ct_gpu *g, int ohi) {
     return KV_OK;
 }
 
+/* The fused search (ctkvr_fused.cuh) when its limits hold; *done = 0 otherwise (nothing launched). */
+kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int *done) {
+    const kv_ctkvr_gpu_config &c = g->c;
+    *done = 0;
+    const int cpe = cp < c.C ? cp : c.C, nb = (c.C + CTF_SPB - 1) / CTF_SPB, cpb = cpe < CTF_SPB ? cpe : CTF_SPB;
+    int gcap = 1;
+    while (gcap < cpe * c.rho) gcap <<= 1;
+    const size_t smem = ctf_smem(g->G, c.D, gcap);
+    if (g->staged || cpe < 1 || nmax > CTF_CAP || nb * cpb > CTF_CAP || smem > (size_t)g->dev.smem_optin ||
+        (size_t)g->G * c.D > 8192)
+        return KV_OK;
+    ctf_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, g->G, c.Hq, c.D, cpe, nb, cpb, g->ckey, g->ctr, g->cslot,
+                  g->lidx, g->lcnt, c.rho, c.sink, gen_lo, hi, gcap, g->K->p, g->K->T, c.scale, g->top, g->set,
+                  g->sld, g->nset, k, dcu == 1 ? c.rho : 0, g->oidx, g->odcu};
+    if (g->K->half) ctf_search<__half><<<dim3(nb, c.Hkv), CTF_TH, smem, g->st>>>(a);
+    else ctf_search<float><<<dim3(nb, c.Hkv), CTF_TH, smem, g->st>>>(a);
+    KV_LAUNCH_CHECK();
+    *done = 1;
+    return KV_OK;
+}
+
 /* The device part of one search, all on g->st; nmax = the bound on the set size. dcu 2 also scores [lo, hi). */
 kv_status ct_search_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int oracle_hi) {
-    KV_TRY(ct_front(g, cp, hi, gen_lo));
-    KV_TRY(ct_back(g, k, dcu, nmax));
+    int done = 0;
+    KV_TRY(ct_fused(g, cp, k, hi, gen_lo, dcu, nmax, &done));
+    if (!done) {
+        KV_TRY(ct_front(g, cp, hi, gen_lo));
+        KV_TRY(ct_back(g, k, dcu, nmax));
+    }
     return dcu == 2 ? ct_oracle(g, oracle_hi) : KV_OK;
+}
+
+/* The staged path alone (the bench's comparison). */
+kv_status ct_staged_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int nmax) {
+    KV_TRY(ct_front(g, cp, hi, gen_lo));
+    return ct_back(g, k, 0, nmax);
 }
 
 kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi, int32_t *idx,
@@ -499,7 +545,7 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
     KV_TRY(kv_bench_timer_init(&x->tm, s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
     x->own = g->st;
     g->st = x->tm.st;
-    kv_gpu_timing t[5];
+    kv_gpu_timing t[6];
     KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_build_lists(g, C, n); }, &t[0]));
     kv_bench_timer_free(&x->tm);
     g->st = x->own;
@@ -524,7 +570,8 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
     KV_TRY(kv_bench_time(&x->tm, recall, &t[1]));
     KV_TRY(kv_bench_time(&x->tm, gather, &t[2]));
     KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[4]));
+    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_staged_launch(g, cp, k, n, n, nmax); }, &t[4]));
+    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));
@@ -535,18 +582,20 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
     const double es = K->a.half ? 2 : 4, slots = (double)C * s->Hq * s->D * 4, qb = (double)s->Hq * s->D * 4,
                  lists = (double)s->Hkv * cp * bp->rho * 4, keys = u * s->D * es,
                  build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4);
-    out->n = 5;
+    out->n = 6;
     out->stage[0] = kv_gpu_stage{"build", t[0], build};
     out->stage[1] = kv_gpu_stage{"recall", t[1], slots + qb + s->Hkv * (double)cp * 4};
     out->stage[2] = kv_gpu_stage{"gather", t[2], lists + u * 4};
     out->stage[3] = kv_gpu_stage{"rerank", t[3], keys + u * 4 + s->Hkv * (double)k * 4};
-    out->stage[4] = kv_gpu_stage{"search", t[4], slots + qb + lists + keys + s->Hkv * (double)k * 4};
+    out->stage[4] = kv_gpu_stage{"search_staged", t[4], slots + qb + lists + keys + s->Hkv * (double)k * 4};
+    out->stage[5] = kv_gpu_stage{"search", t[5], slots + qb + lists + keys + s->Hkv * (double)k * 4};
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "ctkvr C=%d C'=%d rho=%d (slot queries = keys at C evenly spaced positions: the bench has no prefill "
              "queries); union %.0f keys/kv head on average; build = keys read once per slot + lists; recall = slot "
              "queries (float32, Hq x D x 4 B each) + q; gather = C' lists (4 B/entry) + union out; rerank = union "
-             "keys (%.0f B/elem) + ids + top-k out; search = all of it",
-             C, cp, bp->rho, u / s->Hkv, es);
+             "keys (%.0f B/elem) + ids + top-k out; search_staged = those three stages' launches; search = the "
+             "one-launch fused search (ctkvr_fused.cuh; the staged path when the set exceeds its %d), same bytes",
+             C, cp, bp->rho, u / s->Hkv, es, CTF_CAP);
     out->l2_bytes = x->tm.dev.l2_bytes;
     out->flush_bytes = x->tm.flush_n * sizeof(uint4);
     return KV_OK;

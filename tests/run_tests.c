@@ -97,6 +97,7 @@ extern char kv_test_reason[512];
     X(csattention_gpu_matches_cpu, KV_NEEDS_GPU)           \
     X(csattention_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)    \
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
+    X(ctkvr_gpu_staged_matches_cpu, KV_NEEDS_GPU)          \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \

@@ -8,6 +8,7 @@
  * so a selection could differ between keys whose ranking values tie to the
  * last bit: on the synthetic layers used here none does (a failure names
  * the step, head and rank). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,7 +98,10 @@ int test_csattention_gpu_matches_cpu(void) {
     return KV_TEST_PASS;
 }
 
-int test_ctkvr_gpu_matches_cpu(void) {
+/* staged 0: the default device path (the one-launch fused search of
+ * kernels/ctkvr_fused.cuh, whose limits these shapes are within);
+ * staged 1: KVBENCH_CTKVR_STAGED=1, the staged kernels of kernels/ctkvr.cu. */
+static int ctkvr_gpu_matches_cpu(int staged) {
     int T = 640, P = 400, sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 43, &L));
@@ -111,7 +115,9 @@ int test_ctkvr_gpu_matches_cpu(void) {
     for (int s = 0; s < 5; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "ctkvr", sets[s], 5, &L, P, sink, local, k));
+        if (staged) setenv("KVBENCH_CTKVR_STAGED", "1", 1);
         kv_status st = kv_test_driver_open_gpu(&g, "ctkvr", sets[s], 5, &L, P, sink, local, k);
+        unsetenv("KVBENCH_CTKVR_STAGED");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         for (int t = P; t < T; t += 8) {
             kv_ctkvr_view vc, vg;
@@ -133,6 +139,9 @@ int test_ctkvr_gpu_matches_cpu(void) {
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
+
+int test_ctkvr_gpu_matches_cpu(void) { return ctkvr_gpu_matches_cpu(0); }
+int test_ctkvr_gpu_staged_matches_cpu(void) { return ctkvr_gpu_matches_cpu(1); }
 
 /* kmeans=gpu: the device's k-means from the same points and uniforms; its
  * centroid sums add in another order, so a coordinate may differ in its
