@@ -25,6 +25,8 @@
 #include <string.h>
 
 #include "ctkvr.h"
+#include "ops/bench_method.cuh"
+#include "ops/block_topk.cuh"
 #include "ops/kv_cuda.h"
 
 namespace {
@@ -520,18 +522,12 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
 }
 
 /* ---- kvbench bench --method ctkvr ---- */
-struct ct_bench_ctx {
-    kv_ct_gpu *g = NULL;
-    kv_bench_timer tm;
-    cudaStream_t own;
-};
-
-kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
+kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
                       const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     const int n = s->n, C = bp->C < n ? bp->C : n, cp = bp->cp < C ? bp->cp : C;
     kv_ctkvr_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, C, bp->rho, 0, s->scale};
-    KV_TRY(ct_alloc(&cfg, 0, &x->g));
-    kv_ct_gpu *g = x->g;
+    KV_TRY(ct_alloc(&cfg, 0, &x.g));
+    kv_ct_gpu *g = x.g;
     g->K = &K->a;
     const int T = K->a.T;
     if (K->a.half)
@@ -542,18 +538,14 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
                                                                               s->Hq, C, n, g->cq, g->cnorm, g->valid);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
-    x->own = g->st;
-    g->st = x->tm.st;
     kv_gpu_timing t[6];
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_build_lists(g, C, n); }, &t[0]));
-    kv_bench_timer_free(&x->tm);
-    g->st = x->own;
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps, s->warmup));
-    g->st = x->tm.st;
+    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    KV_TRY(x.time([&]() { return ct_build_lists(g, C, n); }, &t[0]));
+    KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int nmax = cp * bp->rho < n ? cp * bp->rho : n, k = s->k;
-    /* stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking + top-k) */
+    /* the staged path stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking +
+     * top-k); then the staged path whole, then the default (fused) search */
     auto recall = [&]() -> kv_status {
         ct_cos<<<(C * s->Hkv + 127) / 128, 128, 0, g->st>>>(g->q, g->cq, g->cnorm, g->valid, C, g->G, s->Hq, s->Hkv,
                                                              s->D, g->cosv);
@@ -567,51 +559,43 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
         KV_LAUNCH_CHECK();
         return KV_OK;
     };
-    KV_TRY(kv_bench_time(&x->tm, recall, &t[1]));
-    KV_TRY(kv_bench_time(&x->tm, gather, &t[2]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_staged_launch(g, cp, k, n, n, nmax); }, &t[4]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
+    KV_TRY(x.time(recall, &t[1]));
+    KV_TRY(x.time(gather, &t[2]));
+    KV_TRY(x.time([&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
+    KV_TRY(x.time([&]() { return ct_staged_launch(g, cp, k, n, n, nmax); }, &t[4]));
+    KV_TRY(x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));
     double u = 0;
     for (int r = 0; r < s->Hkv && r < 64; r++) u += nset[r];
-    g->st = x->own;
-    x->own = NULL;
     const double es = K->a.half ? 2 : 4, slots = (double)C * s->Hq * s->D * 4, qb = (double)s->Hq * s->D * 4,
                  lists = (double)s->Hkv * cp * bp->rho * 4, keys = u * s->D * es,
-                 build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4);
+                 build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4),
+                 all = slots + qb + lists + keys + s->Hkv * (double)k * 4;
     out->n = 6;
     out->stage[0] = kv_gpu_stage{"build", t[0], build};
     out->stage[1] = kv_gpu_stage{"recall", t[1], slots + qb + s->Hkv * (double)cp * 4};
     out->stage[2] = kv_gpu_stage{"gather", t[2], lists + u * 4};
     out->stage[3] = kv_gpu_stage{"rerank", t[3], keys + u * 4 + s->Hkv * (double)k * 4};
-    out->stage[4] = kv_gpu_stage{"search_staged", t[4], slots + qb + lists + keys + s->Hkv * (double)k * 4};
-    out->stage[5] = kv_gpu_stage{"search", t[5], slots + qb + lists + keys + s->Hkv * (double)k * 4};
+    out->stage[4] = kv_gpu_stage{"search_staged", t[4], all};
+    out->stage[5] = kv_gpu_stage{"search", t[5], all};
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "ctkvr C=%d C'=%d rho=%d (slot queries = keys at C evenly spaced positions: the bench has no prefill "
-             "queries); union %.0f keys/kv head on average; build = keys read once per slot + lists; recall = slot "
-             "queries (float32, Hq x D x 4 B each) + q; gather = C' lists (4 B/entry) + union out; rerank = union "
-             "keys (%.0f B/elem) + ids + top-k out; search_staged = those three stages' launches; search = the "
-             "one-launch fused search (ctkvr_fused.cuh; the staged path when the set exceeds its %d), same bytes",
+             "ctkvr C=%d C'=%d rho=%d, slot queries = keys at C evenly spaced positions (no prefill queries in the "
+             "bench); union %.0f keys/kv head; recall = slot queries (f32, Hq x D x 4 B each) + q; gather = C' lists "
+             "(4 B/entry) + union; rerank = union keys (%.0f B/elem) + ids + top-k; search_staged = those 3 stages; "
+             "search = one fused launch (ctkvr_fused.cuh; staged when the set > %d), same bytes",
              C, cp, bp->rho, u / s->Hkv, es, CTF_CAP);
-    out->l2_bytes = x->tm.dev.l2_bytes;
-    out->flush_bytes = x->tm.flush_n * sizeof(uint4);
     return KV_OK;
 }
 
 kv_status ct_bench(const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp, const kv_gpu_keys *K, const float *q,
                    kv_gpu_stages *out) {
-    memset(out, 0, sizeof *out);
-    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
+    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D) {
+        memset(out, 0, sizeof *out);
         return kv_fail(KV_ERR_INPUT, "ctkvr GPU bench: inconsistent spec (n=%d)", s->n);
-    ct_bench_ctx x = {};
-    kv_status st = ct_bench_go(&x, s, bp, K, q, out);
-    if (x.g && x.own) x.g->st = x.own;
-    ct_destroy(x.g);
-    kv_bench_timer_free(&x.tm);
-    return st;
+    }
+    return kv_mbench_run<kv_ct_gpu>(out, ct_destroy, [&](kv_mbench<kv_ct_gpu> &x) { return ct_bench_go(x, s, bp, K, q, out); });
 }
 
 }  // namespace

@@ -101,82 +101,9 @@ __device__ double ctf_block_sum(double v, double *sd) {
     return r;
 }
 
-/* out[0..kk) = the positions of the kk best of val[0..n) (kk <= n), kv_topk_ref order. sel: kk ints
- * of shared scratch (not val). Radix select of the kk-th key (4 digits of 8 bits), ordered collection
- * of the keys above it and the first ties, then each one's rank by counting. */
-__device__ void ctf_topk(const float *val, int n, int kk, int32_t *out, int *sel, unsigned *hist, int *sw) {
-    __shared__ unsigned s_bin;
-    __shared__ int s_above;
-    if (kk <= 0) return;
-    const int tid = threadIdx.x, lane = tid & 31;
-    unsigned prefix = 0, pmask = 0;
-    int rem = kk;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int i = tid; i < n; i += blockDim.x) {
-            const unsigned key = kv_f2key(val[i]);
-            if ((key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
-        __syncthreads();
-        if (tid < 32) {
-            /* lane l holds bins 255 - 8l down to 248 - 8l */
-            int cnt = 0;
-            for (int b = 0; b < 8; b++) cnt += hist[255 - 8 * lane - b];
-            int incl = cnt;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += y;
-            }
-            const int excl = incl - cnt;
-            if (excl < rem && incl >= rem) {
-                int c = excl;
-                for (int b = 0; b < 8; b++) {
-                    const int bin = 255 - 8 * lane - b, h = (int)hist[bin];
-                    if (c + h >= rem) { s_bin = (unsigned)bin; s_above = c; break; }
-                    c += h;
-                }
-            }
-        }
-        __syncthreads();
-        prefix |= s_bin << shift;
-        pmask |= 255u << shift;
-        rem -= s_above;
-        __syncthreads();
-    }
-    /* keys > prefix: kk - rem of them; plus the first rem keys == prefix in position order */
-    int base = 0, eqs = 0;
-    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-        const int i = c0 + tid;
-        const unsigned key = i < n ? kv_f2key(val[i]) : 0u;
-        const int gt = i < n && key > prefix, eq = i < n && key == prefix;
-        int te, tt;
-        const int er = kv_block_scan(eq, &te, sw);
-        const int take = gt || (eq && eqs + er < rem);
-        const int ex = kv_block_scan(take, &tt, sw);
-        if (take) sel[base + ex] = i;
-        base += tt;
-        eqs += te;
-    }
-    __syncthreads();
-    for (int j = tid; j < kk; j += blockDim.x) {
-        const int p = sel[j];
-        const unsigned kj = kv_f2key(val[p]);
-        int r = 0;
-        for (int j2 = 0; j2 < kk; j2++) {
-            const int p2 = sel[j2];
-            const unsigned k2 = kv_f2key(val[p2]);
-            r += k2 > kj || (k2 == kj && p2 < p);
-        }
-        out[r] = p;
-    }
-    __syncthreads();
-    (void)lane;
-}
-
 /* Dynamic shared memory of one launch (bytes). */
 inline size_t ctf_smem(int G, int D, int gcap) {
-    return ((size_t)G * D + G + gcap + 3 * (size_t)CTF_CAP) * 4 + 256 * 4;
+    return ((size_t)G * D + G + gcap + 3 * (size_t)CTF_CAP) * 4 + 260 * 4;
 }
 
 template <typename TK> __global__ void __launch_bounds__(CTF_TH) ctf_search(ctf_args a) {
@@ -322,6 +249,6 @@ template <typename TK> __global__ void __launch_bounds__(CTF_TH) ctf_search(ctf_
         __syncthreads();
     }
     /* top k (positions in the set), then DCU's top rho */
-    ctf_topk(f2, n, a.k < n ? a.k : n, a.oidx + (size_t)g * KV_GPU_TOPK_MAX, sset, hist, sw);
-    if (a.krho > 0) ctf_topk(f2, n, a.krho < n ? a.krho : n, a.odcu + (size_t)g * a.rho, sset, hist, sw);
+    kv_block_topk(f2, n, a.k < n ? a.k : n, a.oidx + (size_t)g * KV_GPU_TOPK_MAX, sset, hist, sw);
+    if (a.krho > 0) kv_block_topk(f2, n, a.krho < n ? a.krho : n, a.odcu + (size_t)g * a.rho, sset, hist, sw);
 }

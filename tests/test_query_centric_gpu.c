@@ -63,27 +63,25 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
     return KV_TEST_PASS;
 }
 
-int test_csattention_gpu_matches_cpu(void) {
-    int T = 640, P = 400, sink = 4, local = 16, k = 24;
+/* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
+ * stride-th step; dense 1: KVBENCH_CS_REDUCE=dense (the global accumulator) instead of the default tiled
+ * one (kernels/csattention_tile.cuh). */
+static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, int dense) {
+    int sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
-    /* kmeans=host: both paths share the centroids, so everything after is bitwise */
-    const char *sets[][7] = {
-        {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
-        {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
-        {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
-        {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
-    };
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < nsets; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
+        if (dense) setenv("KVBENCH_CS_REDUCE", "dense", 1);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
+        unsetenv("KVBENCH_CS_REDUCE");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
         kv_csattention_view(g.st, &vg);
         if (cs_same_lists(&vc, &vg, 2, "build") != KV_TEST_PASS) return KV_TEST_FAIL;
-        for (int t = P; t < T; t += 16) {
+        for (int t = P; t < T; t += stride) {
             CHECK_OK(kv_test_driver_step(&c, t, k));
             CHECK_OK(kv_test_driver_step(&g, t, k));
             if (same_selection(&c.sel, &g.sel, t, sets[s][4]) != KV_TEST_PASS) return KV_TEST_FAIL;
@@ -96,6 +94,27 @@ int test_csattention_gpu_matches_cpu(void) {
     }
     kv_layer_free(&L);
     return KV_TEST_PASS;
+}
+
+/* kmeans=host: both paths share the centroids, so everything after is bitwise */
+static const char *cs_sets[][7] = {
+    {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
+    {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
+    {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
+    {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
+};
+
+int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, 0); }
+int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, 1); }
+
+/* Several tiles of 4096 keys, a tile's entries above the 6144-entry staging window (m = 8, alpha = 0.25:
+ * ~8000 per tile), and enough decode keys that lists evict past their view's slack (compaction). */
+int test_csattention_gpu_tiles_match_cpu(void) {
+    static const char *big[][7] = {
+        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
+        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+    };
+    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, 0);
 }
 
 /* staged 0: the default device path (the one-launch fused search of
