@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cub/cub.cuh>
+
 #include "csattention.h"
 #include "ops/bench_method.cuh"
 #include "ops/block_topk.cuh"
@@ -77,6 +79,7 @@ __device__ void cs_heap_down(int32_t *hi, float *hv, int n, int i) {
 }
 
 #include "csattention_kmeans.cuh"
+#include "csattention_sort.cuh"
 #include "csattention_tile.cuh"
 
 /* S[c*ld + i] = <cent_c, K_g[lo + i] sub-vector b> for c < nc, i < n. */
@@ -284,7 +287,11 @@ struct kv_cs_gpu {
     int32_t *ci, *opos;
     long long cld;
     int kcap;             /* k the tiled search's candidate rows hold */
-    int reduce;           /* 0 tiled (default), 1 dense global accumulator (KVBENCH_CS_REDUCE=dense) */
+    int reduce;           /* 0 tiled (default), 1 dense global accumulator, 2 radix sort (KVBENCH_CS_REDUCE=dense|sort) */
+    unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
+    int *spay;
+    void *stmp;
+    size_t stmp_bytes;
     kv_topk_ws tkc;       /* candidate rows */
 };
 
@@ -337,7 +344,7 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
     const char *env = getenv("KVBENCH_CS_REDUCE");
-    g->reduce = env && !strcmp(env, "dense") ? 1 : 0;
+    g->reduce = env && !strcmp(env, "dense") ? 1 : env && !strcmp(env, "sort") ? 2 : 0;
     return KV_OK;
 }
 
@@ -348,7 +355,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
-    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->opos);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -588,6 +595,56 @@ kv_status cs_reduce_launch(kv_cs_gpu *g, int pool, int missing, int weight, int 
     return KV_OK;
 }
 
+/* The sort path (csattention_sort.cuh) on g->st, q on the device: the dense rows, nu and u as
+ * cs_reduce_launch leaves them. The pairs and CUB's storage are allocated at the first call. */
+kv_status cs_sort_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo;
+    const long long N = (long long)R * m * c.L, NM = (long long)c.Hq * m * c.L;
+    if ((long long)c.Hq * c.T >= 0x7fffffffLL || NM >= 0x7fffffffLL)
+        return kv_fail(KV_ERR_INPUT, "csattention GPU sort: %lld pairs, above the sort's int range", NM);
+    if (n <= 0) return KV_OK;
+    const unsigned sent = (unsigned)R * (unsigned)c.T;
+    int bits = 1;
+    while (bits < 32 && (sent >> bits)) bits++;
+    size_t need = 0;
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, need, (const unsigned *)NULL, (unsigned *)NULL, (const int *)NULL,
+                                                (int *)NULL, (int)N, 0, bits, g->st));
+    if (!g->skey) {
+        size_t most = 0;
+        KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, most, (const unsigned *)NULL, (unsigned *)NULL,
+                                                    (const int *)NULL, (int *)NULL, (int)NM, 0, 32, g->st));
+        KV_CUDA_ALLOC(g->skey, 2 * NM * sizeof(unsigned), 0, "csattention sort keys");
+        KV_CUDA_ALLOC(g->spay, 2 * NM * sizeof(int), 0, "csattention sort payloads");
+        g->stmp_bytes = most > need ? most : need;
+        KV_CUDA_ALLOC(g->stmp, g->stmp_bytes, 0, "csattention sort storage");
+    }
+    if (need > g->stmp_bytes) return kv_fail(KV_ERR_INTERNAL, "csattention GPU sort: storage %zu < %zu", g->stmp_bytes, need);
+    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+                                                        g->wb, NULL);
+    KV_LAUNCH_CHECK();
+    const long long fill = (long long)n * R;
+    cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
+                                                                                            -INFINITY);
+    KV_LAUNCH_CHECK();
+    const int bl = (m * c.L + 255) / 256 < 1024 ? (m * c.L + 255) / 256 : 1024;
+    cs_sort_pairs<<<dim3(bl, R), 256, 0, g->st>>>(g->jl, m, c.L, g->lidx, g->lcnt, lo, hi, c.T, R, g->skey, g->spay);
+    KV_LAUNCH_CHECK();
+    unsigned *kout = g->skey + NM;
+    int *pout = g->spay + NM;
+    size_t tb = g->stmp_bytes;
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(g->stmp, tb, g->skey, kout, g->spay, pout, (int)N, 0, bits, g->st));
+    const int br = (int)((N + 255) / 256 < 4096 ? (N + 255) / 256 : 4096);
+    cs_sort_reduce<<<br, 256, 0, g->st>>>(kout, pout, N, c.T, R, g->jl, g->wb, m, c.L, g->lval, g->lcnt, missing, g->S,
+                                          c.T);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaMemsetAsync(g->nu, 0, R * sizeof(int), g->st));
+    const int bc = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+    cs_compact<<<dim3(bc, R), 256, 0, g->st>>>(g->S, c.T, lo, hi, g->u, g->nu);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
 /* The tiled search (csattention_tile.cuh) on g->st, q on the device: nearest lists, the tiles, the
  * candidates' top kk = min(k, hi - sink) to oidx [R][kk]; nu, and u when want_u. */
 kv_status cs_tile_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
@@ -623,7 +680,8 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     const int kk = k < n ? k : n;
     if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, pool, missing, weight, hi, k, cand != NULL));
     else {
-        KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
+        if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
+        else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
         KV_TRY(kv_topk_launch(&g->tk, g->S, c.T, lo, n, R, kk, lo, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
     }
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_oidx, g->oidx, (size_t)R * kk * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
@@ -640,97 +698,7 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     return KV_OK;
 }
 
-/* ---- kvbench bench --method csattention ---- */
-kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp,
-                      const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
-    const int n = s->n;
-    int L = (int)ceil(bp->alpha * n - 1e-9);
-    L = L < 1 ? 1 : L > n ? n : L;
-    kv_cs_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, bp->m, bp->C, L, 0, s->k};
-    KV_TRY(cs_alloc(&cfg, &x.g));
-    kv_cs_gpu *g = x.g;
-    const int tot = s->Hkv * bp->m * bp->C;
-    if (K->a.half)
-        cs_cent_from_keys<__half><<<(tot + 127) / 128, 128, 0, g->st>>>((const __half *)K->a.p, K->a.T, s->D, bp->m,
-                                                                       bp->C, g->ds, s->Hkv, n, g->cent);
-    else
-        cs_cent_from_keys<float><<<(tot + 127) / 128, 128, 0, g->st>>>((const float *)K->a.p, K->a.T, s->D, bp->m,
-                                                                      bp->C, g->ds, s->Hkv, n, g->cent);
-    KV_LAUNCH_CHECK();
-    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    kv_gpu_timing t[7];
-    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
-    KV_TRY(x.time([&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
-    KV_TRY(x.begin(s->reps, s->warmup));
-    KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + CS_TK - 1) / CS_TK;
-    if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);
-    /* the tiled accumulator (default): nearest + tiles, then the candidates' top-k; the dense global
-     * accumulator (KVBENCH_CS_REDUCE=dense): gather_reduce, then the top-k over the dense rows */
-    auto tiles = [&]() -> kv_status {
-        const int m = bp->m;
-        cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
-                                                            g->cent, g->jl, g->wb, g->nu);
-        KV_LAUNCH_CHECK();
-        const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, L, m, 0, n,
-                                bp->missing, s->k, g->cv, g->ci, g->cld, g->nu, NULL, n};
-        cs_tile<<<dim3(nt, R), CS_TTH, cs_tile_smem(bp->missing), g->st>>>(a);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
-    auto cand_topk = [&]() -> kv_status {
-        KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, nt * s->k, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
-        cs_map<<<(R * kk + 127) / 128, 128, 0, g->st>>>(g->opos, g->ci, g->cld, kk, R, g->oidx);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
-    auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
-    auto topk = [&]() {
-        return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
-    };
-    KV_TRY(x.time(reduce, &t[1]));
-    KV_TRY(x.time(topk, &t[2]));
-    KV_TRY(x.time([&]() -> kv_status { KV_TRY(reduce()); return topk(); }, &t[3]));
-    KV_TRY(x.time(tiles, &t[4]));
-    KV_TRY(x.time(cand_topk, &t[5]));
-    KV_TRY(x.time([&]() { return cs_tile_launch(g, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
-    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    int nu[64];
-    KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
-    double su = 0;
-    for (int r = 0; r < R && r < 64; r++) su += nu[r];
-    const double es = K->a.half ? 2 : 4, lists = (double)R * bp->m * L * 8, dense = (double)R * n * 4,
-                 cand = (double)R * nt * s->k * 8, out_b = (double)R * kk * 4,
-                 build = (double)s->Hkv * bp->m *
-                         ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
-                          (double)bp->C * L * 8);
-    out->n = 7;
-    out->stage[0] = kv_gpu_stage{"build_lists", t[0], build};
-    out->stage[1] = kv_gpu_stage{"reduce_dense", t[1], lists + 3 * dense};
-    out->stage[2] = kv_gpu_stage{"topk_dense", t[2], dense + out_b};
-    out->stage[3] = kv_gpu_stage{"search_dense", t[3], lists + out_b};
-    out->stage[4] = kv_gpu_stage{"reduce_tiled", t[4], lists + cand};
-    out->stage[5] = kv_gpu_stage{"topk_tiled", t[5], cand + out_b};
-    out->stage[6] = kv_gpu_stage{"search", t[6], lists + out_b};
-    snprintf(out->bytes_note, sizeof out->bytes_note,
-             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at evenly spaced positions; "
-             "union %.0f/row; floor = m lists x L x 8 B (int32 + f32) per row = %.1f B per region key; "
-             "reduce_dense adds 3 x 4 B/key (global accumulator), topk_dense reads it; reduce_tiled = shared-memory "
-             "tiles of %d keys + k x 8 B candidates per tile; search = tiled, candidates counted not listed",
-             bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R,
-             (double)bp->m * L * 8 / n, CS_TK);
-    return KV_OK;
-}
-
-kv_status cs_bench(const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, const kv_gpu_keys *K, const float *q,
-                   kv_gpu_stages *out) {
-    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D || s->D % bp->m) {
-        memset(out, 0, sizeof *out);
-        return kv_fail(KV_ERR_INPUT, "csattention GPU bench: inconsistent spec (n=%d, m=%d)", s->n, bp->m);
-    }
-    return kv_mbench_run<kv_cs_gpu>(out, cs_destroy,
-                                    [&](kv_mbench<kv_cs_gpu> &x) { return cs_bench_go(x, s, bp, K, q, out); });
-}
+#include "csattention_bench.cuh"
 
 }  // namespace
 

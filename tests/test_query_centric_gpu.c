@@ -64,16 +64,16 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
 }
 
 /* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
- * stride-th step; dense 1: KVBENCH_CS_REDUCE=dense (the global accumulator) instead of the default tiled
- * one (kernels/csattention_tile.cuh). */
-static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, int dense) {
+ * stride-th step; reduce: NULL the default (the tiled accumulator, kernels/csattention_tile.cuh), or
+ * KVBENCH_CS_REDUCE's "dense" (global accumulator) or "sort" (radix sort, csattention_sort.cuh). */
+static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
     int sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
     for (int s = 0; s < nsets; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
-        if (dense) setenv("KVBENCH_CS_REDUCE", "dense", 1);
+        if (reduce) setenv("KVBENCH_CS_REDUCE", reduce, 1);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
         unsetenv("KVBENCH_CS_REDUCE");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
@@ -104,8 +104,9 @@ static const char *cs_sets[][7] = {
     {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
 };
 
-int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, 0); }
-int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, 1); }
+int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, NULL); }
+int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "dense"); }
+int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "sort"); }
 
 /* Several tiles of 4096 keys, a tile's entries above the 6144-entry staging window (m = 8, alpha = 0.25:
  * ~8000 per tile), and enough decode keys that lists evict past their view's slack (compaction). */
@@ -114,7 +115,7 @@ int test_csattention_gpu_tiles_match_cpu(void) {
         {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
         {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
     };
-    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, 0);
+    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, NULL);
 }
 
 /* staged 0: the default device path (the one-launch fused search of
