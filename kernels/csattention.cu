@@ -165,29 +165,42 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
     }
 }
 
-/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. */
-__global__ void cs_nearest(const float *q, int pool, int weight, int G, int R, int D, int m, int C, int ds,
-                           const float *cent, int *jl, float *wb, int *nu0) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (nu0 && t < R) nu0[t] = 0;
-    if (t >= R * m) return;
+/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. One warp per (r, b), four
+ * per block: the (pooled) query sub-vector in shared memory, each lane scores centroids lane, lane + 32,
+ * ..., then the warp's best by (score desc, centroid asc): the CPU loop's first maximum. */
+constexpr int CS_NEAR_TH = 128;
+__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
+                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
+                                                         int *nu0) {
+    __shared__ float sq[CS_NEAR_TH / 32][128];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
+    if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (t >= R * m) return; /* whole warps */
     const int r = t / m, b = t % m, g = pool ? r : r / G;
-    float qv[128];
-    for (int j = 0; j < ds; j++) {
+    float *qv = sq[w];
+    for (int j = lane; j < ds; j += 32) {
         if (!pool) { qv[j] = q[(size_t)r * D + b * ds + j]; continue; }
         float a = 0.f;
         for (int h = g * G; h < (g + 1) * G; h++) a = __fadd_rn(a, q[(size_t)h * D + b * ds + j]);
         qv[j] = __fdiv_rn(a, (float)G);
     }
+    __syncwarp();
     const size_t cb = ((size_t)g * m + b) * C;
-    int best = 0;
+    int best = 0x7fffffff;
     float bv = -INFINITY;
-    for (int c = 0; c < C; c++) {
+    for (int c = lane; c < C; c += 32) {
         const float v = cs_dot(qv, cent + (cb + c) * ds, ds);
-        if (v > bv) { bv = v; best = c; }
+        if (v > bv || best == 0x7fffffff) { bv = v; best = c; }
     }
-    jl[t] = (int)(cb + best);
-    wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ob != 0x7fffffff && (best == 0x7fffffff || ov > bv || (ov == bv && ob < best))) { bv = ov; best = ob; }
+    }
+    if (lane == 0) {
+        jl[t] = (int)(cb + (best == 0x7fffffff ? 0 : best));
+        wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+    }
 }
 
 __global__ void cs_fill(float *S, long long ld, int lo, int hi, int R, float v) {
@@ -555,7 +568,7 @@ kv_status cs_append(void *p, int t, const float *key) {
 kv_status cs_reduce_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
     const kv_cs_gpu_config &c = g->c;
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo;
-    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
                                                         g->wb, NULL);
     KV_LAUNCH_CHECK();
     const long long fill = (long long)n * R;
@@ -620,7 +633,7 @@ kv_status cs_sort_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
         KV_CUDA_ALLOC(g->stmp, g->stmp_bytes, 0, "csattention sort storage");
     }
     if (need > g->stmp_bytes) return kv_fail(KV_ERR_INTERNAL, "csattention GPU sort: storage %zu < %zu", g->stmp_bytes, need);
-    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
                                                         g->wb, NULL);
     KV_LAUNCH_CHECK();
     const long long fill = (long long)n * R;
@@ -652,7 +665,7 @@ kv_status cs_tile_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo, kk = k < n ? k : n;
     const int nt = (n + CS_TK - 1) / CS_TK;
     if (n <= 0 || kk <= 0) return KV_OK;
-    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
                                                         g->wb, g->nu);
     KV_LAUNCH_CHECK();
     const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, c.L, m, lo, hi, missing,

@@ -36,7 +36,7 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
      * accumulator (KVBENCH_CS_REDUCE=dense): gather_reduce, then the top-k over the dense rows */
     auto tiles = [&]() -> kv_status {
         const int m = bp->m;
-        cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
+        cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
                                                             g->cent, g->jl, g->wb, g->nu);
         KV_LAUNCH_CHECK();
         const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, L, m, 0, n,
