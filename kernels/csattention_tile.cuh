@@ -24,9 +24,9 @@
  * root): the CPU's additions in the CPU's order, bitwise. Then the tile's
  * gathered keys are counted (and listed, when the caller wants the
  * candidates) and its top min(k, tile) by kv_block_topk go to a candidate
- * row (k slots per tile, padded with -inf); the shared top-k over the
- * candidate rows (tile-major, each tile's in kv_topk_ref order, so position
- * order among equal values is key order) and cs_map give the final top k:
+ * row (k slots per tile, in key order, padded with -inf); the shared top-k
+ * over the candidate rows (tile-major and key-ordered, so position order
+ * among equal values is key order) and cs_map give the final top k:
  * the global top k of a strict total order lies in the union of the tiles'.
  * Bytes per row the search must read: the m gathered lists, L entries of 8 B
  * (int32 index + float32 score) each = m x L x 8 B = 16 B per region key at
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(CS_TTH) cs_tile(cs_tile_args a) {
     /* the tile's top min(k, tl) to the candidate row, padded to k */
     const int kt = a.k < tl ? a.k : tl;
     int32_t *pos = sidx + CS_SCAP / 2;
-    kv_block_topk(acc, tl, kt, pos, sidx, hist, sw);
+    kv_block_topk(acc, tl, kt, pos, sidx, hist, sw, false); /* position order = key order */
     float *ov = a.cv + (size_t)r * a.cld + (size_t)tile * a.k;
     int32_t *oi = a.ci + (size_t)r * a.cld + (size_t)tile * a.k;
     for (int j = tid; j < a.k; j += bd) {

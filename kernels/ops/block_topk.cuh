@@ -14,13 +14,14 @@
 
 #include "kv_cuda.h"
 
-/* out[0..kk) = the positions of the kk best of val[0..n) (kk <= n), kv_topk_ref order. sel: kk ints of
+/* out[0..kk) = the positions of the kk best of val[0..n) (kk <= n), kv_topk_ref order (ranked = false:
+ * the same set in position order). sel: kk ints of
  * shared scratch (not val), hist: 257 unsigned. Radix select of the kk-th key, 8 bits a pass (warp-
  * aggregated histogram increments: __match_any_sync), stopping early once the chosen bin holds exactly
  * the ones still needed; then each thread collects its contiguous segment's keys above the threshold
  * and the first ties (position order, one pair of block scans), and each selected one's rank is counted. */
 static __device__ __noinline__ void kv_block_topk(const float *val, int n, int kk, int32_t *out, int *sel,
-                                                  unsigned *hist, int *sw) {
+                                                  unsigned *hist, int *sw, bool ranked = true) {
     __shared__ unsigned s_bin;
     __shared__ int s_above, s_exact;
     if (kk <= 0) return;
@@ -85,6 +86,11 @@ static __device__ __noinline__ void kv_block_topk(const float *val, int n, int k
         else if (key == prefix && eqs++ < rem) sel[o++] = i;
     }
     __syncthreads();
+    if (!ranked) { /* the selection in position order */
+        for (int j = tid; j < kk; j += bd) out[j] = sel[j];
+        __syncthreads();
+        return;
+    }
     for (int j = tid; j < kk; j += bd) {
         const int p = sel[j];
         const unsigned kj = kv_f2key(val[p]);
