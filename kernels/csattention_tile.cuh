@@ -116,7 +116,7 @@ struct cs_tile_args {
     long long uld;
 };
 
-__global__ void __launch_bounds__(CS_TTH) cs_tile(cs_tile_args a) {
+__global__ void __launch_bounds__(CS_TTH, 3) cs_tile(cs_tile_args a) {
     extern __shared__ float cs_sm[];
     float *acc = cs_sm, *val = acc + CS_TK; /* val only with missing=min */
     int32_t *sidx = (int32_t *)(acc + (a.missing == 1 ? 2 : 1) * CS_TK);

@@ -425,7 +425,7 @@ kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int
     while (gcap < cpe * c.rho) gcap <<= 1;
     const size_t smem = ctf_smem(g->G, c.D, gcap);
     if (g->staged || cpe < 1 || nmax > CTF_CAP || nb * cpb > CTF_CAP || smem > (size_t)g->dev.smem_optin ||
-        (size_t)g->G * c.D > 8192)
+        (size_t)g->G * c.D > 8192 || g->G * CTF_SPB > CTF_CAP)
         return KV_OK;
     ctf_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, g->G, c.Hq, c.D, cpe, nb, cpb, g->ckey, g->ctr, g->cslot,
                   g->lidx, g->lcnt, c.rho, c.sink, gen_lo, hi, gcap, g->K->p, g->K->T, c.scale, g->top, g->set,

@@ -29,7 +29,7 @@
  * (D x 2 B each in float16): about 17 MB at C = 2048, i.e. ~6 us at 3 TB/s;
  * the rest is latency. */
 
-constexpr int CTF_TH = 1024, CTF_SPB = 64, CTF_CAP = 4096;
+constexpr int CTF_TH = 1024, CTF_SPB = 128, CTF_CAP = 4096;
 
 struct ctf_args {
     const float *q, *cq, *cnorm;
