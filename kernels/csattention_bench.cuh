@@ -33,7 +33,7 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + CS_TK - 1) / CS_TK;
     if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);
     /* the tiled accumulator (default): nearest + tiles, then the candidates' top-k; the dense global
-     * accumulator (KVBENCH_CS_REDUCE=dense): gather_reduce, then the top-k over the dense rows */
+     * accumulator (KVBENCH_CS_REDUCE=dense): reduce_dense, then the top-k over the dense rows */
     auto tiles = [&]() -> kv_status {
         const int m = bp->m;
         cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
