@@ -190,9 +190,11 @@ template <typename TK> __global__ void __launch_bounds__(CTF_TH) ctf_search(ctf_
         if (!a.valid[slot]) continue;
         const int n = a.lcnt[(size_t)g * a.C + slot];
         const int32_t *li = a.lidx + ((size_t)g * a.C + slot) * a.rho;
-        for (int x = tid; x < n; x += blockDim.x) {
-            const int v = li[x];
-            if (v >= a.lo && v < a.gen_lo) sv[atomicAdd(&scount, 1)] = v;
+        for (int x0 = 0; x0 < n; x0 += blockDim.x) { /* warp-aggregated appends (any order: sorted next) */
+            const int x = x0 + tid, v = x < n ? li[x] : -1;
+            const bool take = x < n && v >= a.lo && v < a.gen_lo;
+            const int at = kv_warp_append(take, &scount);
+            if (take) sv[at] = v;
         }
     }
     __syncthreads();
