@@ -12,19 +12,27 @@
  * construction with the nodes of one level in parallel). The heap layout
  * may differ from the CPU's, the set and the root (the unique weakest) do
  * not, so every later try-insert decides as on the CPU.
- * Try-insert (append): one thread per list, the CPU's list_try_insert.
+ * Try-insert (append): one thread per list, the CPU's list_try_insert, and
+ * the same change in the list's by-key view (tombstone + append; a block per
+ * list compacts a view whose slack is used up).
  * Search: per row (a query head, or a kv head with pool=mean: the group
- * mean in the CPU's head order) and subspace the nearest centroid (one
- * thread, the CPU's loop) and the weight; the sums live in a dense
- * accumulator row over the region, -inf = not gathered (the hash/bitmap
- * variant of the issue; the radix-sort variant is not written): with
- * missing=zero one launch per subspace in order adds w_b * v to each of its
- * keys (first time from 0), the CPU's additions in the CPU's order; with
- * missing=min the union is marked first, then per subspace one launch
- * stamps its keys and one adds w_b * (v or the list's minimum = its heap
- * root) to every union member, again in subspace order. The candidates are
- * the finite entries (compacted, any order), the top k by the shared top-k
- * over the row (kv_topk_ref order; -inf entries never reach the host).
+ * mean in the CPU's head order) and subspace the nearest centroid (one warp,
+ * the CPU loop's first maximum) and the weight; then the reduce-by-key in
+ * one of three variants, all the CPU's additions in the CPU's subspace order
+ * (bitwise): DEFAULT the tiled shared-memory accumulator over the lists'
+ * by-key views (csattention_tile.cuh: reads the m gathered lists once, 8 B
+ * per entry = m x L x 8 B per row, the floor; per-tile candidates, then the
+ * shared top-k); KVBENCH_CS_REDUCE=dense the dense global accumulator row
+ * over the region, -inf = not gathered (missing=zero: one launch per
+ * subspace adds w_b * v, first time from 0; missing=min: the union marked,
+ * then per subspace a stamp launch and an add launch of w_b * (v or the
+ * list's minimum = its heap root); the candidates compacted, the top k by
+ * the shared top-k over the row; 3 x 4 B per region key more);
+ * KVBENCH_CS_REDUCE=sort a stable radix sort of (key, subspace) pairs and
+ * one sum per run into the same dense rows (csattention_sort.cuh). The
+ * bench times all three (csattention_bench.cuh); the tiled one is the
+ * default as the expected fastest (it alone reads no more than the lists;
+ * to be confirmed by the GPU run: the default is g->reduce in create).
  * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
  * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
  * distances in the CPU's order, the running total and the walk by a block

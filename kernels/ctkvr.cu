@@ -6,7 +6,10 @@
  * exp of each row (max in float, sum of exp in double, one block per row),
  * the ranking value max over the group of float(s - lse), and the top rho
  * per kv head by the shared top-k (kv_topk_launch: kv_topk_ref's order).
- * Search: cosines of the query to every slot (one thread per (kv head,
+ * Search (default): the whole search as ONE launch, ctkvr_fused.cuh (its
+ * header has the design; the same numbers as the staged path below), when
+ * the set fits its 4096 keys; KVBENCH_CTKVR_STAGED=1 or a larger set runs
+ * the staged path. Staged search: cosines of the query to every slot (one thread per (kv head,
  * slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
  * top C' by the shared top-k, then one block per kv head gathers the C'
  * lists into shared memory, bitonic-sorts them and keeps the distinct
