@@ -364,6 +364,8 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->opos, Hq * (size_t)g->kcap * sizeof(int32_t), 0, "csattention candidate top-k");
     KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
     const char *env = getenv("KVBENCH_CS_REDUCE");
     g->reduce = env && !strcmp(env, "dense") ? 1 : env && !strcmp(env, "sort") ? 2 : 0;
     return KV_OK;
