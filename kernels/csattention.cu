@@ -12,19 +12,27 @@
  * construction with the nodes of one level in parallel). The heap layout
  * may differ from the CPU's, the set and the root (the unique weakest) do
  * not, so every later try-insert decides as on the CPU.
- * Try-insert (append): one thread per list, the CPU's list_try_insert.
+ * Try-insert (append): one thread per list, the CPU's list_try_insert, and
+ * the same change in the list's by-key view (tombstone + append; a block per
+ * list compacts a view whose slack is used up).
  * Search: per row (a query head, or a kv head with pool=mean: the group
- * mean in the CPU's head order) and subspace the nearest centroid (one
- * thread, the CPU's loop) and the weight; the sums live in a dense
- * accumulator row over the region, -inf = not gathered (the hash/bitmap
- * variant of the issue; the radix-sort variant is not written): with
- * missing=zero one launch per subspace in order adds w_b * v to each of its
- * keys (first time from 0), the CPU's additions in the CPU's order; with
- * missing=min the union is marked first, then per subspace one launch
- * stamps its keys and one adds w_b * (v or the list's minimum = its heap
- * root) to every union member, again in subspace order. The candidates are
- * the finite entries (compacted, any order), the top k by the shared top-k
- * over the row (kv_topk_ref order; -inf entries never reach the host).
+ * mean in the CPU's head order) and subspace the nearest centroid (one warp,
+ * the CPU loop's first maximum) and the weight; then the reduce-by-key in
+ * one of three variants, all the CPU's additions in the CPU's subspace order
+ * (bitwise): DEFAULT the tiled shared-memory accumulator over the lists'
+ * by-key views (csattention_tile.cuh: reads the m gathered lists once, 8 B
+ * per entry = m x L x 8 B per row, the floor; per-tile candidates, then the
+ * shared top-k); KVBENCH_CS_REDUCE=dense the dense global accumulator row
+ * over the region, -inf = not gathered (missing=zero: one launch per
+ * subspace adds w_b * v, first time from 0; missing=min: the union marked,
+ * then per subspace a stamp launch and an add launch of w_b * (v or the
+ * list's minimum = its heap root); the candidates compacted, the top k by
+ * the shared top-k over the row; 3 x 4 B per region key more);
+ * KVBENCH_CS_REDUCE=sort a stable radix sort of (key, subspace) pairs and
+ * one sum per run into the same dense rows (csattention_sort.cuh). The
+ * bench times all three (csattention_bench.cuh); the tiled one is the
+ * default as the expected fastest (it alone reads no more than the lists;
+ * to be confirmed by the GPU run: the default is g->reduce in create).
  * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
  * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
  * distances in the CPU's order, the running total and the walk by a block
@@ -34,9 +42,14 @@
  * cuBLAS GEMM: 16-dim subspaces gain little from a GEMM and its rounding
  * would break the equality with the CPU) and the centroid sums as a tree
  * in double (a coordinate may differ from the CPU's in its last bit). */
+#include <stdlib.h>
 #include <string.h>
 
+#include <cub/cub.cuh>
+
 #include "csattention.h"
+#include "ops/bench_method.cuh"
+#include "ops/block_topk.cuh"
 #include "ops/kv_cuda.h"
 
 namespace {
@@ -72,6 +85,10 @@ __device__ void cs_heap_down(int32_t *hi, float *hv, int n, int i) {
         i = w;
     }
 }
+
+#include "csattention_kmeans.cuh"
+#include "csattention_sort.cuh"
+#include "csattention_tile.cuh"
 
 /* S[c*ld + i] = <cent_c, K_g[lo + i] sub-vector b> for c < nc, i < n. */
 template <typename TK>
@@ -125,9 +142,10 @@ __global__ void cs_heapify_level(int32_t *lidx, float *lval, const int *lcnt, in
     }
 }
 
-/* Try-insert key t (key [Hkv][D] on the device) into every list. */
+/* Try-insert key t (key [Hkv][D] on the device) into every list, and into its by-key view. */
 __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int ds, int L, int nlists, const float *cent,
-                              int32_t *lidx, float *lval, int *lcnt) {
+                              int32_t *lidx, float *lval, int *lcnt, int32_t *vidx, float *vval, int *vcnt,
+                              long long VL) {
     const int li = blockIdx.x * blockDim.x + threadIdx.x;
     if (li >= nlists) return;
     const int g = li / (m * C), b = (li / C) % m;
@@ -146,34 +164,51 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
             i = p;
         }
         lcnt[li] = n + 1;
+        cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, -1, t, v);
     } else if (L > 0 && cs_weaker(hv[0], hi[0], v, t)) {
+        const int e = hi[0];
         hi[0] = t; hv[0] = v;
         cs_heap_down(hi, hv, L, 0);
+        cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, e, t, v);
     }
 }
 
-/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. */
-__global__ void cs_nearest(const float *q, int pool, int weight, int G, int R, int D, int m, int C, int ds,
-                           const float *cent, int *jl, float *wb) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= R * m) return;
+/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. One warp per (r, b), four
+ * per block: the (pooled) query sub-vector in shared memory, each lane scores centroids lane, lane + 32,
+ * ..., then the warp's best by (score desc, centroid asc): the CPU loop's first maximum. */
+constexpr int CS_NEAR_TH = 128;
+__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
+                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
+                                                         int *nu0) {
+    __shared__ float sq[CS_NEAR_TH / 32][128];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
+    if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (t >= R * m) return; /* whole warps */
     const int r = t / m, b = t % m, g = pool ? r : r / G;
-    float qv[128];
-    for (int j = 0; j < ds; j++) {
+    float *qv = sq[w];
+    for (int j = lane; j < ds; j += 32) {
         if (!pool) { qv[j] = q[(size_t)r * D + b * ds + j]; continue; }
         float a = 0.f;
         for (int h = g * G; h < (g + 1) * G; h++) a = __fadd_rn(a, q[(size_t)h * D + b * ds + j]);
         qv[j] = __fdiv_rn(a, (float)G);
     }
+    __syncwarp();
     const size_t cb = ((size_t)g * m + b) * C;
-    int best = 0;
+    int best = 0x7fffffff;
     float bv = -INFINITY;
-    for (int c = 0; c < C; c++) {
+    for (int c = lane; c < C; c += 32) {
         const float v = cs_dot(qv, cent + (cb + c) * ds, ds);
-        if (v > bv) { bv = v; best = c; }
+        if (v > bv || best == 0x7fffffff) { bv = v; best = c; }
     }
-    jl[t] = (int)(cb + best);
-    wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ob != 0x7fffffff && (best == 0x7fffffff || ov > bv || (ov == bv && ob < best))) { bv = ov; best = ob; }
+    }
+    if (lane == 0) {
+        jl[t] = (int)(cb + (best == 0x7fffffff ? 0 : best));
+        wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+    }
 }
 
 __global__ void cs_fill(float *S, long long ld, int lo, int hi, int R, float v) {
@@ -250,139 +285,6 @@ __global__ void cs_cent_from_keys(const TK *K, int T, int D, int m, int C, int d
 }
 
 
-/* ---- cosine k-means, all (kv head, subspace) jobs at once (blockIdx.y = job) ---- */
-/* pick[j] = (int)(draw0 * n) (the CPU's first centre). */
-__global__ void km_first(const double *draws, int C, const int *npts, int jobs, int *pick) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < jobs) pick[j] = npts[j] > 0 ? (int)(draws[(size_t)j * C] * npts[j]) : 0;
-}
-
-/* centre c of job j <- point pick[j]. */
-__global__ void km_set(const float *pts, int maxn, int ds, int C, int c, const int *pick, float *cent) {
-    const int j = blockIdx.x;
-    for (int d = threadIdx.x; d < ds; d += blockDim.x)
-        cent[((size_t)j * C + c) * ds + d] = pts[((size_t)j * maxn + pick[j]) * ds + d];
-}
-
-/* dist[i] = min(dist[i], ||x_i - centre c||^2) in double, the CPU's order (c = 0: assign). */
-__global__ void km_dist(const float *pts, int maxn, const int *npts, int ds, int C, int c, const float *cent,
-                        double *dist) {
-    const int j = blockIdx.y, n = npts[j];
-    const float *cc = cent + ((size_t)j * C + c) * ds;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float *x = pts + ((size_t)j * maxn + i) * ds;
-        double s = 0;
-        for (int d = 0; d < ds; d++) {
-            const double e = __dsub_rn((double)x[d], (double)cc[d]);
-            s = __dadd_rn(s, __dmul_rn(e, e));
-        }
-        double *o = dist + (size_t)j * maxn + i;
-        *o = c == 0 || s < *o ? s : *o;
-    }
-}
-
-__device__ __forceinline__ double km_block_sum(double v, double *sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    __syncthreads();
-    return t;
-}
-
-/* One block per job: the next centre, the first i with dist > 0 whose inclusive prefix sum of dist
- * exceeds u * total (the last i with dist > 0 when rounding runs past the end); total == 0: fallback. */
-__global__ void km_pick(const double *dist, int maxn, const int *npts, const double *draws, int C, int round,
-                        int *pick, int *fallback) {
-    __shared__ double sh[32], wsum[32];
-    __shared__ int found, lastpos;
-    const int j = blockIdx.x, n = npts[j], lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const double *dv = dist + (size_t)j * maxn;
-    double part = 0;
-    int lastp = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        part += dv[i];
-        if (dv[i] > 0) lastp = i;
-    }
-    const double total = km_block_sum(part, sh);
-    if (threadIdx.x == 0) { found = 0x7fffffff; lastpos = -1; }
-    __syncthreads();
-    atomicMax(&lastpos, lastp);
-    __syncthreads();
-    if (!(total > 0)) {
-        if (threadIdx.x == 0) { fallback[j] = 1; pick[j] = 0; }
-        return;
-    }
-    const double u = draws[(size_t)j * C + round + 1] * total;
-    double carry = 0;
-    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-        const int i = c0 + threadIdx.x;
-        const double v = i < n ? dv[i] : 0.0;
-        double x = v;
-        for (int o = 1; o < 32; o <<= 1) {
-            const double y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) wsum[w] = x;
-        __syncthreads();
-        double pre = carry;
-        for (int k = 0; k < w; k++) pre += wsum[k];
-        double tot = carry;
-        for (int k = 0; k < nw; k++) tot += wsum[k];
-        const double run = pre + x;
-        if (i < n && v > 0 && run > u) atomicMin(&found, i);
-        __syncthreads();
-        carry = tot;
-        if (found != 0x7fffffff) break;
-    }
-    if (threadIdx.x == 0) pick[j] = found != 0x7fffffff ? found : lastpos;
-}
-
-/* asg[i] = the centre with the largest kv_dot_ref (ties: smaller). */
-__global__ void km_assign(const float *pts, int maxn, const int *npts, int ds, int C, const float *cent, int *asg) {
-    const int j = blockIdx.y, n = npts[j];
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float *x = pts + ((size_t)j * maxn + i) * ds;
-        int best = 0;
-        float bv = -INFINITY;
-        for (int c = 0; c < C; c++) {
-            const float v = cs_dot(x, cent + ((size_t)j * C + c) * ds, ds);
-            if (v > bv) { bv = v; best = c; }
-        }
-        asg[(size_t)j * maxn + i] = best;
-    }
-}
-
-/* One block per (centre, job): the normalised sum of its points (double); empty: unchanged. */
-__global__ void km_update(const float *pts, int maxn, const int *npts, int ds, int C, const int *asg, float *cent) {
-    __shared__ double sh[32];
-    __shared__ double ssum[128];
-    const int c = blockIdx.x, j = blockIdx.y, n = npts[j];
-    int cnt = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) cnt += asg[(size_t)j * maxn + i] == c;
-    const double tc = km_block_sum((double)cnt, sh);
-    if (tc == 0) return;
-    for (int d = 0; d < ds; d++) {
-        double a = 0;
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            if (asg[(size_t)j * maxn + i] == c) a += pts[((size_t)j * maxn + i) * ds + d];
-        const double t = km_block_sum(a, sh);
-        if (threadIdx.x == 0) ssum[d] = t;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double nn = 0;
-        for (int d = 0; d < ds; d++) nn = __dadd_rn(nn, __dmul_rn(ssum[d], ssum[d]));
-        if (nn > 0) {
-            const double inv = 1.0 / sqrt(nn);
-            for (int d = 0; d < ds; d++) cent[((size_t)j * C + c) * ds + d] = (float)__dmul_rn(ssum[d], inv);
-        }
-    }
-}
-
 }  // namespace
 
 struct kv_cs_gpu {
@@ -398,6 +300,20 @@ struct kv_cs_gpu {
     int *h_nu;
     float *h_q;
     kv_topk_ws tk, tkl;   /* search rows; list rows (CS_CHUNK x n) */
+    int32_t *vidx;        /* the lists sorted by key, with tombstones (csattention_tile.cuh) */
+    float *vval;
+    int *vcnt;
+    long long VL;
+    float *cv;            /* per-tile candidates [Hq][cld] */
+    int32_t *ci, *opos;
+    long long cld;
+    int kcap;             /* k the tiled search's candidate rows hold */
+    int reduce;           /* 0 tiled (default), 1 dense global accumulator, 2 radix sort (KVBENCH_CS_REDUCE=dense|sort) */
+    unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
+    int *spay;
+    void *stmp;
+    size_t stmp_bytes;
+    kv_topk_ws tkc;       /* candidate rows */
 };
 
 namespace {
@@ -435,6 +351,23 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->h_q, Hq * D * sizeof(float), 1, "csattention query (host)");
     KV_TRY(kv_topk_ws_create(&g->tk, c.Hq, c.T, &g->dev));
     KV_TRY(kv_topk_ws_create(&g->tkl, CS_CHUNK, c.T, &g->dev));
+    g->VL = cs_view_ld(c.L);
+    KV_CUDA_ALLOC(g->vidx, NL * g->VL * sizeof(int32_t), 0, "csattention lists by key");
+    KV_CUDA_ALLOC(g->vval, NL * g->VL * sizeof(float), 0, "csattention list scores by key");
+    KV_CUDA_ALLOC(g->vcnt, NL * sizeof(int), 0, "csattention list-by-key counts");
+    KV_CUDA_TRY(cudaMemset(g->vcnt, 0, NL * sizeof(int)));
+    g->kcap = c.k_max > 0 && c.k_max <= CS_SCAP / 2 ? c.k_max : 1024;
+    const long long nt = (c.T + CS_TK - 1) / CS_TK;
+    g->cld = nt * g->kcap;
+    KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
+    KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
+    KV_CUDA_ALLOC(g->opos, Hq * (size_t)g->kcap * sizeof(int32_t), 0, "csattention candidate top-k");
+    KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
+    const char *env = getenv("KVBENCH_CS_REDUCE");
+    g->reduce = env && !strcmp(env, "dense") ? 1 : env && !strcmp(env, "sort") ? 2 : 0;
     return KV_OK;
 }
 
@@ -444,7 +377,9 @@ void cs_destroy(void *p) {
     if (g->st) cudaStreamSynchronize(g->st);
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
-    cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS);
+    cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
     kv_topk_ws_destroy(&g->tkl);
@@ -573,6 +508,17 @@ kv_status cs_build_lists(kv_cs_gpu *g, const kv_dev_kv *K, int n) {
             if (e != cudaSuccess) st = kv_cuda_error(e, "list counts", __FILE__, __LINE__);
         }
     }
+    /* the by-key view: the selection wrote every list in position order */
+    if (st == KV_OK) {
+        cudaError_t e = cudaMemcpy2DAsync(g->vidx, g->VL * sizeof(int32_t), g->lidx, (size_t)c.L * sizeof(int32_t),
+                                          (size_t)L * sizeof(int32_t), g->nlists, cudaMemcpyDeviceToDevice, g->st);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync(g->vval, g->VL * sizeof(float), g->lval, (size_t)c.L * sizeof(float),
+                                  (size_t)L * sizeof(float), g->nlists, cudaMemcpyDeviceToDevice, g->st);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(g->vcnt, g->lcnt, (size_t)g->nlists * sizeof(int), cudaMemcpyDeviceToDevice, g->st);
+        if (e != cudaSuccess) st = kv_cuda_error(e, "csattention list view", __FILE__, __LINE__);
+    }
     /* heaps: levels from the deepest internal one up */
     int depth = 0;
     while ((2 << depth) - 1 < L / 2) depth++;
@@ -619,55 +565,19 @@ kv_status cs_append(void *p, int t, const float *key) {
     const kv_cs_gpu_config &c = g->c;
     KV_CUDA_TRY(cudaMemcpyAsync(g->key, key, (size_t)c.Hkv * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     cs_try_insert<<<(g->nlists + 127) / 128, 128, 0, g->st>>>(g->key, t, c.D, c.m, c.C, g->ds, c.L, g->nlists, g->cent,
-                                                              g->lidx, g->lval, g->lcnt);
+                                                              g->lidx, g->lval, g->lcnt, g->vidx, g->vval, g->vcnt,
+                                                              g->VL);
+    KV_LAUNCH_CHECK();
+    cs_vcompact<<<g->nlists, 256, 0, g->st>>>(g->vidx, g->vval, g->vcnt, g->VL);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     return KV_OK;
 }
 
-/* Stages of one search on g->st (q on the device): nearest + gather/reduce + compaction, then top-k. */
-kv_status cs_reduce_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
-    const kv_cs_gpu_config &c = g->c;
-    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo;
-    cs_nearest<<<(R * m + 127) / 128, 128, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb);
-    KV_LAUNCH_CHECK();
-    const long long fill = (long long)n * R;
-    cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
-                                                                                            -INFINITY);
-    KV_LAUNCH_CHECK();
-    const int bl = (c.L + 255) / 256 < 1024 ? (c.L + 255) / 256 : 1024;
-    if (missing == 0) {
-        for (int b = 0; b < m; b++) {
-            cs_accum_zero<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, g->wb, m, b, c.L, g->lidx, g->lval, g->lcnt,
-                                                          lo, hi);
-            KV_LAUNCH_CHECK();
-        }
-    } else {
-        for (int b = 0; b < m; b++) {
-            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
-                                                    g->stamp, g->tmp, -1);
-            KV_LAUNCH_CHECK();
-        }
-    }
-    KV_CUDA_TRY(cudaMemsetAsync(g->nu, 0, R * sizeof(int), g->st));
-    const int bc = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
-    cs_compact<<<dim3(bc, R), 256, 0, g->st>>>(g->S, c.T, lo, hi, g->u, g->nu);
-    KV_LAUNCH_CHECK();
-    if (missing == 1) {
-        const int bu = (m * c.L + 255) / 256 < 1024 ? (m * c.L + 255) / 256 : 1024;
-        for (int b = 0; b < m; b++) {
-            const int e = ++g->epoch;
-            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
-                                                    g->stamp, g->tmp, e);
-            KV_LAUNCH_CHECK();
-            cs_accum_min<<<dim3(bu, R), 256, 0, g->st>>>(g->S, c.T, g->u, g->nu, g->jl, g->wb, m, b, c.L, g->lval,
-                                                         g->lcnt, g->stamp, g->tmp, e);
-            KV_LAUNCH_CHECK();
-        }
-    }
-    return KV_OK;
-}
+#include "csattention_search.cuh"
+
+/* The tiled path serves this search (else the dense one). */
+bool cs_tiled(const kv_cs_gpu *g, int k) { return g->reduce == 0 && k <= g->kcap && g->c.m <= CS_MMAX; }
 
 kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
                     int *count, int32_t *cand, int cand_ld, int *ncand) {
@@ -678,9 +588,13 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     if (k > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "csattention GPU: k=%d above %d", k, KV_GPU_TOPK_MAX);
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
-    KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
     const int kk = k < n ? k : n;
-    KV_TRY(kv_topk_launch(&g->tk, g->S, c.T, lo, n, R, kk, lo, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
+    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, pool, missing, weight, hi, k, cand != NULL));
+    else {
+        if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
+        else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
+        KV_TRY(kv_topk_launch(&g->tk, g->S, c.T, lo, n, R, kk, lo, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
+    }
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_oidx, g->oidx, (size_t)R * kk * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_nu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
@@ -695,87 +609,7 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     return KV_OK;
 }
 
-/* ---- kvbench bench --method csattention ---- */
-struct cs_bench_ctx {
-    kv_cs_gpu *g;
-    kv_bench_timer tm;
-    cudaStream_t own;
-};
-
-kv_status cs_bench_go(cs_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, const kv_gpu_keys *K,
-                      const float *q, kv_gpu_stages *out) {
-    const int n = s->n;
-    int L = (int)ceil(bp->alpha * n - 1e-9);
-    L = L < 1 ? 1 : L > n ? n : L;
-    kv_cs_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, bp->m, bp->C, L, 0, s->k};
-    KV_TRY(cs_alloc(&cfg, &x->g));
-    kv_cs_gpu *g = x->g;
-    const int tot = s->Hkv * bp->m * bp->C;
-    if (K->a.half)
-        cs_cent_from_keys<__half><<<(tot + 127) / 128, 128, 0, g->st>>>((const __half *)K->a.p, K->a.T, s->D, bp->m,
-                                                                       bp->C, g->ds, s->Hkv, n, g->cent);
-    else
-        cs_cent_from_keys<float><<<(tot + 127) / 128, 128, 0, g->st>>>((const float *)K->a.p, K->a.T, s->D, bp->m,
-                                                                      bp->C, g->ds, s->Hkv, n, g->cent);
-    KV_LAUNCH_CHECK();
-    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
-    x->own = g->st;
-    g->st = x->tm.st;
-    kv_gpu_timing t[4];
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
-    kv_bench_timer_free(&x->tm);
-    g->st = x->own;
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps, s->warmup));
-    g->st = x->tm.st;
-    KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n;
-    auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
-    auto topk = [&]() {
-        return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
-    };
-    KV_TRY(kv_bench_time(&x->tm, reduce, &t[1]));
-    KV_TRY(kv_bench_time(&x->tm, topk, &t[2]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() -> kv_status { KV_TRY(reduce()); return topk(); }, &t[3]));
-    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    int nu[64];
-    KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
-    double su = 0;
-    for (int r = 0; r < R && r < 64; r++) su += nu[r];
-    g->st = x->own;
-    x->own = NULL;
-    const double es = K->a.half ? 2 : 4, lists = (double)R * bp->m * L * 8, dense = (double)R * n * 4,
-                 build = (double)s->Hkv * bp->m *
-                         ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
-                          (double)bp->C * L * 8);
-    out->n = 4;
-    out->stage[0] = kv_gpu_stage{"build_lists", t[0], build};
-    out->stage[1] = kv_gpu_stage{"gather_reduce", t[1], lists + 3 * dense};
-    out->stage[2] = kv_gpu_stage{"topk", t[2], dense + (double)R * kk * 4};
-    out->stage[3] = kv_gpu_stage{"search", t[3], lists + (double)R * kk * 4};
-    snprintf(out->bytes_note, sizeof out->bytes_note,
-             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at evenly spaced positions "
-             "(no queries in the bench); union %.0f/row; floor per row = m lists x L x 8 B (int32 + float32); "
-             "gather_reduce adds ~3 x 4 B per region key (dense accumulator: fill, adds, compaction), topk reads it "
-             "(4 B/key); build = keys per %d-centroid chunk + score rows (3 x 4 B) + lists",
-             bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R, CS_CHUNK);
-    out->l2_bytes = x->tm.dev.l2_bytes;
-    out->flush_bytes = x->tm.flush_n * sizeof(uint4);
-    return KV_OK;
-}
-
-kv_status cs_bench(const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp, const kv_gpu_keys *K, const float *q,
-                   kv_gpu_stages *out) {
-    memset(out, 0, sizeof *out);
-    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D || s->D % bp->m)
-        return kv_fail(KV_ERR_INPUT, "csattention GPU bench: inconsistent spec (n=%d, m=%d)", s->n, bp->m);
-    cs_bench_ctx x = {};
-    kv_status st = cs_bench_go(&x, s, bp, K, q, out);
-    if (x.g && x.own) x.g->st = x.own;
-    cs_destroy(x.g);
-    kv_bench_timer_free(&x.tm);
-    return st;
-}
+#include "csattention_bench.cuh"
 
 }  // namespace
 

@@ -6,7 +6,10 @@
  * exp of each row (max in float, sum of exp in double, one block per row),
  * the ranking value max over the group of float(s - lse), and the top rho
  * per kv head by the shared top-k (kv_topk_launch: kv_topk_ref's order).
- * Search: cosines of the query to every slot (one thread per (kv head,
+ * Search (default): the whole search as ONE launch, ctkvr_fused.cuh (its
+ * header has the design; the same numbers as the staged path below), when
+ * the set fits its 4096 keys; KVBENCH_CTKVR_STAGED=1 or a larger set runs
+ * the staged path. Staged search: cosines of the query to every slot (one thread per (kv head,
  * slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
  * top C' by the shared top-k, then one block per kv head gathers the C'
  * lists into shared memory, bitonic-sorts them and keeps the distinct
@@ -21,9 +24,12 @@
  * bit: selections then differ only between keys whose values tie to within
  * an ulp. DCU commit writes the step's queries and the host-mapped list
  * into the slot. C' x rho <= 16384 (the gather's shared memory). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctkvr.h"
+#include "ops/bench_method.cuh"
+#include "ops/block_topk.cuh"
 #include "ops/kv_cuda.h"
 
 namespace {
@@ -191,6 +197,8 @@ __global__ void ct_slots_from_keys(const TK *K, int T, int D, int G, int Hq, int
     if (h == 0) valid[j] = 1;
 }
 
+#include "ctkvr_fused.cuh"
+
 }  // namespace
 
 struct kv_ct_gpu {
@@ -209,6 +217,9 @@ struct kv_ct_gpu {
     float *h_q;
     int sld;                /* row length of S / rank / set: max(T, C) */
     kv_topk_ws tk;
+    unsigned *ckey, *ctr;   /* the fused search's per-block candidates and arrival counters */
+    int *cslot;
+    int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
 };
 
 namespace {
@@ -251,6 +262,15 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_TRY(kv_topk_ws_create(&g->tk, (int)Hkv, (int)L, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(ct_gather, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      CT_GATHER_CAP * (int)sizeof(int)));
+    const size_t NB = (C + CTF_SPB - 1) / CTF_SPB;
+    KV_CUDA_ALLOC(g->ckey, Hkv * NB * CTF_SPB * sizeof(unsigned), 0, "ctkvr fused candidates");
+    KV_CUDA_ALLOC(g->cslot, Hkv * NB * CTF_SPB * sizeof(int), 0, "ctkvr fused candidate slots");
+    KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
+    KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    const char *env = getenv("KVBENCH_CTKVR_STAGED");
+    g->staged = env && env[0] == '1';
     return KV_OK;
 }
 
@@ -261,7 +281,7 @@ void ct_destroy(void *p) {
     kv_gpu_keys_destroy(g->own);
     cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lcnt); cudaFree(g->q);
     cudaFree(g->cosv); cudaFree(g->top); cudaFree(g->S); cudaFree(g->rank); cudaFree(g->lse); cudaFree(g->set);
-    cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu);
+    cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu); cudaFree(g->ckey); cudaFree(g->cslot); cudaFree(g->ctr);
     cudaFreeHost(g->h_set); cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_odcu); cudaFreeHost(g->h_nset);
     cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -399,11 +419,42 @@ kv_status ct_oracle(kv_ct_gpu *g, int ohi) {
     return KV_OK;
 }
 
+/* The fused search (ctkvr_fused.cuh) when its limits hold; *done = 0 otherwise (nothing launched). */
+kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int *done) {
+    const kv_ctkvr_gpu_config &c = g->c;
+    *done = 0;
+    const int cpe = cp < c.C ? cp : c.C, nb = (c.C + CTF_SPB - 1) / CTF_SPB, cpb = cpe < CTF_SPB ? cpe : CTF_SPB;
+    int gcap = 1;
+    while (gcap < cpe * c.rho) gcap <<= 1;
+    const size_t smem = ctf_smem(g->G, c.D, gcap);
+    if (g->staged || cpe < 1 || nmax > CTF_CAP || nb * cpb > CTF_CAP || smem > (size_t)g->dev.smem_optin ||
+        (size_t)g->G * c.D > 8192 || g->G * CTF_SPB > CTF_CAP)
+        return KV_OK;
+    ctf_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, g->G, c.Hq, c.D, cpe, nb, cpb, g->ckey, g->ctr, g->cslot,
+                  g->lidx, g->lcnt, c.rho, c.sink, gen_lo, hi, gcap, g->K->p, g->K->T, c.scale, g->top, g->set,
+                  g->sld, g->nset, k, dcu == 1 ? c.rho : 0, g->oidx, g->odcu};
+    if (g->K->half) ctf_search<__half><<<dim3(nb, c.Hkv), CTF_TH, smem, g->st>>>(a);
+    else ctf_search<float><<<dim3(nb, c.Hkv), CTF_TH, smem, g->st>>>(a);
+    KV_LAUNCH_CHECK();
+    *done = 1;
+    return KV_OK;
+}
+
 /* The device part of one search, all on g->st; nmax = the bound on the set size. dcu 2 also scores [lo, hi). */
 kv_status ct_search_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int oracle_hi) {
-    KV_TRY(ct_front(g, cp, hi, gen_lo));
-    KV_TRY(ct_back(g, k, dcu, nmax));
+    int done = 0;
+    KV_TRY(ct_fused(g, cp, k, hi, gen_lo, dcu, nmax, &done));
+    if (!done) {
+        KV_TRY(ct_front(g, cp, hi, gen_lo));
+        KV_TRY(ct_back(g, k, dcu, nmax));
+    }
     return dcu == 2 ? ct_oracle(g, oracle_hi) : KV_OK;
+}
+
+/* The staged path alone (the bench's comparison). */
+kv_status ct_staged_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int nmax) {
+    KV_TRY(ct_front(g, cp, hi, gen_lo));
+    return ct_back(g, k, 0, nmax);
 }
 
 kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi, int32_t *idx,
@@ -474,18 +525,12 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
 }
 
 /* ---- kvbench bench --method ctkvr ---- */
-struct ct_bench_ctx {
-    kv_ct_gpu *g = NULL;
-    kv_bench_timer tm;
-    cudaStream_t own;
-};
-
-kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
+kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
                       const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     const int n = s->n, C = bp->C < n ? bp->C : n, cp = bp->cp < C ? bp->cp : C;
     kv_ctkvr_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, C, bp->rho, 0, s->scale};
-    KV_TRY(ct_alloc(&cfg, 0, &x->g));
-    kv_ct_gpu *g = x->g;
+    KV_TRY(ct_alloc(&cfg, 0, &x.g));
+    kv_ct_gpu *g = x.g;
     g->K = &K->a;
     const int T = K->a.T;
     if (K->a.half)
@@ -496,18 +541,14 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
                                                                               s->Hq, C, n, g->cq, g->cnorm, g->valid);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
-    x->own = g->st;
-    g->st = x->tm.st;
-    kv_gpu_timing t[5];
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_build_lists(g, C, n); }, &t[0]));
-    kv_bench_timer_free(&x->tm);
-    g->st = x->own;
-    KV_TRY(kv_bench_timer_init(&x->tm, s->reps, s->warmup));
-    g->st = x->tm.st;
+    kv_gpu_timing t[6];
+    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    KV_TRY(x.time([&]() { return ct_build_lists(g, C, n); }, &t[0]));
+    KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int nmax = cp * bp->rho < n ? cp * bp->rho : n, k = s->k;
-    /* stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking + top-k) */
+    /* the staged path stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking +
+     * top-k); then the staged path whole, then the default (fused) search */
     auto recall = [&]() -> kv_status {
         ct_cos<<<(C * s->Hkv + 127) / 128, 128, 0, g->st>>>(g->q, g->cq, g->cnorm, g->valid, C, g->G, s->Hq, s->Hkv,
                                                              s->D, g->cosv);
@@ -521,48 +562,43 @@ kv_status ct_bench_go(ct_bench_ctx *x, const kv_gpu_bench_spec *s, const kv_ctkv
         KV_LAUNCH_CHECK();
         return KV_OK;
     };
-    KV_TRY(kv_bench_time(&x->tm, recall, &t[1]));
-    KV_TRY(kv_bench_time(&x->tm, gather, &t[2]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
-    KV_TRY(kv_bench_time(&x->tm, [&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[4]));
+    KV_TRY(x.time(recall, &t[1]));
+    KV_TRY(x.time(gather, &t[2]));
+    KV_TRY(x.time([&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
+    KV_TRY(x.time([&]() { return ct_staged_launch(g, cp, k, n, n, nmax); }, &t[4]));
+    KV_TRY(x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));
     double u = 0;
     for (int r = 0; r < s->Hkv && r < 64; r++) u += nset[r];
-    g->st = x->own;
-    x->own = NULL;
     const double es = K->a.half ? 2 : 4, slots = (double)C * s->Hq * s->D * 4, qb = (double)s->Hq * s->D * 4,
                  lists = (double)s->Hkv * cp * bp->rho * 4, keys = u * s->D * es,
-                 build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4);
-    out->n = 5;
+                 build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4),
+                 all = slots + qb + lists + keys + s->Hkv * (double)k * 4;
+    out->n = 6;
     out->stage[0] = kv_gpu_stage{"build", t[0], build};
     out->stage[1] = kv_gpu_stage{"recall", t[1], slots + qb + s->Hkv * (double)cp * 4};
     out->stage[2] = kv_gpu_stage{"gather", t[2], lists + u * 4};
     out->stage[3] = kv_gpu_stage{"rerank", t[3], keys + u * 4 + s->Hkv * (double)k * 4};
-    out->stage[4] = kv_gpu_stage{"search", t[4], slots + qb + lists + keys + s->Hkv * (double)k * 4};
+    out->stage[4] = kv_gpu_stage{"search_staged", t[4], all};
+    out->stage[5] = kv_gpu_stage{"search", t[5], all};
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "ctkvr C=%d C'=%d rho=%d (slot queries = keys at C evenly spaced positions: the bench has no prefill "
-             "queries); union %.0f keys/kv head on average; build = keys read once per slot + lists; recall = slot "
-             "queries (float32, Hq x D x 4 B each) + q; gather = C' lists (4 B/entry) + union out; rerank = union "
-             "keys (%.0f B/elem) + ids + top-k out; search = all of it",
-             C, cp, bp->rho, u / s->Hkv, es);
-    out->l2_bytes = x->tm.dev.l2_bytes;
-    out->flush_bytes = x->tm.flush_n * sizeof(uint4);
+             "ctkvr C=%d C'=%d rho=%d, slot queries = keys at C evenly spaced positions (no prefill queries in the "
+             "bench); union %.0f keys/kv head; recall = slot queries (f32, Hq x D x 4 B each) + q; gather = C' lists "
+             "(4 B/entry) + union; rerank = union keys (%.0f B/elem) + ids + top-k; search_staged = those 3 stages; "
+             "search = one fused launch (ctkvr_fused.cuh; staged when the set > %d), same bytes",
+             C, cp, bp->rho, u / s->Hkv, es, CTF_CAP);
     return KV_OK;
 }
 
 kv_status ct_bench(const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp, const kv_gpu_keys *K, const float *q,
                    kv_gpu_stages *out) {
-    memset(out, 0, sizeof *out);
-    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
+    if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D) {
+        memset(out, 0, sizeof *out);
         return kv_fail(KV_ERR_INPUT, "ctkvr GPU bench: inconsistent spec (n=%d)", s->n);
-    ct_bench_ctx x = {};
-    kv_status st = ct_bench_go(&x, s, bp, K, q, out);
-    if (x.g && x.own) x.g->st = x.own;
-    ct_destroy(x.g);
-    kv_bench_timer_free(&x.tm);
-    return st;
+    }
+    return kv_mbench_run<kv_ct_gpu>(out, ct_destroy, [&](kv_mbench<kv_ct_gpu> &x) { return ct_bench_go(x, s, bp, K, q, out); });
 }
 
 }  // namespace

@@ -98,8 +98,12 @@ extern char kv_test_reason[512];
     X(quest_gpu_summaries_match_cpu, KV_NEEDS_GPU)         \
     X(quest_gpu_retriever_matches_cpu, KV_NEEDS_GPU)       \
     X(csattention_gpu_matches_cpu, KV_NEEDS_GPU)           \
+    X(csattention_gpu_dense_matches_cpu, KV_NEEDS_GPU)     \
+    X(csattention_gpu_sort_matches_cpu, KV_NEEDS_GPU)      \
+    X(csattention_gpu_tiles_match_cpu, KV_NEEDS_GPU)       \
     X(csattention_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)    \
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
+    X(ctkvr_gpu_staged_matches_cpu, KV_NEEDS_GPU)          \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
     X(freekv_gpu_group_mean_pages, KV_NEEDS_GPU)           \

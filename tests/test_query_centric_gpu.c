@@ -8,6 +8,7 @@
  * so a selection could differ between keys whose ranking values tie to the
  * last bit: on the synthetic layers used here none does (a failure names
  * the step, head and rank). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,27 +63,25 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
     return KV_TEST_PASS;
 }
 
-int test_csattention_gpu_matches_cpu(void) {
-    int T = 640, P = 400, sink = 4, local = 16, k = 24;
+/* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
+ * stride-th step; reduce: NULL the default (the tiled accumulator, kernels/csattention_tile.cuh), or
+ * KVBENCH_CS_REDUCE's "dense" (global accumulator) or "sort" (radix sort, csattention_sort.cuh). */
+static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
+    int sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
-    /* kmeans=host: both paths share the centroids, so everything after is bitwise */
-    const char *sets[][7] = {
-        {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
-        {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
-        {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
-        {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
-    };
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < nsets; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
+        if (reduce) setenv("KVBENCH_CS_REDUCE", reduce, 1);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
+        unsetenv("KVBENCH_CS_REDUCE");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
         kv_csattention_view(g.st, &vg);
         if (cs_same_lists(&vc, &vg, 2, "build") != KV_TEST_PASS) return KV_TEST_FAIL;
-        for (int t = P; t < T; t += 16) {
+        for (int t = P; t < T; t += stride) {
             CHECK_OK(kv_test_driver_step(&c, t, k));
             CHECK_OK(kv_test_driver_step(&g, t, k));
             if (same_selection(&c.sel, &g.sel, t, sets[s][4]) != KV_TEST_PASS) return KV_TEST_FAIL;
@@ -97,7 +96,32 @@ int test_csattention_gpu_matches_cpu(void) {
     return KV_TEST_PASS;
 }
 
-int test_ctkvr_gpu_matches_cpu(void) {
+/* kmeans=host: both paths share the centroids, so everything after is bitwise */
+static const char *cs_sets[][7] = {
+    {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
+    {"m=4", "C=8", "alpha=0.2", "iters=3", "missing=min", "pool=mean", "kmeans=host"},
+    {"m=8", "C=16", "alpha=0.25", "weight=qnorm", "missing=zero", "pool=mean", "kmeans=host"},
+    {"m=2", "C=4", "alpha=0.3", "update=0", "missing=min", "weight=qnorm", "kmeans=host"},
+};
+
+int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, NULL); }
+int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "dense"); }
+int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "sort"); }
+
+/* Several tiles of 4096 keys, a tile's entries above the 6144-entry staging window (m = 8, alpha = 0.25:
+ * ~8000 per tile), and enough decode keys that lists evict past their view's slack (compaction). */
+int test_csattention_gpu_tiles_match_cpu(void) {
+    static const char *big[][7] = {
+        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
+        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+    };
+    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, NULL);
+}
+
+/* staged 0: the default device path (the one-launch fused search of
+ * kernels/ctkvr_fused.cuh, whose limits these shapes are within);
+ * staged 1: KVBENCH_CTKVR_STAGED=1, the staged kernels of kernels/ctkvr.cu. */
+static int ctkvr_gpu_matches_cpu(int staged) {
     int T = 640, P = 400, sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 43, &L));
@@ -111,7 +135,9 @@ int test_ctkvr_gpu_matches_cpu(void) {
     for (int s = 0; s < 5; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "ctkvr", sets[s], 5, &L, P, sink, local, k));
+        if (staged) setenv("KVBENCH_CTKVR_STAGED", "1", 1);
         kv_status st = kv_test_driver_open_gpu(&g, "ctkvr", sets[s], 5, &L, P, sink, local, k);
+        unsetenv("KVBENCH_CTKVR_STAGED");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         for (int t = P; t < T; t += 8) {
             kv_ctkvr_view vc, vg;
@@ -133,6 +159,9 @@ int test_ctkvr_gpu_matches_cpu(void) {
     kv_layer_free(&L);
     return KV_TEST_PASS;
 }
+
+int test_ctkvr_gpu_matches_cpu(void) { return ctkvr_gpu_matches_cpu(0); }
+int test_ctkvr_gpu_staged_matches_cpu(void) { return ctkvr_gpu_matches_cpu(1); }
 
 /* kmeans=gpu: the device's k-means from the same points and uniforms; its
  * centroid sums add in another order, so a coordinate may differ in its

@@ -7,7 +7,8 @@ centroid by <c, k^(b)> (torch.topk, L = alpha * n) as (int32 index, float32 scor
 Search: per query head (pool none) or group mean (pool mean) the nearest centroid per
 subspace (one bmm), gather the m lists, sum by key with scatter_add into a dense row
 (missing = zero, the paper's sum), torch.topk. Stage names as kvbench's (build_lists,
-gather_reduce, topk, search).
+reduce_dense, topk_dense: kvbench's dense-accumulator variant, which this is; search, beside kvbench's
+default tiled search).
 
   python3 scripts/torch_ref/csattention.py --tokens 16384,131072,1048576 --csv out.csv
 """
@@ -72,8 +73,8 @@ def main():
         a.reps, a.warmup = min(3, reps), 0  # the build is long: 3 runs, as kvbench bench
         b.time(T, "build_lists", build, Hkv * m * (T * ds * 2 + C * T * 4 * 2 + C * L * 8))
         a.reps, a.warmup = reps, warm
-        b.time(T, "gather_reduce", reduce, lists + 3 * R * T * 4)
-        b.time(T, "topk", lambda: torch.topk(acc, min(k, T), dim=-1), R * T * 4 + R * k * 8)
+        b.time(T, "reduce_dense", reduce, lists + 3 * R * T * 4)
+        b.time(T, "topk_dense", lambda: torch.topk(acc, min(k, T), dim=-1), R * T * 4 + R * k * 8)
         b.time(T, "search", lambda: torch.topk(reduce(), min(k, T), dim=-1), lists + R * k * 8)
         del K, q, Kb, cent, idx, val, acc
         torch.cuda.empty_cache()

@@ -1,0 +1,126 @@
+/* csattention_search.cuh: the host launchers of CSAttention's three
+ * reduce-by-key variants (dense global accumulator, radix sort, tiled
+ * shared-memory accumulator: the design of each is in csattention.cu's
+ * header and in csattention_sort.cuh / csattention_tile.cuh), included by
+ * csattention.cu inside its anonymous namespace after kv_cs_gpu. Each
+ * launches on g->st with the query already on the device and never waits
+ * on the host. */
+
+/* The dense paths' first launches: the nearest lists and weights, the dense rows of [sink, hi) = -inf. */
+kv_status cs_nearest_fill(kv_cs_gpu *g, int pool, int weight, int hi) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m;
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+                                                        g->wb, NULL);
+    KV_LAUNCH_CHECK();
+    const long long fill = (long long)(hi - lo) * R;
+    cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
+                                                                                            -INFINITY);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* The dense paths' candidates: the finite entries of each row, u and nu. */
+kv_status cs_compact_launch(kv_cs_gpu *g, int R, int hi) {
+    const int lo = g->c.sink, n = hi - lo, bc = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+    KV_CUDA_TRY(cudaMemsetAsync(g->nu, 0, R * sizeof(int), g->st));
+    cs_compact<<<dim3(bc, R), 256, 0, g->st>>>(g->S, g->c.T, lo, hi, g->u, g->nu);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* Stages of one search on g->st (q on the device): nearest + gather/reduce + compaction, then top-k. */
+kv_status cs_reduce_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m;
+    KV_TRY(cs_nearest_fill(g, pool, weight, hi));
+    const int bl = (c.L + 255) / 256 < 1024 ? (c.L + 255) / 256 : 1024;
+    if (missing == 0) {
+        for (int b = 0; b < m; b++) {
+            cs_accum_zero<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, g->wb, m, b, c.L, g->lidx, g->lval, g->lcnt,
+                                                          lo, hi);
+            KV_LAUNCH_CHECK();
+        }
+    } else {
+        for (int b = 0; b < m; b++) {
+            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
+                                                    g->stamp, g->tmp, -1);
+            KV_LAUNCH_CHECK();
+        }
+    }
+    KV_TRY(cs_compact_launch(g, R, hi));
+    if (missing == 1) {
+        const int bu = (m * c.L + 255) / 256 < 1024 ? (m * c.L + 255) / 256 : 1024;
+        for (int b = 0; b < m; b++) {
+            const int e = ++g->epoch;
+            cs_mark<<<dim3(bl, R), 256, 0, g->st>>>(g->S, c.T, g->jl, m, b, c.L, g->lidx, g->lval, g->lcnt, lo, hi,
+                                                    g->stamp, g->tmp, e);
+            KV_LAUNCH_CHECK();
+            cs_accum_min<<<dim3(bu, R), 256, 0, g->st>>>(g->S, c.T, g->u, g->nu, g->jl, g->wb, m, b, c.L, g->lval,
+                                                         g->lcnt, g->stamp, g->tmp, e);
+            KV_LAUNCH_CHECK();
+        }
+    }
+    return KV_OK;
+}
+
+/* The sort path (csattention_sort.cuh) on g->st, q on the device: the dense rows, nu and u as
+ * cs_reduce_launch leaves them. The pairs and CUB's storage are allocated at the first call. */
+kv_status cs_sort_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo;
+    const long long N = (long long)R * m * c.L, NM = (long long)c.Hq * m * c.L;
+    if ((long long)c.Hq * c.T >= 0x7fffffffLL || NM >= 0x7fffffffLL)
+        return kv_fail(KV_ERR_INPUT, "csattention GPU sort: %lld pairs, above the sort's int range", NM);
+    if (n <= 0) return KV_OK;
+    const unsigned sent = (unsigned)R * (unsigned)c.T;
+    int bits = 1;
+    while (bits < 32 && (sent >> bits)) bits++;
+    size_t need = 0;
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, need, (const unsigned *)NULL, (unsigned *)NULL, (const int *)NULL,
+                                                (int *)NULL, (int)N, 0, bits, g->st));
+    if (!g->skey) {
+        size_t most = 0;
+        KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, most, (const unsigned *)NULL, (unsigned *)NULL,
+                                                    (const int *)NULL, (int *)NULL, (int)NM, 0, 32, g->st));
+        KV_CUDA_ALLOC(g->skey, 2 * NM * sizeof(unsigned), 0, "csattention sort keys");
+        KV_CUDA_ALLOC(g->spay, 2 * NM * sizeof(int), 0, "csattention sort payloads");
+        g->stmp_bytes = most > need ? most : need;
+        KV_CUDA_ALLOC(g->stmp, g->stmp_bytes, 0, "csattention sort storage");
+    }
+    if (need > g->stmp_bytes) return kv_fail(KV_ERR_INTERNAL, "csattention GPU sort: storage %zu < %zu", g->stmp_bytes, need);
+    KV_TRY(cs_nearest_fill(g, pool, weight, hi));
+    const int bl = (m * c.L + 255) / 256 < 1024 ? (m * c.L + 255) / 256 : 1024;
+    cs_sort_pairs<<<dim3(bl, R), 256, 0, g->st>>>(g->jl, m, c.L, g->lidx, g->lcnt, lo, hi, c.T, R, g->skey, g->spay);
+    KV_LAUNCH_CHECK();
+    unsigned *kout = g->skey + NM;
+    int *pout = g->spay + NM;
+    size_t tb = g->stmp_bytes;
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortPairs(g->stmp, tb, g->skey, kout, g->spay, pout, (int)N, 0, bits, g->st));
+    const int br = (int)((N + 255) / 256 < 4096 ? (N + 255) / 256 : 4096);
+    cs_sort_reduce<<<br, 256, 0, g->st>>>(kout, pout, N, c.T, R, g->jl, g->wb, m, c.L, g->lval, g->lcnt, missing, g->S,
+                                          c.T);
+    KV_LAUNCH_CHECK();
+    KV_TRY(cs_compact_launch(g, R, hi));
+    return KV_OK;
+}
+
+/* The tiled search (csattention_tile.cuh) on g->st, q on the device: nearest lists, the tiles, the
+ * candidates' top kk = min(k, hi - sink) to oidx [R][kk]; nu, and u when want_u. */
+kv_status cs_tile_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo, kk = k < n ? k : n;
+    const int nt = (n + CS_TK - 1) / CS_TK;
+    if (n <= 0 || kk <= 0) return KV_OK;
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+                                                        g->wb, g->nu);
+    KV_LAUNCH_CHECK();
+    const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, c.L, m, lo, hi, missing,
+                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T};
+    cs_tile<<<dim3(nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
+    KV_LAUNCH_CHECK();
+    KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, nt * k, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
+    cs_map<<<(R * kk + 127) / 128, 128, 0, g->st>>>(g->opos, g->ci, g->cld, kk, R, g->oidx);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
