@@ -64,7 +64,8 @@ kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
 kv_status kv_trace_open_direct(const char *path, kv_trace_info *info);
 kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_layer *out);
 /* How the last load read each dataset: "q: parallel (libdeflate); k: ...; v: library (WHY)".
- * KVBENCH_LOADER=library forces the HDF5 library's read path, =verbose prints this line. */
+ * KVBENCH_LOADER=library forces the HDF5 library's read path; KVBENCH_LOADER_VERBOSE=1 prints it with the
+ * load's seconds and MB/s. */
 const char *kv_trace_last_load(void);
 kv_status kv_trace_load_tokens_direct(const kv_trace_info *info, int **tokens);
 

@@ -25,6 +25,7 @@ extern char kv_test_reason[512];
     X(loader_rejects_malformed, 0)                         \
     X(loader_float32_and_gzip, 0)                          \
     X(loader_parallel_matches_library, 0)                  \
+    X(loader_parallel_all_halves, 0)                       \
     X(loader_string_attr_arrays, 0)                        \
     X(loader_long_paths, 0)                                \
     X(loader_resource_bombs, 0)                            \

@@ -78,3 +78,47 @@ int test_loader_parallel_matches_library(void) {
     omp_set_num_threads(old_threads);
     return KV_TEST_PASS;
 }
+
+/* Every finite float16 value (subnormals, -0, the largest) through the
+ * F16C conversion, the table, and the library: the same bits. */
+int test_loader_parallel_all_halves(void) {
+    enum { H = 2, T = 1024, D = 64 }; /* k, v: 131072 values = every 16-bit pattern twice */
+    float *q = malloc(sizeof(float) * H * 2 * T * D), *k = malloc(sizeof(float) * H * T * D);
+    float *v = malloc(sizeof(float) * H * T * D);
+    CHECK(q && k && v, "out of memory");
+    for (size_t i = 0; i < (size_t)H * T * D; i++) {
+        uint16_t u = (uint16_t)i;
+        if ((u & 0x7c00) == 0x7c00) u &= 0x83ff; /* inf/nan patterns -> a finite one */
+        k[i] = kv_half_to_float(u);
+        v[i] = kv_half_to_float((uint16_t)(u ^ 0x8000));
+    }
+    for (size_t i = 0; i < (size_t)H * 2 * T * D; i++) q[i] = k[i % ((size_t)H * T * D)];
+    for (int gz = 0; gz < 2; gz++) {
+        char p[1024], how[512];
+        snprintf(p, sizeof p, "%s/halves-%d.h5", kv_test_tmpdir(), gz);
+        kv_trace_spec ts = {.model = "test", .description = "every half", .rope = "none", .head_dim = D,
+                            .num_q_heads = 2 * H, .num_kv_heads = H, .num_tokens = T, .prefill_len = T / 2,
+                            .softmax_scale = 0.125f, .half = 1, .gzip = gz ? 3 : 0, .shuffle = gz,
+                            .contiguous = !gz, .chunk_tokens = 100};
+        kv_trace_writer *w;
+        CHECK_OK(kv_trace_writer_open(p, &ts, &w));
+        CHECK_OK(kv_trace_writer_layer(w, 0, 1));
+        CHECK_OK(kv_trace_writer_rows(w, 0, T, q, k, v));
+        CHECK_OK(kv_trace_writer_close(w, 1));
+        kv_layer ref, par, tab;
+        CHECK(load(p, "library", &ref, how, sizeof how), "library load");
+        CHECK(load(p, NULL, &par, how, sizeof how), "parallel load");
+        CHECK(strstr(how, "q: parallel") && strstr(how, "v: parallel"), "%s", how);
+        setenv("KVBENCH_NO_F16C", "1", 1);
+        int ok = load(p, NULL, &tab, how, sizeof how);
+        unsetenv("KVBENCH_NO_F16C");
+        CHECK(ok, "table load");
+        for (size_t i = 0; i < (size_t)H * T * D; i++)
+            CHECK(!memcmp(&ref.k[i], &k[i], 4), "library k[%zu] = %a, want %a", i, ref.k[i], k[i]);
+        CHECK(same(&ref, &par), "gzip %d: F16C arrays differ from the library's", gz);
+        CHECK(same(&ref, &tab), "gzip %d: table arrays differ from the library's", gz);
+        kv_layer_free(&ref); kv_layer_free(&par); kv_layer_free(&tab);
+    }
+    free(q); free(k); free(v);
+    return KV_TEST_PASS;
+}
