@@ -279,6 +279,84 @@ static int has_seed_param(const kv_method *m) {
 
 /* Parses --layer (NULL: the first layer; "all"; or a comma list) into
  * indices; returns the count, or -1 after printing the error (exit 2). */
+/* ---- memory needed by a run, before anything is allocated (issue 12) ----
+ * Host, per layer (layers are evaluated one at a time, all of one shape):
+ *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the prefill
+ *   copies the builds read, 4 (Hq + Hkv (1 + has_v)) P D, plus per method
+ *   instance on the CPU one float32 copy of the keys and one score row per
+ *   q head, 4 Hkv T D + 4 Hq T (what exact, the reference, holds: the vtable
+ *   cannot tell an index's size before create() allocates it, so this is
+ *   the documented estimate; compressed indexes hold less), plus the
+ *   oracle's score rows 4 Hq T.
+ * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
+ *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
+ *   method instance on the GPU e Hkv T D + 4 Hq T.
+ * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES
+ * overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
+static double env_bytes(const char *name) {
+    const char *e = getenv(name);
+    if (!e || !*e) return -1;
+    char *end;
+    double v = strtod(e, &end);
+    return end != e && v >= 0 ? v : -1;
+}
+
+static double host_available(void) {
+    double lim = env_bytes("KVBENCH_MEM_LIMIT");
+    if (lim >= 0) return lim;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb < 0 ? -1 : kb * 1024.0;
+}
+
+static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const int *lidx, int n_layers,
+                              const kv_method_run *picked, int n_picked, int use_gpu) {
+    double Hq = in->num_q_heads, Hkv = in->num_kv_heads, T = in->num_tokens, P = in->prefill_len, D = in->head_dim;
+    int hv = 0, half = 1;
+    for (int i = 0; i < n_layers; i++) { hv |= in->layer_has_v[lidx[i]]; half &= in->layer_half[lidx[i]]; }
+    double rows = Hq + Hkv * (1 + hv), e = half ? 2 : 4;
+    double layer = 4 * rows * T * D, prefix = 4 * rows * P * D, host = layer + prefix + 4 * Hq * T, dev = 0;
+    int n_cpu = 0, n_gpu = 0;
+    for (int i = 0; i < n_picked; i++) {
+        int n = (has_seed_param(picked[i].m) ? o->seeds : 1) * (picked[i].m->search_updates_state ? o->nk : 1);
+        if (use_gpu && picked[i].m->has_gpu) n_gpu += n;
+        else n_cpu += n;
+    }
+    double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
+    host += n_cpu * per_cpu;
+    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
+    double avail = host_available();
+    if (avail >= 0 && host > avail)
+        return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
+                       "are available%s: the layer as float32 %.0f + its prefill copies %.0f + %d CPU method "
+                       "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
+                       "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
+                       "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
+                       getenv("KVBENCH_MEM_LIMIT") && *getenv("KVBENCH_MEM_LIMIT") ? " (KVBENCH_MEM_LIMIT)"
+                                                                                      : " (MemAvailable)",
+                       layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
+                       in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
+    if (use_gpu) {
+        double glim = env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
+        if (gfree > 0 && dev > gfree)
+            return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
+                           "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
+                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
+                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
+                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
+                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
+                           in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
+    }
+    if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
+        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f), device %.0f bytes\n", host, avail,
+                dev);
+    return KV_OK;
+}
+
 static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
     if (!spec) { idx[0] = 0; return 1; }
     if (!strcmp(spec, "all")) {
@@ -453,6 +531,7 @@ int cmd_run(int argc, char **argv) {
         if (st == KV_OK) st = kv_results_check_out(out, o.force);
     }
     if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
+    if (st == KV_OK) st = check_memory(&o, in, lidx, n_layers, runs, n_runs, meta.use_gpu);
     if (st != KV_OK) { free(lidx); free(layers); free(in); free(out); free(meta.cmdline); return kv_report(st); }
     kv_host_setup("run", o.threads, &meta.host);
     time_t now = time(NULL);

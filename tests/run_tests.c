@@ -104,6 +104,8 @@ extern char kv_test_reason[512];
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
     X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
+    X(run_memory_preflight, KV_NEEDS_SUBPROCESS)           \
+    X(run_results_loader_invariant, KV_NEEDS_SUBPROCESS)   \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \
