@@ -291,8 +291,8 @@ static int has_seed_param(const kv_method *m) {
  * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
  *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
  *   method instance on the GPU e Hkv T D + 4 Hq T.
- * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES
- * overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
+ * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
+ * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
 static double env_bytes(const char *name) {
     const char *e = getenv(name);
     if (!e || !*e) return -1;
@@ -303,6 +303,7 @@ static double env_bytes(const char *name) {
 
 static double host_available(void) {
     double lim = env_bytes("KVBENCH_MEM_LIMIT");
+    if (lim < 0) lim = env_bytes("KVBENCH_MEM_AVAILABLE"); /* the loader's own override (datasets/trace_read.c) */
     if (lim >= 0) return lim;
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -336,8 +337,9 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
                        "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
                        "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
                        "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
-                       getenv("KVBENCH_MEM_LIMIT") && *getenv("KVBENCH_MEM_LIMIT") ? " (KVBENCH_MEM_LIMIT)"
-                                                                                      : " (MemAvailable)",
+                       env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
+                       : env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
+                                                                 : " (MemAvailable)",
                        layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
                        in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
     if (use_gpu) {

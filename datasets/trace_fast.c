@@ -271,12 +271,6 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
     if (fd < 0 || fstat(fd, &sb) != 0) { if (fd >= 0) close(fd); FAIL("cannot open the file for pread"); }
     uint64_t fsize = (uint64_t)sb.st_size, total = (uint64_t)H * T * D;
     int ok = 1, f16c = have_f16c();
-#ifdef MADV_HUGEPAGE
-    { /* fewer first-touch faults on the output (best effort) */
-        uintptr_t a = ((uintptr_t)out + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)(out + total)) & ~(uintptr_t)4095;
-        if (e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);
-    }
-#endif
     if (h->mode == KV_FAST_CONTIG) {
         ok = h->n == 1 && ch[0].size == total * esz && ch[0].addr <= fsize && ch[0].size <= fsize - ch[0].addr;
         const uint64_t piece = 1u << 20; /* elements per task */

@@ -357,9 +357,10 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
 }
 
 /* Bytes of memory available now (MemAvailable), or -1 when unknown;
- * KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
+ * KVBENCH_MEM_LIMIT or KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
 static double mem_available(void) {
-    const char *e = getenv("KVBENCH_MEM_AVAILABLE");
+    const char *e = getenv("KVBENCH_MEM_LIMIT"); /* kvbench run's preflight override */
+    if (!(e && *e)) e = getenv("KVBENCH_MEM_AVAILABLE");
     if (e && *e) return strtod(e, NULL);
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];

@@ -80,6 +80,7 @@ extern char kv_test_reason[512];
     X(faiss_hnsw_ivfpq_recall, 0)                          \
     X(faiss_params_validated, 0)                           \
     X(gpu_scores_match_ref, KV_NEEDS_GPU)                  \
+    X(run_memory_preflight_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
     X(gpu_topk_matches_ref, KV_NEEDS_GPU)                  \
     X(gpu_oracle_matches_cpu, KV_NEEDS_GPU)                \
     X(gpu_exact_matches_cpu, KV_NEEDS_GPU)                 \

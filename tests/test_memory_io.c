@@ -76,3 +76,25 @@ int test_run_results_loader_invariant(void) {
     }
     return KV_TEST_PASS;
 }
+
+/* The device side of the preflight (--device gpu): KVBENCH_GPU_MEM_LIMIT one byte short of
+ * the oracle's K and V as float16 + its scores + exact's keys and scores: exit 2 naming the bytes. */
+int test_run_memory_preflight_gpu(void) {
+    const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
+    char tr[600];
+    snprintf(tr, sizeof tr, "%s/memg.h5", tmp);
+    CHECK(sh("'%s' synth --out '%s' --tokens 3000 --prefill 2000 --q-heads 4 --kv-heads 2 --dim 32 --force", B, tr) == 0,
+          "synth: %s", err);
+    long long T = 3000, D = 32, Hq = 4, Hkv = 2;
+    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
+    int rc = sh("KVBENCH_GPU_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact --device gpu --out '%s/memg-out' "
+                "--force --quiet", need - 1, B, tr, tmp);
+    CHECK(rc == 2, "exit %d (want 2); stderr: %s", rc, err);
+    char want[128];
+    snprintf(want, sizeof want, "needs %lld bytes", need);
+    CHECK(strstr(err, want) && strstr(err, "GPU memory"), "message lacks '%s' of GPU memory: %s", want, err);
+    rc = sh("KVBENCH_GPU_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact --device gpu --max-steps 2 --out "
+            "'%s/memg-out' --force --quiet", need, B, tr, tmp);
+    CHECK(rc == 0, "at exactly the needed bytes: exit %d: %s", rc, err);
+    return KV_TEST_PASS;
+}
