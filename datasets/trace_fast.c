@@ -135,7 +135,7 @@ kv_status kv_fast_plan(hid_t d, const kv_trace_info *in, int H, kv_dtype dt, kv_
         else {
             uint64_t n0 = (H + cd[0] - 1) / cd[0], n1 = (T + cd[1] - 1) / cd[1], n2 = (D + cd[2] - 1) / cd[2];
             uint64_t n = n0 * n1 * n2, cbytes = cd[0] * cd[1] * cd[2] * esz;
-            kv_fast_chunk *c = n <= (1u << 24) && cbytes <= (256u << 20) ? malloc(n * sizeof *c) : NULL;
+            kv_fast_chunk *c = n <= (uint64_t)KV_FAST_MAX_CHUNKS && cbytes <= KV_FAST_MAX_CHUNK_BYTES ? malloc(n * sizeof *c) : NULL;
             if (!c) lib(h, "%s", "too many or too large chunks");
             else {
                 h->mode = KV_FAST_CHUNKED;
@@ -298,12 +298,12 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
     if (!cd0 || !cd1 || !cd2) { close(fd); FAIL("plan: empty chunk shape"); }
     uint64_t n0 = (H + cd0 - 1) / cd0, n1 = (T + cd1 - 1) / cd1, n2 = (D + cd2 - 1) / cd2;
     uint64_t cbytes = cd0 * cd1 * cd2 * esz, maxs = 0;
-    if (cbytes > (256u << 20) || (uint64_t)h->n != n0 * n1 * n2) { close(fd); FAIL("plan: chunk count or size"); }
+    if (cbytes > KV_FAST_MAX_CHUNK_BYTES || (uint64_t)h->n != n0 * n1 * n2) { close(fd); FAIL("plan: chunk count or size"); }
     for (int64_t j = 0; j < h->n; j++) {
         const kv_fast_chunk *c = &ch[j];
         uint64_t j0 = (uint64_t)j / (n1 * n2), j1 = (uint64_t)j / n2 % n1, j2 = (uint64_t)j % n2;
         if (c->c[0] != j0 * cd0 || c->c[1] != j1 * cd1 || c->c[2] != j2 * cd2 || c->size == 0 || c->addr > fsize ||
-            c->size > fsize - c->addr || c->size > (h->deflate ? 2 * cbytes + 4096 : cbytes)) {
+            c->size > fsize - c->addr || c->size > (h->deflate ? cbytes + cbytes / 8 + 4096 : cbytes)) { /* deflate expands by < 0.1% */
             close(fd);
             FAIL("plan: a chunk outside the file or of impossible size");
         }

@@ -12,6 +12,10 @@
 #include "kv_trace.h"
 
 enum { KV_FAST_LIBRARY = 0, KV_FAST_CONTIG = 1, KV_FAST_CHUNKED = 2 };
+/* Larger chunks or more of them go to the library path: each thread holds
+ * about three chunk buffers, and the plan is 32 bytes per chunk. */
+#define KV_FAST_MAX_CHUNK_BYTES ((uint64_t)8 << 20)
+#define KV_FAST_MAX_CHUNKS ((int64_t)1 << 22)
 
 typedef struct {
     uint64_t addr, size; /* file offset and stored bytes */

@@ -449,7 +449,7 @@ static kv_status plan_consume(int fd, void *arg) {
         kv_fast_hdr *h = &s->P->h[i];
         KV_TRY(kv_read_all(fd, h, sizeof *h));
         h->why[sizeof h->why - 1] = 0;
-        if (h->n < 0 || h->n > (1 << 24)) return KV_ERR_IO;
+        if (h->n < 0 || h->n > KV_FAST_MAX_CHUNKS) return KV_ERR_IO;
         if (h->n > 0) {
             if (!(s->P->c[i] = malloc((size_t)h->n * sizeof(kv_fast_chunk)))) return KV_ERR_IO;
             KV_TRY(kv_read_all(fd, s->P->c[i], (size_t)h->n * sizeof(kv_fast_chunk)));
