@@ -198,9 +198,11 @@ static void init_once(void) {
     if (!ld_alloc || !ld_free || !ld_zlib) ld_alloc = NULL;
 }
 
-const char *kv_fast_inflater(void) { return inflater; }
+static char how[64];
+const char *kv_fast_inflater(void) { return how; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 /* float16 -> float32 with the F16C instruction: exact for every finite half
  * (subnormals included; MXCSR's DAZ does not apply to it), so bit-identical
@@ -220,9 +222,16 @@ __attribute__((target("avx,f16c"))) static unsigned f16_f16c(const uint16_t *s, 
     }
     return b;
 }
+/* cpuid leaf 1: AVX (ecx 28), F16C (ecx 29), OSXSAVE (ecx 27) and the OS saving YMM state (xgetbv);
+ * by hand because clang's __builtin_cpu_supports does not know "f16c". */
 static int have_f16c(void) {
     const char *e = getenv("KVBENCH_NO_F16C"); /* tests compare with the table */
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") && !(e && !strcmp(e, "1"));
+    unsigned a, b, c, d;
+    if ((e && !strcmp(e, "1")) || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!(c & (1u << 27)) || !(c & (1u << 28)) || !(c & (1u << 29))) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
 }
 #else
 static unsigned f16_f16c(const uint16_t *s, float *dst, size_t n) { (void)s; (void)dst; (void)n; return 1; }
@@ -276,6 +285,7 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
         const uint64_t piece = 1u << 20; /* elements per task */
         uint64_t np = (total + piece - 1) / piece;
         inflater = "none";
+        snprintf(how, sizeof how, "%s%s", inflater, f16c && dt == KV_DTYPE_F16 ? ", F16C" : "");
 #pragma omp parallel if (ok && np > 1)
         {
             unsigned char *buf = ok ? malloc(piece * esz) : NULL;
@@ -312,6 +322,7 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
     const char *e = getenv("KVBENCH_NO_LIBDEFLATE");
     int use_ld = h->deflate && ld_alloc && !(e && !strcmp(e, "1"));
     inflater = !h->deflate ? "none" : use_ld ? "libdeflate" : "zlib";
+    snprintf(how, sizeof how, "%s%s", inflater, f16c && dt == KV_DTYPE_F16 ? ", F16C" : "");
 #pragma omp parallel if (h->n > 1)
     {
         unsigned char *cb = malloc(maxs), *rb = h->deflate ? malloc(cbytes) : NULL;

@@ -40,7 +40,8 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
                  char *why, size_t why_cap);
 /* "parallel" (default), "library" (the HDF5 read path only), from KVBENCH_LOADER. */
 int kv_fast_enabled(void);
-/* Which decoder the last kv_fast_read used: "libdeflate", "zlib" or "none". */
+/* Which decoder the last kv_fast_read used: "libdeflate", "zlib" or "none", then ", F16C" when float16
+ * went through the F16C instruction (else a table). */
 const char *kv_fast_inflater(void);
 
 #endif

@@ -79,6 +79,17 @@ int test_loader_parallel_matches_library(void) {
     return KV_TEST_PASS;
 }
 
+/* The CPU's own flags, independently of the loader's cpuid test. */
+static int cpu_has_f16c(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    int yes = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) { yes = strstr(line, " f16c") && strstr(line, " avx"); break; }
+    if (f) fclose(f);
+    return yes;
+}
+
 /* Every finite float16 value (subnormals, -0, the largest) through the
  * F16C conversion, the table, and the library: the same bits. */
 int test_loader_parallel_all_halves(void) {
@@ -109,6 +120,7 @@ int test_loader_parallel_all_halves(void) {
         CHECK(load(p, "library", &ref, how, sizeof how), "library load");
         CHECK(load(p, NULL, &par, how, sizeof how), "parallel load");
         CHECK(strstr(how, "q: parallel") && strstr(how, "v: parallel"), "%s", how);
+        CHECK(!strstr(how, "F16C") == !cpu_has_f16c(), "F16C use (%s) against /proc/cpuinfo (%d)", how, cpu_has_f16c());
         setenv("KVBENCH_NO_F16C", "1", 1);
         int ok = load(p, NULL, &tab, how, sizeof how);
         unsetenv("KVBENCH_NO_F16C");
