@@ -168,6 +168,30 @@ static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag)
     return out;
 }
 
+/* The prefill view without a copy (issue 12: the copies were 3/4 of the
+ * float32 layer again at P = 3T/4): the rows [n, T) of every head are moved
+ * aside, each head's rows [0, n) moved left in place so [H][T][D] becomes a
+ * tight [H][n][D], and expand() undoes both after the builds. Heads move in
+ * increasing order to the left and in decreasing order back to the right,
+ * so no source is overwritten before it is moved. Methods must not keep
+ * pointers into the prefill after build() (the copies were freed there
+ * before, so none does). Returns the moved-aside rows, NULL when out of memory. */
+static float *compact_prefix(float *x, int H, int T, int D, int n) {
+    size_t tail = (size_t)(T - n) * D, head = (size_t)n * D;
+    float *saved = kv_malloc((size_t)H * tail * sizeof(float) + 1, "decode rows set aside during the builds");
+    if (!saved) return NULL;
+    for (int h = 0; h < H; h++) memcpy(saved + h * tail, x + (size_t)h * T * D + head, tail * sizeof(float));
+    for (int h = 1; h < H; h++) memmove(x + h * head, x + (size_t)h * T * D, head * sizeof(float));
+    return saved;
+}
+
+static void expand_prefix(float *x, int H, int T, int D, int n, float *saved) {
+    size_t tail = (size_t)(T - n) * D, head = (size_t)n * D;
+    for (int h = H - 1; h >= 1; h--) memmove(x + (size_t)h * T * D, x + h * head, head * sizeof(float));
+    for (int h = 0; h < H; h++) memcpy(x + (size_t)h * T * D + head, saved + h * tail, tail * sizeof(float));
+    free(saved);
+}
+
 /* A method instance: one built index, searched at budgets b0 .. b0+nb-1
  * (every budget, or one for a method whose search updates its state). */
 typedef struct {
@@ -177,13 +201,16 @@ typedef struct {
 } run_inst;
 
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
-static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
+static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
                            const kv_shape *sh) {
     kv_prefill pre = {.n = P};
-    float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P, 0), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P, lag);
-    float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P, 0) : NULL;
-    kv_status st = (!pk || !pq || (L->v && !pv)) ? KV_ERR_NOMEM : KV_OK;
-    pre.k = pk; pre.q = pq; pre.v = pv;
+    /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
+    float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
+    float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
+    float *sq = sk && (!L->v || sv) && !lag ? compact_prefix(L->q, L->Hq, L->T, L->D, P) : NULL;
+    float *pq = lag ? gather_prefix(L->q, L->Hq, L->T, L->D, P, lag) : NULL;
+    kv_status st = (!sk || (L->v && !sv) || (!lag && !sq) || (lag && !pq)) ? KV_ERR_NOMEM : KV_OK;
+    pre.k = L->k; pre.q = lag ? pq : L->q; pre.v = L->v;
     for (int i = 0; i < n_inst && st == KV_OK; i++) {
         kv_method_run *r = &inst[i].r;
         kv_shape s = *sh;
@@ -200,7 +227,10 @@ static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, r
         r->build_s = kv_now() - t0;
         if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
     }
-    free(pk); free(pq); free(pv);
+    if (sq) expand_prefix(L->q, L->Hq, L->T, L->D, P, sq);
+    if (sv) expand_prefix(L->v, L->Hkv, L->T, L->D, P, sv);
+    if (sk) expand_prefix(L->k, L->Hkv, L->T, L->D, P, sk);
+    free(pq);
     return st;
 }
 
@@ -281,8 +311,10 @@ static int has_seed_param(const kv_method *m) {
  * indices; returns the count, or -1 after printing the error (exit 2). */
 /* ---- memory needed by a run, before anything is allocated (issue 12) ----
  * Host, per layer (layers are evaluated one at a time, all of one shape):
- *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the prefill
- *   copies the builds read, 4 (Hq + Hkv (1 + has_v)) P D, plus per method
+ *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the decode
+ *   rows set aside while the builds read the prefill in place,
+ *   4 (Hq + Hkv (1 + has_v)) (T - P) D (with --lag: q's prefix is copied
+ *   instead, 4 Hq P D, its decode rows stay), plus per method
  *   instance on the CPU one float32 copy of the keys and one score row per
  *   q head, 4 Hkv T D + 4 Hq T (what exact, the reference, holds: the vtable
  *   cannot tell an index's size before create() allocates it, so this is
@@ -320,7 +352,9 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     int hv = 0, half = 1;
     for (int i = 0; i < n_layers; i++) { hv |= in->layer_has_v[lidx[i]]; half &= in->layer_half[lidx[i]]; }
     double rows = Hq + Hkv * (1 + hv), e = half ? 2 : 4;
-    double layer = 4 * rows * T * D, prefix = 4 * rows * P * D, host = layer + prefix + 4 * Hq * T, dev = 0;
+    /* the builds' prefill view: rows [P, T) set aside, and with --lag a copy of the shifted q prefix */
+    double prefix = o->lag ? 4 * (Hkv * (1 + hv) * (T - P) + Hq * P) * D : 4 * rows * (T - P) * D;
+    double layer = 4 * rows * T * D, host = layer + prefix + 4 * Hq * T, dev = 0;
     int n_cpu = 0, n_gpu = 0;
     for (int i = 0; i < n_picked; i++) {
         int n = (has_seed_param(picked[i].m) ? o->seeds : 1) * (picked[i].m->search_updates_state ? o->nk : 1);
@@ -333,7 +367,7 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     double avail = host_available();
     if (avail >= 0 && host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
-                       "are available%s: the layer as float32 %.0f + its prefill copies %.0f + %d CPU method "
+                       "are available%s: the layer as float32 %.0f + rows set aside while the indexes build %.0f + %d CPU method "
                        "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
                        "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
                        "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,

@@ -32,8 +32,9 @@ int test_run_memory_preflight(void) {
     snprintf(tr, sizeof tr, "%s/mem.h5", tmp);
     CHECK(sh("'%s' synth --out '%s' --tokens 3000 --prefill 2000 --q-heads 4 --kv-heads 2 --dim 32 --force", B, tr) == 0,
           "synth: %s", err);
-    /* host: layer 4*(4+2*2)*3000*32 + prefill 4*8*2000*32 + 2 CPU instances x (4*2*3000*32 + 4*4*3000) + oracle 4*4*3000 */
-    long long layer = 4LL * 8 * 3000 * 32, prefix = 4LL * 8 * 2000 * 32, per = 4LL * 2 * 3000 * 32 + 4LL * 4 * 3000;
+    /* host: layer 4*(4+2*2)*3000*32 + decode rows set aside 4*8*(3000-2000)*32 + 2 CPU instances x
+     * (4*2*3000*32 + 4*4*3000) + oracle 4*4*3000 */
+    long long layer = 4LL * 8 * 3000 * 32, prefix = 4LL * 8 * 1000 * 32, per = 4LL * 2 * 3000 * 32 + 4LL * 4 * 3000;
     long long need = layer + prefix + 2 * per + 4LL * 4 * 3000;
     int rc = sh("KVBENCH_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact,quest --out '%s/mem-out' --force --quiet",
                 need - 1, B, tr, tmp);
@@ -47,6 +48,12 @@ int test_run_memory_preflight(void) {
     rc = sh("KVBENCH_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact,quest --max-steps 2 --out '%s/mem-out' --force "
             "--quiet", need, B, tr, tmp);
     CHECK(rc == 0, "at exactly the needed bytes: exit %d: %s", rc, err);
+    /* --lag 3: q's prefix is copied (4*4*2000*32) instead of its decode rows set aside (4*4*1000*32) */
+    long long need_lag = need + 4LL * 4 * 2000 * 32 - 4LL * 4 * 1000 * 32;
+    rc = sh("KVBENCH_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact,quest --lag 3 --out '%s/mem-out' --force --quiet",
+            need_lag - 1, B, tr, tmp);
+    snprintf(want, sizeof want, "needs %lld bytes", need_lag);
+    CHECK(rc == 2 && strstr(err, want), "--lag 3: exit %d, want 2 and '%s': %s", rc, want, err);
     return KV_TEST_PASS;
 }
 
@@ -60,7 +67,7 @@ int test_run_results_loader_invariant(void) {
     static const char *traces[2] = {"datasets/demo.h5", "datasets/demo-1.5b.h5"};
     for (int i = 0; i < 2; i++) {
         for (int m = 0; m < 2; m++) {
-            int rc = sh("%s '%s' run --trace %s --method exact,quest,pariskv,magicpig,streaming --stride 3 "
+            int rc = sh("%s '%s' run --trace %s --method exact,quest,pariskv,magicpig,streaming,csattention --stride 3 "
                         "--out '%s/inv-%d-%d' --force --quiet", m ? "KVBENCH_LOADER=library" : "", B, traces[i], tmp,
                         i, m);
             CHECK(rc == 0, "%s (loader %s): exit %d: %s", traces[i], m ? "library" : "parallel", rc, err);
