@@ -80,10 +80,14 @@ int cmd_info(int argc, char **argv) {
 static const char synth_help[] =
     "usage: kvbench synth --out FILE [--tokens T] [--prefill P] [--q-heads 16] [--kv-heads 8] [--dim 128]\n"
     "                     [--layers 1] [--seed S] [--dtype float16|float32] [--no-values] [--force]\n"
+    "                     [--gzip LEVEL] [--shuffle] [--fletcher32] [--chunk-tokens N | --contiguous]\n"
     "Writes a seeded synthetic kvtrace (sinks, RoPE, locality, clustered keys, heavy hitters, and a decode-time\n"
     "shift of keys and queries). Streams to disk: T up to millions in bounded memory. For tests and scale\n"
     "benchmarks only: report results on real traces. An existing FILE is replaced only with --force (the new\n"
-    "trace is written to FILE.tmp.<pid> and renamed over it when complete).\n";
+    "trace is written to FILE.tmp.<pid> and renamed over it when complete).\n"
+    "Storage (default: chunks of 4096 tokens of one head, no filter): --gzip 1..9 deflates each chunk, --shuffle\n"
+    "adds HDF5's byte shuffle before it, --fletcher32 a checksum after it (a filter the parallel loader leaves to\n"
+    "the HDF5 library), --chunk-tokens N sets the chunk length, --contiguous stores each dataset unchunked.\n";
 
 /* The trace's size (uncompressed: synth writes no gzip) against the free
  * space of the output's filesystem, before anything is written. */
@@ -112,7 +116,9 @@ int cmd_synth(int argc, char **argv) {
     static const struct option opts[] = {
         {"out", 1, 0, 'o'}, {"tokens", 1, 0, 't'}, {"prefill", 1, 0, 'p'}, {"q-heads", 1, 0, 'q'},
         {"kv-heads", 1, 0, 'k'}, {"dim", 1, 0, 'd'}, {"layers", 1, 0, 'l'}, {"seed", 1, 0, 's'},
-        {"dtype", 1, 0, 'y'}, {"no-values", 0, 0, 'n'}, {"force", 0, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"dtype", 1, 0, 'y'}, {"no-values", 0, 0, 'n'}, {"force", 0, 0, 'f'}, {"help", 0, 0, 'h'},
+        {"gzip", 1, 0, 'z'}, {"shuffle", 0, 0, 'S'}, {"fletcher32", 0, 0, 'F'}, {"chunk-tokens", 1, 0, 'c'},
+        {"contiguous", 0, 0, 'C'}, {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
     for (int c; (c = getopt_long(argc, argv, KV_OPTSTRING, opts, NULL)) != -1;) {
@@ -134,6 +140,11 @@ int cmd_synth(int argc, char **argv) {
             break;
         case 'n': sp.with_v = 0; break;
         case 'f': force = 1; break;
+        case 'z': bad = kv_opt_int("synth", "gzip", optarg, 0, 9, &sp.gzip); break;
+        case 'S': sp.shuffle = 1; break;
+        case 'F': sp.fletcher32 = 1; break;
+        case 'c': bad = kv_opt_int("synth", "chunk-tokens", optarg, 1, 1L << 30, &sp.chunk_tokens); break;
+        case 'C': sp.contiguous = 1; break;
         case 'h': fputs(synth_help, stdout); return 0;
         default: return kv_opt_error("synth", c, argv, opts);
         }
@@ -146,6 +157,8 @@ int cmd_synth(int argc, char **argv) {
     if (sp.prefill > sp.tokens)
         return kv_usage_error("synth", "--prefill %d: expected at most --tokens %d", sp.prefill, sp.tokens);
     if (sp.q_heads % sp.kv_heads) return kv_usage_error("synth", "--q-heads %d is not a multiple of --kv-heads %d", sp.q_heads, sp.kv_heads);
+    if (sp.contiguous && (sp.gzip || sp.shuffle || sp.fletcher32 || sp.chunk_tokens))
+        return kv_usage_error("synth", "--contiguous: HDF5 filters and --chunk-tokens need chunked storage");
     if (sp.dim % 2) return kv_usage_error("synth", "--dim must be even (RoPE rotates pairs), found %d", sp.dim);
     kv_status st = kv_check_out_file("--out", out, force, NULL);
     if (st == KV_OK) st = check_space(out, &sp);

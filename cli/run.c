@@ -168,6 +168,30 @@ static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag)
     return out;
 }
 
+/* The prefill view without a copy (issue 12: the copies were 3/4 of the
+ * float32 layer again at P = 3T/4): the rows [n, T) of every head are moved
+ * aside, each head's rows [0, n) moved left in place so [H][T][D] becomes a
+ * tight [H][n][D], and expand() undoes both after the builds. Heads move in
+ * increasing order to the left and in decreasing order back to the right,
+ * so no source is overwritten before it is moved. Methods must not keep
+ * pointers into the prefill after build() (the copies were freed there
+ * before, so none does). Returns the moved-aside rows, NULL when out of memory. */
+static float *compact_prefix(float *x, int H, int T, int D, int n) {
+    size_t tail = (size_t)(T - n) * D, head = (size_t)n * D;
+    float *saved = kv_malloc((size_t)H * tail * sizeof(float) + 1, "decode rows set aside during the builds");
+    if (!saved) return NULL;
+    for (int h = 0; h < H; h++) memcpy(saved + h * tail, x + (size_t)h * T * D + head, tail * sizeof(float));
+    for (int h = 1; h < H; h++) memmove(x + h * head, x + (size_t)h * T * D, head * sizeof(float));
+    return saved;
+}
+
+static void expand_prefix(float *x, int H, int T, int D, int n, float *saved) {
+    size_t tail = (size_t)(T - n) * D, head = (size_t)n * D;
+    for (int h = H - 1; h >= 1; h--) memmove(x + (size_t)h * T * D, x + h * head, head * sizeof(float));
+    for (int h = 0; h < H; h++) memcpy(x + (size_t)h * T * D + head, saved + h * tail, tail * sizeof(float));
+    free(saved);
+}
+
 /* A method instance: one built index, searched at budgets b0 .. b0+nb-1
  * (every budget, or one for a method whose search updates its state). */
 typedef struct {
@@ -177,13 +201,16 @@ typedef struct {
 } run_inst;
 
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
-static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
+static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
                            const kv_shape *sh) {
     kv_prefill pre = {.n = P};
-    float *pk = gather_prefix(L->k, L->Hkv, L->T, L->D, P, 0), *pq = gather_prefix(L->q, L->Hq, L->T, L->D, P, lag);
-    float *pv = L->v ? gather_prefix(L->v, L->Hkv, L->T, L->D, P, 0) : NULL;
-    kv_status st = (!pk || !pq || (L->v && !pv)) ? KV_ERR_NOMEM : KV_OK;
-    pre.k = pk; pre.q = pq; pre.v = pv;
+    /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
+    float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
+    float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
+    float *sq = sk && (!L->v || sv) && !lag ? compact_prefix(L->q, L->Hq, L->T, L->D, P) : NULL;
+    float *pq = lag ? gather_prefix(L->q, L->Hq, L->T, L->D, P, lag) : NULL;
+    kv_status st = (!sk || (L->v && !sv) || (!lag && !sq) || (lag && !pq)) ? KV_ERR_NOMEM : KV_OK;
+    pre.k = L->k; pre.q = lag ? pq : L->q; pre.v = L->v;
     for (int i = 0; i < n_inst && st == KV_OK; i++) {
         kv_method_run *r = &inst[i].r;
         kv_shape s = *sh;
@@ -200,7 +227,10 @@ static kv_status build_all(const kv_layer *L, int P, int lag, const int *keff, r
         r->build_s = kv_now() - t0;
         if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
     }
-    free(pk); free(pq); free(pv);
+    if (sq) expand_prefix(L->q, L->Hq, L->T, L->D, P, sq);
+    if (sv) expand_prefix(L->v, L->Hkv, L->T, L->D, P, sv);
+    if (sk) expand_prefix(L->k, L->Hkv, L->T, L->D, P, sk);
+    free(pq);
     return st;
 }
 
@@ -279,6 +309,90 @@ static int has_seed_param(const kv_method *m) {
 
 /* Parses --layer (NULL: the first layer; "all"; or a comma list) into
  * indices; returns the count, or -1 after printing the error (exit 2). */
+/* ---- memory needed by a run, before anything is allocated (issue 12) ----
+ * Host, per layer (layers are evaluated one at a time, all of one shape):
+ *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the decode
+ *   rows set aside while the builds read the prefill in place,
+ *   4 (Hq + Hkv (1 + has_v)) (T - P) D (with --lag: q's prefix is copied
+ *   instead, 4 Hq P D, its decode rows stay), plus per method
+ *   instance on the CPU one float32 copy of the keys and one score row per
+ *   q head, 4 Hkv T D + 4 Hq T (what exact, the reference, holds: the vtable
+ *   cannot tell an index's size before create() allocates it, so this is
+ *   the documented estimate; compressed indexes hold less), plus the
+ *   oracle's score rows 4 Hq T.
+ * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
+ *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
+ *   method instance on the GPU e Hkv T D + 4 Hq T.
+ * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
+ * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
+static double env_bytes(const char *name) {
+    const char *e = getenv(name);
+    if (!e || !*e) return -1;
+    char *end;
+    double v = strtod(e, &end);
+    return end != e && v >= 0 ? v : -1;
+}
+
+static double host_available(void) {
+    double lim = env_bytes("KVBENCH_MEM_LIMIT");
+    if (lim < 0) lim = env_bytes("KVBENCH_MEM_AVAILABLE"); /* the loader's own override (datasets/trace_read.c) */
+    if (lim >= 0) return lim;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb < 0 ? -1 : kb * 1024.0;
+}
+
+static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const int *lidx, int n_layers,
+                              const kv_method_run *picked, int n_picked, int use_gpu) {
+    double Hq = in->num_q_heads, Hkv = in->num_kv_heads, T = in->num_tokens, P = in->prefill_len, D = in->head_dim;
+    int hv = 0, half = 1;
+    for (int i = 0; i < n_layers; i++) { hv |= in->layer_has_v[lidx[i]]; half &= in->layer_half[lidx[i]]; }
+    double rows = Hq + Hkv * (1 + hv), e = half ? 2 : 4;
+    /* the builds' prefill view: rows [P, T) set aside, and with --lag a copy of the shifted q prefix */
+    double prefix = o->lag ? 4 * (Hkv * (1 + hv) * (T - P) + Hq * P) * D : 4 * rows * (T - P) * D;
+    double layer = 4 * rows * T * D, host = layer + prefix + 4 * Hq * T, dev = 0;
+    int n_cpu = 0, n_gpu = 0;
+    for (int i = 0; i < n_picked; i++) {
+        int n = (has_seed_param(picked[i].m) ? o->seeds : 1) * (picked[i].m->search_updates_state ? o->nk : 1);
+        if (use_gpu && picked[i].m->has_gpu) n_gpu += n;
+        else n_cpu += n;
+    }
+    double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
+    host += n_cpu * per_cpu;
+    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
+    double avail = host_available();
+    if (avail >= 0 && host > avail)
+        return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
+                       "are available%s: the layer as float32 %.0f + rows set aside while the indexes build %.0f + %d CPU method "
+                       "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
+                       "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
+                       "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
+                       env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
+                       : env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
+                                                                 : " (MemAvailable)",
+                       layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
+                       in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
+    if (use_gpu) {
+        double glim = env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
+        if (gfree > 0 && dev > gfree)
+            return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
+                           "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
+                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
+                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
+                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
+                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
+                           in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
+    }
+    if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
+        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f), device %.0f bytes\n", host, avail,
+                dev);
+    return KV_OK;
+}
+
 static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
     if (!spec) { idx[0] = 0; return 1; }
     if (!strcmp(spec, "all")) {
@@ -453,6 +567,7 @@ int cmd_run(int argc, char **argv) {
         if (st == KV_OK) st = kv_results_check_out(out, o.force);
     }
     if (st == KV_OK) st = kv_resolve_device(o.device, &meta.gpu, &meta.use_gpu);
+    if (st == KV_OK) st = check_memory(&o, in, lidx, n_layers, runs, n_runs, meta.use_gpu);
     if (st != KV_OK) { free(lidx); free(layers); free(in); free(out); free(meta.cmdline); return kv_report(st); }
     kv_host_setup("run", o.threads, &meta.host);
     time_t now = time(NULL);

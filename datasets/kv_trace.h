@@ -63,6 +63,10 @@ kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
  * harness's entry points: a crash there is what the fuzzer looks for). */
 kv_status kv_trace_open_direct(const char *path, kv_trace_info *info);
 kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_layer *out);
+/* How the last load read each dataset: "q: parallel (libdeflate); k: ...; v: library (WHY)".
+ * KVBENCH_LOADER=library forces the HDF5 library's read path; KVBENCH_LOADER_VERBOSE=1 prints it with the
+ * load's seconds and MB/s. */
+const char *kv_trace_last_load(void);
 kv_status kv_trace_load_tokens_direct(const kv_trace_info *info, int **tokens);
 
 /* ---- process isolation (datasets/isolate.c) ---- */
@@ -91,6 +95,8 @@ typedef struct {
     float softmax_scale;
     int half;   /* store q/k/v as float16 */
     int gzip;   /* gzip level 0..9 (0: none) */
+    int shuffle, fletcher32; /* HDF5's byte shuffle before gzip; checksum filter after it */
+    int contiguous; /* no chunks (gzip 0 only) */
     int chunk_tokens; /* chunk length along T */
 } kv_trace_spec;
 
@@ -112,6 +118,7 @@ typedef struct {
     uint64_t seed;
     int half;
     int with_v;
+    int gzip, shuffle, fletcher32, contiguous, chunk_tokens; /* storage (0: the defaults, no filter, 4096 tokens) */
 } kv_synth_spec;
 kv_status kv_synth_write(const char *path, const kv_synth_spec *spec);
 /* In-memory generation of one layer's rows [t0, t0+n) into [H][n][D]

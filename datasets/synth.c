@@ -183,8 +183,9 @@ kv_status kv_synth_write(const char *path, const kv_synth_spec *sp) {
     kv_trace_spec ts = {
         .model = "kvbench-synth", .description = desc, .rope = "applied", .head_dim = sp->dim,
         .num_q_heads = sp->q_heads, .num_kv_heads = sp->kv_heads, .num_tokens = sp->tokens,
-        .prefill_len = sp->prefill, .softmax_scale = 1.0f / sqrtf((float)sp->dim), .half = sp->half, .gzip = 0,
-        .chunk_tokens = 4096,
+        .prefill_len = sp->prefill, .softmax_scale = 1.0f / sqrtf((float)sp->dim), .half = sp->half, .gzip = sp->gzip,
+        .shuffle = sp->shuffle, .fletcher32 = sp->fletcher32, .contiguous = sp->contiguous,
+        .chunk_tokens = sp->chunk_tokens > 0 ? sp->chunk_tokens : 4096,
     };
     kv_trace_writer *w;
     KV_TRY(kv_trace_writer_open(path, &ts, &w));

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <hdf5.h>
+#include <omp.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "trace_check.h"
+#include "trace_fast.h"
 
 #define BAD(...) kv_fail(KV_ERR_INPUT, __VA_ARGS__)
 
@@ -332,8 +334,9 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
     return st;
 }
 
-/* Reads layer `layer` into L's already allocated arrays, or down the pipe fd. */
-static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int fd) {
+/* Reads layer `layer`'s datasets in `mask` (1 q, 2 k, 4 v) into L's already
+ * allocated arrays, or down the pipe fd. */
+static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int fd, int mask) {
     silence_hdf5();
     const char *ln = in->layer_names[layer];
     hid_t f = H5Fopen(in->path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -343,9 +346,10 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
     kv_status st = KV_OK;
     hid_t lg = kv_h5_open_member(f, in->path, "/layers", "layers", 1, &st);
     hid_t g = lg >= 0 ? kv_h5_open_member(lg, in->path, gp, ln, 1, &st) : -1;
-    if (g >= 0) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q, fd);
-    if (st == KV_OK) st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k, fd);
-    if (st == KV_OK && L->v) st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v, fd);
+    if (g >= 0 && (mask & 1)) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q, fd);
+    if (g >= 0 && st == KV_OK && (mask & 2)) st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k, fd);
+    if (g >= 0 && st == KV_OK && L->v && (mask & 4))
+        st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v, fd);
     if (g >= 0) H5Gclose(g);
     if (lg >= 0) H5Gclose(lg);
     H5Fclose(f);
@@ -353,9 +357,10 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
 }
 
 /* Bytes of memory available now (MemAvailable), or -1 when unknown;
- * KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
+ * KVBENCH_MEM_LIMIT or KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
 static double mem_available(void) {
-    const char *e = getenv("KVBENCH_MEM_AVAILABLE");
+    const char *e = getenv("KVBENCH_MEM_LIMIT"); /* kvbench run's preflight override */
+    if (!(e && *e)) e = getenv("KVBENCH_MEM_AVAILABLE");
     if (e && *e) return strtod(e, NULL);
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -385,36 +390,163 @@ static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L) {
     return KV_OK;
 }
 
+/* ---- the parallel path (trace_fast.c): plans from the child, decoding here ---- */
+
+typedef struct { kv_fast_hdr h[3]; kv_fast_chunk *c[3]; int n; } layer_plan;
+
+static void plan_free(layer_plan *p) {
+    for (int i = 0; i < 3; i++) free(p->c[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* The plans of q, k (and v) in the calling process, or (fd >= 0) down the pipe. */
+static kv_status plan_layer(const kv_trace_info *in, int layer, layer_plan *P, int fd) {
+    silence_hdf5();
+    const char *ln = in->layer_names[layer];
+    static const char *names[3] = {"q", "k", "v"};
+    int n = in->layer_has_v[layer] ? 3 : 2;
+    hid_t f = H5Fopen(in->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return BAD("%s: cannot open as HDF5 (the file changed since it was opened, or is corrupt)", in->path);
+    char gp[KV_NAME_MAX + 16], obj[KV_NAME_MAX + 16];
+    snprintf(gp, sizeof gp, "/layers/%s", ln);
+    kv_status st = KV_OK;
+    hid_t lg = kv_h5_open_member(f, in->path, "/layers", "layers", 1, &st);
+    hid_t g = lg >= 0 ? kv_h5_open_member(lg, in->path, gp, ln, 1, &st) : -1;
+    for (int i = 0; i < n && g >= 0 && st == KV_OK; i++) {
+        snprintf(obj, sizeof obj, "/layers/%s/%s", ln, names[i]);
+        hid_t d = kv_h5_open_member(g, in->path, obj, names[i], 0, &st);
+        if (d < 0) break;
+        kv_fast_hdr h;
+        kv_fast_chunk *c = NULL;
+        st = kv_fast_plan(d, in, i ? in->num_kv_heads : in->num_q_heads, in->layer_dtype[layer][i], &h, &c);
+        H5Dclose(d);
+        if (st == KV_OK && fd >= 0) {
+            st = kv_write_all(fd, &h, sizeof h);
+            if (st == KV_OK && h.n > 0) st = kv_write_all(fd, c, (size_t)h.n * sizeof *c);
+            free(c);
+        } else if (st == KV_OK) { P->h[i] = h; P->c[i] = c; P->n = i + 1; }
+        else free(c);
+    }
+    if (g >= 0) H5Gclose(g);
+    if (lg >= 0) H5Gclose(lg);
+    H5Fclose(f);
+    return st;
+}
+
+typedef struct { const kv_trace_info *in; int layer; kv_layer *L; int mask; } load_arg;
+
+static kv_status plan_child(void *arg, void *out, int fd) {
+    (void)out;
+    load_arg *a = arg;
+    return plan_layer(a->in, a->layer, NULL, fd);
+}
+
+typedef struct { layer_plan *P; int n; } plan_sink;
+
+static kv_status plan_consume(int fd, void *arg) {
+    plan_sink *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        kv_fast_hdr *h = &s->P->h[i];
+        KV_TRY(kv_read_all(fd, h, sizeof *h));
+        h->why[sizeof h->why - 1] = 0;
+        if (h->n < 0 || h->n > KV_FAST_MAX_CHUNKS) return KV_ERR_IO;
+        if (h->n > 0) {
+            if (!(s->P->c[i] = malloc((size_t)h->n * sizeof(kv_fast_chunk)))) return KV_ERR_IO;
+            KV_TRY(kv_read_all(fd, s->P->c[i], (size_t)h->n * sizeof(kv_fast_chunk)));
+        }
+        s->P->n = i + 1;
+    }
+    return KV_OK;
+}
+
+static char last_load[512];
+const char *kv_trace_last_load(void) { return last_load; }
+
+/* Decodes the planned datasets; returns the mask of those left to the library path. */
+static int fast_decode(const kv_trace_info *in, const layer_plan *P, kv_layer *L) {
+    static const char *names[3] = {"q", "k", "v"};
+    float *dst[3] = {L->q, L->k, L->v};
+    int left = 0;
+    size_t used = 0;
+    last_load[0] = 0;
+    for (int i = 0; i < (L->v ? 3 : 2); i++) {
+        char why[160] = "";
+        int ok = i < P->n && kv_fast_read(in, i ? L->Hkv : L->Hq, &P->h[i], P->c[i], dst[i], why, sizeof why);
+        if (!ok) left |= 1 << i;
+        if (!ok && !why[0]) snprintf(why, sizeof why, "no plan");
+        int w = snprintf(last_load + used, sizeof last_load - used, "%s%s: %s%s%s%s", i ? "; " : "", names[i],
+                         ok ? "parallel" : "library", ok ? " (" : " (", ok ? kv_fast_inflater() : why, ")");
+        if (w > 0 && (size_t)w < sizeof last_load - used) used += (size_t)w;
+    }
+    return left;
+}
+
+static void note_library(int mask) {
+    snprintf(last_load, sizeof last_load, "q: %s; k: %s; v: %s", mask & 1 ? "library" : "-", mask & 2 ? "library" : "-",
+             mask & 4 ? "library" : "-");
+}
+
 kv_status kv_trace_load_layer_direct(const kv_trace_info *in, int layer, kv_layer *L) {
     KV_TRY(layer_alloc(in, layer, L));
-    kv_status st = read_layer(in, layer, L, -1);
+    int mask = 7;
+    if (kv_fast_enabled()) {
+        layer_plan P = {0};
+        kv_status st = plan_layer(in, layer, &P, -1);
+        if (st == KV_OK) mask = fast_decode(in, &P, L);
+        plan_free(&P);
+        if (st != KV_OK) { kv_layer_free(L); return st; }
+    } else note_library(mask);
+    kv_status st = mask ? read_layer(in, layer, L, -1, mask) : KV_OK;
     if (st != KV_OK) kv_layer_free(L);
     return st;
 }
 
-typedef struct { const kv_trace_info *in; int layer; kv_layer *L; } load_arg;
-
 static kv_status load_child(void *arg, void *out, int fd) {
     (void)out;
     load_arg *a = arg;
-    return read_layer(a->in, a->layer, a->L, fd);
+    return read_layer(a->in, a->layer, a->L, fd, a->mask);
 }
 
 static kv_status load_consume(int fd, void *arg) {
-    kv_layer *L = arg;
+    load_arg *a = arg;
+    kv_layer *L = a->L;
     size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
-    KV_TRY(kv_read_all(fd, L->q, nq * sizeof(float)));
-    KV_TRY(kv_read_all(fd, L->k, nk * sizeof(float)));
-    return L->v ? kv_read_all(fd, L->v, nk * sizeof(float)) : KV_OK;
+    if (a->mask & 1) KV_TRY(kv_read_all(fd, L->q, nq * sizeof(float)));
+    if (a->mask & 2) KV_TRY(kv_read_all(fd, L->k, nk * sizeof(float)));
+    return L->v && (a->mask & 4) ? kv_read_all(fd, L->v, nk * sizeof(float)) : KV_OK;
 }
 
+static kv_status load_layer_isolated(const kv_trace_info *in, int layer, kv_layer *L);
+
+/* KVBENCH_LOADER_VERBOSE=1: one line per layer on stderr with the path taken, seconds and MB/s of file. */
 kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
-    if (in_process()) return kv_trace_load_layer_direct(in, layer, L);
+    const char *e = getenv("KVBENCH_LOADER_VERBOSE");
+    double t0 = kv_now();
+    kv_status st = in_process() ? kv_trace_load_layer_direct(in, layer, L) : load_layer_isolated(in, layer, L);
+    double dt = kv_now() - t0;
+    if (st == KV_OK && e && !strcmp(e, "1"))
+        fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads): %s\n",
+                in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
+                in->file_bytes / 1e6, omp_get_max_threads(), last_load);
+    return st;
+}
+
+static kv_status load_layer_isolated(const kv_trace_info *in, int layer, kv_layer *L) {
     KV_TRY(layer_alloc(in, layer, L));
-    load_arg a = {in, layer, L};
+    load_arg a = {in, layer, L, 7};
+    kv_status st = KV_OK;
+    if (kv_fast_enabled()) {
+        layer_plan P = {0};
+        plan_sink ps = {&P, in->layer_has_v[layer] ? 3 : 2};
+        st = kv_isolated_stream(in->path, "locating its data", child_timeout(in->file_bytes), (size_t)1 << 30,
+                                plan_child, &a, NULL, 0, plan_consume, &ps);
+        if (st == KV_OK) a.mask = fast_decode(in, &P, L);
+        plan_free(&P);
+    } else note_library(a.mask);
     size_t scratch = (size_t)in->num_tokens * in->head_dim * 6 + 65536 * 4;
-    kv_status st = kv_isolated_stream(in->path, "reading its data", child_timeout(in->file_bytes) + 25.0,
-                                      ((size_t)1 << 30) + scratch, load_child, &a, NULL, 0, load_consume, L);
+    if (st == KV_OK && a.mask)
+        st = kv_isolated_stream(in->path, "reading its data", child_timeout(in->file_bytes) + 25.0,
+                                ((size_t)1 << 30) + scratch, load_child, &a, NULL, 0, load_consume, &a);
     if (st != KV_OK) kv_layer_free(L);
     return st;
 }

@@ -134,8 +134,11 @@ static hid_t make_dataset(kv_trace_writer *w, const char *name, int H) {
     hsize_t chunk[3] = {1, (hsize_t)(s->chunk_tokens > 0 ? s->chunk_tokens : 1024), (hsize_t)s->head_dim};
     if (chunk[1] > dims[1]) chunk[1] = dims[1];
     hid_t sp = H5Screate_simple(3, dims, NULL), pl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_chunk(pl, 3, chunk);
+    if (s->contiguous && !s->gzip && !s->shuffle && !s->fletcher32) H5Pset_layout(pl, H5D_CONTIGUOUS);
+    else H5Pset_chunk(pl, 3, chunk);
+    if (s->shuffle) H5Pset_shuffle(pl);
     if (s->gzip > 0) H5Pset_deflate(pl, (unsigned)s->gzip);
+    if (s->fletcher32) H5Pset_fletcher32(pl);
     hid_t d = H5Dcreate2(w->layer, name, w->ftype, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
     H5Pclose(pl);
     H5Sclose(sp);

@@ -24,6 +24,8 @@ extern char kv_test_reason[512];
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
     X(loader_float32_and_gzip, 0)                          \
+    X(loader_parallel_matches_library, 0)                  \
+    X(loader_parallel_all_halves, 0)                       \
     X(loader_string_attr_arrays, 0)                        \
     X(loader_long_paths, 0)                                \
     X(loader_resource_bombs, 0)                            \
@@ -81,6 +83,7 @@ extern char kv_test_reason[512];
     X(faiss_hnsw_ivfpq_recall, 0)                          \
     X(faiss_params_validated, 0)                           \
     X(gpu_scores_match_ref, KV_NEEDS_GPU)                  \
+    X(run_memory_preflight_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
     X(gpu_topk_matches_ref, KV_NEEDS_GPU)                  \
     X(gpu_oracle_matches_cpu, KV_NEEDS_GPU)                \
     X(gpu_exact_matches_cpu, KV_NEEDS_GPU)                 \
@@ -110,6 +113,8 @@ extern char kv_test_reason[512];
     X(racc_gpu_vote_matches_cpu, KV_NEEDS_GPU)             \
     X(racc_gpu_matches_cpu, KV_NEEDS_GPU)                  \
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
+    X(run_memory_preflight, KV_NEEDS_SUBPROCESS)           \
+    X(run_results_loader_invariant, KV_NEEDS_SUBPROCESS)   \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \

@@ -43,6 +43,15 @@ extern "C" void kv_gpu_probe(kv_gpu_info *info) {
     info->available = 1;
 }
 
+size_t kv_gpu_mem_free(void) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return fr;
+}
+
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError(); /* not sticky: clear it so the context stays usable */

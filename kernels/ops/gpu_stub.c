@@ -13,6 +13,8 @@ void kv_gpu_probe(kv_gpu_info *info) {
     strcpy(info->reason, "built without CUDA");
 }
 
+size_t kv_gpu_mem_free(void) { return 0; }
+
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
                              kv_gpu_attn **out) {
     (void)Hq; (void)Hkv; (void)T; (void)D; (void)half; (void)K; (void)V;

@@ -26,6 +26,8 @@ typedef struct {
 /* Never fails: any error from cudaGetDeviceCount means "no GPU" and its
  * name becomes info->reason. */
 void kv_gpu_probe(kv_gpu_info *info);
+/* Free device memory in bytes (cudaMemGetInfo on device 0); 0 when unknown or without CUDA. */
+size_t kv_gpu_mem_free(void);
 /* What every GPU path of a build without nvcc reports. */
 #define KV_NO_CUDA "this kvbench was built without CUDA (nvcc was not found at build time)"
 
