@@ -220,6 +220,7 @@ struct kv_ct_gpu {
     unsigned *ckey, *ctr;   /* the fused search's per-block candidates and arrival counters */
     int *cslot;
     int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
+    size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
 };
 
 namespace {
@@ -267,8 +268,14 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_CUDA_ALLOC(g->cslot, Hkv * NB * CTF_SPB * sizeof(int), 0, "ctkvr fused candidate slots");
     KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
     KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
-    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    /* the opt-in limit covers static + dynamic shared memory: ask for what is left after the static arrays */
+    cudaFuncAttributes fa_h, fa_f;
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa_h, ctf_search<__half>));
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa_f, ctf_search<float>));
+    const size_t st_max = fa_h.sharedSizeBytes > fa_f.sharedSizeBytes ? fa_h.sharedSizeBytes : fa_f.sharedSizeBytes;
+    g->fused_smem_max = (size_t)g->dev.smem_optin > st_max ? (size_t)g->dev.smem_optin - st_max : 0;
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->fused_smem_max));
+    KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->fused_smem_max));
     const char *env = getenv("KVBENCH_CTKVR_STAGED");
     g->staged = env && env[0] == '1';
     return KV_OK;
@@ -427,7 +434,7 @@ kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int
     int gcap = 1;
     while (gcap < cpe * c.rho) gcap <<= 1;
     const size_t smem = ctf_smem(g->G, c.D, gcap);
-    if (g->staged || cpe < 1 || nmax > CTF_CAP || nb * cpb > CTF_CAP || smem > (size_t)g->dev.smem_optin ||
+    if (g->staged || cpe < 1 || nmax > CTF_CAP || nb * cpb > CTF_CAP || smem > g->fused_smem_max ||
         (size_t)g->G * c.D > 8192 || g->G * CTF_SPB > CTF_CAP)
         return KV_OK;
     ctf_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, g->G, c.Hq, c.D, cpe, nb, cpb, g->ckey, g->ctr, g->cslot,

@@ -53,10 +53,11 @@ size_t kv_gpu_mem_free(void) {
 }
 
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
-    if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError(); /* not sticky: clear it so the context stays usable */
+    /* a non-sticky error (out of memory, an invalid argument) also stays the thread's last error until read:
+       clear it here, so the next KV_LAUNCH_CHECK does not report it again (a sticky one persists anyway) */
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
         return kv_fail(KV_ERR_NOMEM, "GPU out of memory in %s (%s:%d)", expr, file, line);
-    }
     return kv_fail(KV_ERR_GPU, "CUDA error %s (%s) in %s (%s:%d)", cudaGetErrorName(e), cudaGetErrorString(e), expr,
                    file, line);
 }
