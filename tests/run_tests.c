@@ -20,6 +20,7 @@ extern char kv_test_reason[512];
     X(common_percentile, 0)                                \
     X(topk_ref_matches_sort, 0)                            \
     X(topk_kth_largest, 0)                                 \
+    X(topk_routes_agree, 0)                                \
     X(params_validation, 0)                                \
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
