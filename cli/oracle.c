@@ -38,16 +38,42 @@ struct kv_oracle {
     float *thr_all;           /* [nk][Hq] */
     int *ntop_all;            /* [nk][2][Hq]: prefill, generated */
     float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
-    int32_t *gidx;            /* GPU + several budgets or profile: [Hq][T] positions 0..t to gather */
-    int *gcount;              /* [Hq] */
-    float *grow;              /* [Hq][T] the gathered scores */
+    const float *hs;          /* GPU + several budgets or profile: the last step's scores [Hq][T] on the host
+                               * (pinned, owned by the GPU oracle), n = hs_n */
+    int hs_n;
 };
 
 const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
 
-static int desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
+/* Sorts finite floats descending (the oracle checks every score first):
+ * quicksort on the median of three, insertion sort below 24. Equal values
+ * are equal numbers (a -0 beside a +0 compares and computes alike), so the
+ * result is qsort's (issue 12: qsort's calls through a comparator were 8%
+ * of a CPU run). */
+static void sort_desc(float *a, int n) {
+    while (n > 24) {
+        float *m = a + n / 2, *z = a + n - 1, t;
+        if (*m > *a) { t = *m; *m = *a; *a = t; }
+        if (*z > *m) { t = *z; *z = *m; *m = t; if (*m > *a) { t = *m; *m = *a; *a = t; } }
+        float piv = *m;
+        int i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i >= j) break;
+            t = a[i]; a[i] = a[j]; a[j] = t;
+            i++; j--;
+        }
+        int left = j + 1; /* [0, left) >= piv >= [left, n) */
+        if (left < n - left) { sort_desc(a, left); a += left; n -= left; }
+        else { sort_desc(a + left, n - left); n = left; }
+    }
+    for (int i = 1; i < n; i++) {
+        float x = a[i];
+        int j = i;
+        for (; j > 0 && x > a[j - 1]; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
 }
 
 int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
@@ -85,7 +111,7 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     /* the top `top` scores of the region in srt[0, top) (quickselect partitions around the top-th), sorted */
     if (top > 0 && top < n) kv_kth_largest_ref(s + lo, n, top, srt);
     else if (n > 0) memcpy(srt, s + lo, (size_t)n * sizeof(float));
-    qsort(srt, (size_t)top, sizeof(float), desc);
+    sort_desc(srt, top);
     for (int b = 0; b < o->nk; b++) {
         int kk = o->ks[b] < n ? o->ks[b] : n, npre = 0, ngen = 0;
         float thr = kk > 0 ? srt[kk - 1] : INFINITY;
@@ -97,7 +123,7 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     }
     int *bud = o->res.budget + (size_t)h * KV_NPROFILE;
     if (o->profile && kv_profile_head(s, t, o->sink, o->local, m, Z, srt, top, bud)) {
-        qsort(srt + top, (size_t)(n - top), sizeof(float), desc); /* the rest is below every one of the top */
+        sort_desc(srt + top, n - top); /* the rest is below every one of the top */
         kv_profile_head(s, t, o->sink, o->local, m, Z, srt, n, bud);
     }
 }
@@ -149,14 +175,6 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
                 for (int d = 0; d < L->D; d++) n += (double)k[d] * k[d];
                 if (sqrt(n) > o->kmax[g]) o->kmax[g] = sqrt(n);
             }
-        if (st == KV_OK && multi(o)) {
-            o->gidx = kv_malloc((size_t)L->Hq * L->T * sizeof(int32_t), "oracle gather positions");
-            o->gcount = kv_malloc((size_t)L->Hq * sizeof(int), "oracle gather counts");
-            o->grow = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle gathered scores");
-            if (!o->gidx || !o->gcount || !o->grow) st = KV_ERR_NOMEM;
-            for (int h = 0; st == KV_OK && h < L->Hq; h++)
-                for (int i = 0; i < L->T; i++) o->gidx[(size_t)h * L->T + i] = i;
-        }
     }
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
@@ -251,13 +269,16 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
                                 o->res.o_full, o->split, o->res.ntop_pre));
         KV_TRY(check_gpu(o, t, q));
         if (multi(o)) {
-            /* every score of the step to the host, then the CPU's sort: the
-             * thresholds are the GPU's own scores (the k-th of the same
-             * numbers the GPU top-k picks its threshold from) */
-            for (int h = 0; h < L->Hq; h++) o->gcount[h] = t + 1;
-            KV_TRY(kv_gpu_attn_gather(o->gpu, o->gidx, o->gcount, L->T, o->grow));
+            /* every score of the step to the host in one copy, then the CPU's
+             * sort, heads in parallel: the thresholds are the GPU's own scores
+             * (the k-th of the same numbers the GPU top-k picks its threshold
+             * from), and the protocol's gathers read the same copy */
+            int n = 0;
+            KV_TRY(kv_gpu_attn_scores(o->gpu, &o->hs, &n));
+            o->hs_n = n;
+#pragma omp parallel for schedule(dynamic, 1)
             for (int h = 0; h < L->Hq; h++) {
-                const float *s = o->grow + (size_t)h * L->T;
+                const float *s = o->hs + (size_t)h * L->T;
                 double m = s[0], Z = 0;
                 for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
                 for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
@@ -279,6 +300,19 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 }
 
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out) {
+    if (o->gpu && o->hs) { /* the host copy of the GPU's scores (several budgets or the profile) */
+        for (int h = 0; h < o->L->Hq; h++) {
+            const float *s = o->hs + (size_t)h * o->L->T;
+            for (int j = 0; j < count[h]; j++) {
+                int32_t i = idx[(size_t)h * cap + j];
+                if (i < 0 || i >= o->hs_n)
+                    return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
+                                   i, o->hs_n);
+                out[(size_t)h * cap + j] = s[i];
+            }
+        }
+        return KV_OK;
+    }
     if (o->gpu) return kv_gpu_attn_gather(o->gpu, idx, count, cap, out);
     for (int h = 0; h < o->L->Hq; h++) {
         const float *s = o->scores + (size_t)h * o->L->T;
@@ -306,9 +340,6 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->ntop_all);
     free(o->ks);
     free(o->sorted);
-    free(o->gidx);
-    free(o->gcount);
-    free(o->grow);
     free(o->res.o_full);
     free(o->scores);
     free(o->scratch);

@@ -34,19 +34,21 @@ struct kv_protocol {
     float *cscore;     /* [Hq][ccap] */
     int32_t *cidx;     /* [Hq][ccap] */
     int *ccount;
-    double *acc;       /* [D] the attended output */
+    double *acc;       /* [Hq][D] the attended outputs (heads are scored in parallel) */
+    double *ew;        /* [Hq][cap] exp(s - m) of each attended score, reused for the output's weights */
 };
 
 static kv_status grow(kv_protocol *p, int cap) {
     if (cap <= p->cap) return KV_OK;
     int Hq = p->L->Hq;
-    free(p->att); free(p->flag); free(p->logw); free(p->score);
+    free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->ew);
+    p->ew = kv_malloc((size_t)Hq * cap * sizeof(double), "attended weights");
     p->att = kv_malloc((size_t)Hq * cap * sizeof(int32_t), "attended indices");
     p->flag = kv_malloc((size_t)Hq * cap, "attended flags");
     p->logw = kv_malloc((size_t)Hq * cap * sizeof(float), "attended log-weights");
     p->score = kv_malloc((size_t)Hq * cap * sizeof(float), "attended scores");
     p->cap = cap;
-    if (!p->att || !p->flag || !p->logw || !p->score) { p->cap = 0; return KV_ERR_NOMEM; }
+    if (!p->att || !p->flag || !p->logw || !p->score || !p->ew) { p->cap = 0; return KV_ERR_NOMEM; }
     return KV_OK;
 }
 
@@ -57,7 +59,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
     p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
     p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
-    p->acc = kv_malloc((size_t)L->D * sizeof(double), "attended output");
+    p->acc = kv_malloc((size_t)L->Hq * L->D * sizeof(double), "attended outputs");
     /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
     if (!p->count || !p->ccount || !p->stamp || !p->acc || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
@@ -70,7 +72,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
 void kv_protocol_destroy(kv_protocol *p) {
     if (!p) return;
     free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
-    free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc);
+    free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc); free(p->ew);
     free(p);
 }
 
@@ -169,8 +171,14 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
     int D = L->D, T = L->T, nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR;
     KV_TRY(build_lists(p, t, m, sel, k));
     KV_TRY(kv_oracle_gather(o, p->att, p->count, p->cap, p->score));
+    long work = 0;
+    for (int h = 0; h < L->Hq; h++) work += p->count[h];
+    /* heads are independent from here on: in parallel when the caller is not
+     * (the GPU path; on the CPU path the method instances already are) */
+#pragma omp parallel for schedule(static) if (work * D >= 65536)
     for (int h = 0; h < L->Hq; h++) {
         size_t base = (size_t)h * p->cap;
+        double *ew = p->ew + base;
         int hits = 0, hits_sel = 0, n_sel = 0, n_extra = 0, hits_pre = 0;
         double mass = 0, lmax = -INFINITY;
         for (int c = 0; c < p->count[h]; c++) {
@@ -182,7 +190,8 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
             hits_sel += good && (f & F_SEL);
             n_sel += (f & F_SEL) != 0;
             n_extra += (f & F_EXTRA) && !(f & F_SEL) && (f & F_REGION);
-            mass += exp((double)s - ores->m[h]);
+            ew[c] = exp((double)s - ores->m[h]);
+            mass += ew[c];
             double l = (double)s + p->logw[base + c];
             lmax = l > lmax ? l : lmax;
         }
@@ -198,11 +207,15 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         r->mass = (float)(mass / ores->Z[h]);
         r->outerr = NAN;
         if (L->v && ores->o_full) {
-            double *acc = p->acc, wsum = 0, num = 0, den = 0;
+            double *acc = p->acc + (size_t)h * D, wsum = 0, num = 0, den = 0;
             const float *V = L->v + (size_t)(h / p->G) * T * D;
+            /* exp(s + logw - lmax) is exp(s - m), already computed, when every
+             * log-weight is 0 and the largest attended logit is the step's max
+             * (the same double operands, so the same number) */
+            int reuse = !m->uses_logw && lmax == (double)ores->m[h];
             for (int d = 0; d < D; d++) acc[d] = 0;
             for (int c = 0; c < p->count[h]; c++) {
-                double w = exp((double)p->score[base + c] + p->logw[base + c] - lmax);
+                double w = reuse ? ew[c] : exp((double)p->score[base + c] + p->logw[base + c] - lmax);
                 const float *v = V + (size_t)p->att[base + c] * D;
                 wsum += w;
                 for (int d = 0; d < D; d++) acc[d] += w * v[d];
