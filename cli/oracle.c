@@ -30,6 +30,7 @@ struct kv_oracle {
     float *scratch; /* CPU: [Hq][T], one row per head so heads run in parallel */
     kv_gpu_attn *gpu;
     double *acc;    /* CPU: [Hq][D] output accumulators */
+    double *ew;     /* CPU: [Hq][T] exp(s_i - m) of the step, computed once for Z and for the output */
     int *bad_pos;   /* CPU: [Hq], the first non-finite score's position, or -1 */
     float *row;     /* GPU: one head's scores, computed on the host to locate a non-finite score */
     double *kmax;   /* GPU: [Hkv] the largest key norm of the layer */
@@ -44,6 +45,15 @@ struct kv_oracle {
 };
 
 const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
+
+/* acc[d] += w * v[d], built for AVX2 and the baseline (same bits: ISO C
+ * does not contract into FMA); the oracle's output is n*D of these a step. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void acc_row(double *restrict acc, double w, const float *restrict v, int D) {
+    for (int d = 0; d < D; d++) acc[d] += w * v[d];
+}
 
 /* Sorts finite floats descending (the oracle checks every score first):
  * quicksort on the median of three, insertion sort below 24. Equal values
@@ -180,8 +190,9 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
         o->scratch = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scratch");
         o->acc = kv_malloc((size_t)L->Hq * L->D * sizeof(double), "oracle accumulators");
+        o->ew = kv_malloc((size_t)L->Hq * L->T * sizeof(double), "oracle softmax terms");
         o->bad_pos = kv_malloc((size_t)L->Hq * sizeof(int), "oracle checks");
-        if (!o->scores || !o->scratch || !o->acc || !o->bad_pos) st = KV_ERR_NOMEM;
+        if (!o->scores || !o->scratch || !o->acc || !o->ew || !o->bad_pos) st = KV_ERR_NOMEM;
     }
     if (st != KV_OK) { kv_oracle_destroy(o); return st; }
     *out = o;
@@ -211,8 +222,8 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
         if (!isfinite(s[i])) { o->bad_pos[h] = i; return 1; }
     float m = s[0];
     for (int i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
-    double Z = 0;
-    for (int i = 0; i < n; i++) Z += exp((double)s[i] - m);
+    double Z = 0, *ew = o->ew + (size_t)h * T;
+    for (int i = 0; i < n; i++) Z += ew[i] = exp((double)s[i] - m);
     o->res.m[h] = m;
     o->res.Z[h] = (float)Z;
     if (multi(o)) multi_head(o, h, t, s, m, Z);
@@ -230,10 +241,7 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     double *acc = o->acc + (size_t)h * D;
     for (int d = 0; d < D; d++) acc[d] = 0;
     const float *V = L->v + (size_t)g * T * D;
-    for (int i = 0; i < n; i++) {
-        double p = exp((double)s[i] - m) / Z;
-        for (int d = 0; d < D; d++) acc[d] += p * V[(size_t)i * D + d];
-    }
+    for (int i = 0; i < n; i++) acc_row(acc, ew[i] / Z, V + (size_t)i * D, D);
     for (int d = 0; d < D; d++) o->res.o_full[(size_t)h * D + d] = (float)acc[d];
     return 0;
 }
@@ -344,6 +352,7 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->scores);
     free(o->scratch);
     free(o->acc);
+    free(o->ew);
     free(o->bad_pos);
     free(o->row);
     free(o->kmax);
