@@ -74,10 +74,10 @@ typedef struct {
     double wall_s;
     kv_host_info host;  /* CPU threads, load average at start */
     /* issue 12: where the run's wall time went, host timers (kv_now) around
-     * each phase, summed over layers (KV_PHASE_NAMES). search and
+     * each phase, summed over layers (kv_phase_names). append, search and
      * diagnostics are summed over instances: with the methods run in
      * parallel (CPU, --threads > 1) they are thread-seconds and
-     * methods_wall is the wall time of those parallel sections. */
+     * methods_wall is the wall time of those per-step sections. */
     double phase_s[9];
     int parallel_methods; /* the methods of a step ran in parallel (CPU path, threads > 1) */
 } kv_run_meta;

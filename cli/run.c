@@ -247,9 +247,10 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
     return st;
 }
 
-/* One layer's decode loop: append to every instance, the oracle once per
- * step, then per budget b every instance searches and is scored into its
- * record recs[inst.first_rec + b]. On the CPU path with several threads
+/* One layer's decode loop: the oracle once per evaluated step, then every
+ * instance appends position t and (at an evaluated step) searches at each
+ * of its budgets b and is scored into its record recs[inst.first_rec + b].
+ * On the CPU path with several threads
  * (issue 12) the instances of a step are independent (each its own state,
  * selection and records; the oracle's results are read-only by then), so
  * they run in parallel, one instance per thread at a time, each scored
@@ -293,41 +294,44 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
         double c1 = kv_now();
         ph[KV_PH_BOOK] += c1 - c0;
-        double sx = 0, dx = 0;
-#pragma omp parallel for schedule(dynamic, 1) if (par)
-        for (int i = 0; i < n_inst; i++)
+        /* the oracle first (it reads the layer, not the methods), then one
+         * parallel section per step: each instance appends position t and,
+         * at an evaluated step, searches and is scored at each of its budgets */
+        int eval = (t - P) % o->stride == 0, score = eval && t + 1 - o->local - o->sink > 0;
+        if (score) {
+            kv_oracle_out ores;
+            st = kv_oracle_step(orc, t, q, &ores);
+            double c2 = kv_now();
+            ph[KV_PH_ORACLE] += c2 - c1;
+            if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
+            ph[KV_PH_BOOK] += kv_now() - c2;
+            if (st != KV_OK) break;
+        }
+        double m0 = kv_now(), app = 0, srch = 0, diag = 0;
+#pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : app, srch, diag)
+        for (int i = 0; i < n_inst; i++) {
+            int th = par ? omp_get_thread_num() : 0;
+            char *im = msg + (size_t)i * MSG;
+            double a0 = kv_now();
             ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
-                               &sx, &dx, msg + (size_t)i * MSG, MSG);
+                               &srch, &diag, im, MSG);
+            app += kv_now() - a0;
+            for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
+                kv_oracle_out ov;
+                kv_oracle_view(orc, b, &ov);
+                ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
+                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
+            }
+        }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
             if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
-        double c2 = kv_now();
-        ph[KV_PH_APPEND] += c2 - c1;
-        if (st != KV_OK || (t - P) % o->stride) continue;
+        ph[KV_PH_APPEND] += app;
+        ph[KV_PH_SEARCH] += srch;
+        ph[KV_PH_DIAG] += diag;
+        ph[KV_PH_METHODS_WALL] += kv_now() - m0;
+        if (st != KV_OK || !eval) continue;
         done++;
-        if (t + 1 - o->local - o->sink <= 0) { meta->steps_skipped++; continue; }
-        kv_oracle_out ores;
-        st = kv_oracle_step(orc, t, q, &ores);
-        double c3 = kv_now();
-        ph[KV_PH_ORACLE] += c3 - c2;
-        if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
-        ph[KV_PH_BOOK] += kv_now() - c3;
-        for (int b = 0; b < o->nk && st == KV_OK; b++) {
-            kv_oracle_view(orc, b, &ores);
-            double m0 = kv_now(), srch = 0, diag = 0;
-#pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : srch, diag)
-            for (int i = 0; i < n_inst; i++) {
-                int th = par ? omp_get_thread_num() : 0;
-                ist[i] = KV_OK;
-                if (b >= inst[i].b0 && b < inst[i].b0 + inst[i].nb)
-                    ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ores, proto[th],
-                                       rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, msg + (size_t)i * MSG, MSG);
-            }
-            for (int i = 0; i < n_inst && st == KV_OK; i++)
-                if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
-            ph[KV_PH_SEARCH] += srch;
-            ph[KV_PH_DIAG] += diag;
-            ph[KV_PH_METHODS_WALL] += kv_now() - m0;
-        }
+        if (!score) { meta->steps_skipped++; continue; }
         meta->steps_evaluated++;
         double c4 = kv_now();
         if (show && (done % 16 == 0 || done == total))
