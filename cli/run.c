@@ -304,6 +304,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             double c2 = kv_now();
             ph[KV_PH_ORACLE] += c2 - c1;
             if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
+            for (int i = 0; i < nth; i++) kv_protocol_new_step(proto[i], t);
             ph[KV_PH_BOOK] += kv_now() - c2;
             if (st != KV_OK) break;
         }
