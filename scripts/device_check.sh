@@ -71,7 +71,8 @@ for m in s["methods"]:
           f"{(b or float('nan')):>9.1f} {ratio}")
 EOF
         if [ -n "${BASE_BIN:-}" ]; then
-            python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu
+            python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu &&
+                tar -C tests/golden -czf "$OUT/golden-run-gpu.tgz" run-gpu # to commit as tests/golden/run-gpu
         fi
         KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_golden_gpu run_golden_cpu
     } 2>&1 | tee "$OUT/runloop.log"
