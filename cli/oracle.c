@@ -30,6 +30,7 @@ struct kv_oracle {
     float *scratch; /* CPU: [Hq][T], one row per head so heads run in parallel */
     kv_gpu_attn *gpu;
     double *acc;    /* CPU: [Hq][D] output accumulators */
+    double *ew;     /* CPU: [Hq][T] exp(s_i - m) of the step, computed once for Z and for the output */
     int *bad_pos;   /* CPU: [Hq], the first non-finite score's position, or -1 */
     float *row;     /* GPU: one head's scores, computed on the host to locate a non-finite score */
     double *kmax;   /* GPU: [Hkv] the largest key norm of the layer */
@@ -38,16 +39,51 @@ struct kv_oracle {
     float *thr_all;           /* [nk][Hq] */
     int *ntop_all;            /* [nk][2][Hq]: prefill, generated */
     float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
-    int32_t *gidx;            /* GPU + several budgets or profile: [Hq][T] positions 0..t to gather */
-    int *gcount;              /* [Hq] */
-    float *grow;              /* [Hq][T] the gathered scores */
+    const float *hs;          /* GPU + several budgets or profile: the last step's scores [Hq][T] on the host
+                               * (pinned, owned by the GPU oracle), n = hs_n */
+    int hs_n;
 };
 
 const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
 
-static int desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
+/* acc[d] += w * v[d], built for AVX2 and the baseline (same bits: ISO C
+ * does not contract into FMA); the oracle's output is n*D of these a step. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void acc_row(double *restrict acc, double w, const float *restrict v, int D) {
+    for (int d = 0; d < D; d++) acc[d] += w * v[d];
+}
+
+/* Sorts finite floats descending (the oracle checks every score first):
+ * quicksort on the median of three, insertion sort below 24. Equal values
+ * are equal numbers (a -0 beside a +0 compares and computes alike), so the
+ * result is qsort's (issue 12: qsort's calls through a comparator were 8%
+ * of a CPU run). */
+static void sort_desc(float *a, int n) {
+    while (n > 24) {
+        float *m = a + n / 2, *z = a + n - 1, t;
+        if (*m > *a) { t = *m; *m = *a; *a = t; }
+        if (*z > *m) { t = *z; *z = *m; *m = t; if (*m > *a) { t = *m; *m = *a; *a = t; } }
+        float piv = *m;
+        int i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i >= j) break;
+            t = a[i]; a[i] = a[j]; a[j] = t;
+            i++; j--;
+        }
+        int left = j + 1; /* [0, left) >= piv >= [left, n) */
+        if (left < n - left) { sort_desc(a, left); a += left; n -= left; }
+        else { sort_desc(a + left, n - left); n = left; }
+    }
+    for (int i = 1; i < n; i++) {
+        float x = a[i];
+        int j = i;
+        for (; j > 0 && x > a[j - 1]; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
 }
 
 int kv_profile_head(const float *s, int t, int sink, int local, double m, double Z, const float *sorted,
@@ -85,7 +121,7 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     /* the top `top` scores of the region in srt[0, top) (quickselect partitions around the top-th), sorted */
     if (top > 0 && top < n) kv_kth_largest_ref(s + lo, n, top, srt);
     else if (n > 0) memcpy(srt, s + lo, (size_t)n * sizeof(float));
-    qsort(srt, (size_t)top, sizeof(float), desc);
+    sort_desc(srt, top);
     for (int b = 0; b < o->nk; b++) {
         int kk = o->ks[b] < n ? o->ks[b] : n, npre = 0, ngen = 0;
         float thr = kk > 0 ? srt[kk - 1] : INFINITY;
@@ -97,7 +133,7 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     }
     int *bud = o->res.budget + (size_t)h * KV_NPROFILE;
     if (o->profile && kv_profile_head(s, t, o->sink, o->local, m, Z, srt, top, bud)) {
-        qsort(srt + top, (size_t)(n - top), sizeof(float), desc); /* the rest is below every one of the top */
+        sort_desc(srt + top, n - top); /* the rest is below every one of the top */
         kv_profile_head(s, t, o->sink, o->local, m, Z, srt, n, bud);
     }
 }
@@ -149,21 +185,14 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
                 for (int d = 0; d < L->D; d++) n += (double)k[d] * k[d];
                 if (sqrt(n) > o->kmax[g]) o->kmax[g] = sqrt(n);
             }
-        if (st == KV_OK && multi(o)) {
-            o->gidx = kv_malloc((size_t)L->Hq * L->T * sizeof(int32_t), "oracle gather positions");
-            o->gcount = kv_malloc((size_t)L->Hq * sizeof(int), "oracle gather counts");
-            o->grow = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle gathered scores");
-            if (!o->gidx || !o->gcount || !o->grow) st = KV_ERR_NOMEM;
-            for (int h = 0; st == KV_OK && h < L->Hq; h++)
-                for (int i = 0; i < L->T; i++) o->gidx[(size_t)h * L->T + i] = i;
-        }
     }
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
         o->scratch = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scratch");
         o->acc = kv_malloc((size_t)L->Hq * L->D * sizeof(double), "oracle accumulators");
+        o->ew = kv_malloc((size_t)L->Hq * L->T * sizeof(double), "oracle softmax terms");
         o->bad_pos = kv_malloc((size_t)L->Hq * sizeof(int), "oracle checks");
-        if (!o->scores || !o->scratch || !o->acc || !o->bad_pos) st = KV_ERR_NOMEM;
+        if (!o->scores || !o->scratch || !o->acc || !o->ew || !o->bad_pos) st = KV_ERR_NOMEM;
     }
     if (st != KV_OK) { kv_oracle_destroy(o); return st; }
     *out = o;
@@ -193,8 +222,8 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
         if (!isfinite(s[i])) { o->bad_pos[h] = i; return 1; }
     float m = s[0];
     for (int i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
-    double Z = 0;
-    for (int i = 0; i < n; i++) Z += exp((double)s[i] - m);
+    double Z = 0, *ew = o->ew + (size_t)h * T;
+    for (int i = 0; i < n; i++) Z += ew[i] = exp((double)s[i] - m);
     o->res.m[h] = m;
     o->res.Z[h] = (float)Z;
     if (multi(o)) multi_head(o, h, t, s, m, Z);
@@ -212,10 +241,7 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     double *acc = o->acc + (size_t)h * D;
     for (int d = 0; d < D; d++) acc[d] = 0;
     const float *V = L->v + (size_t)g * T * D;
-    for (int i = 0; i < n; i++) {
-        double p = exp((double)s[i] - m) / Z;
-        for (int d = 0; d < D; d++) acc[d] += p * V[(size_t)i * D + d];
-    }
+    for (int i = 0; i < n; i++) acc_row(acc, ew[i] / Z, V + (size_t)i * D, D);
     for (int d = 0; d < D; d++) o->res.o_full[(size_t)h * D + d] = (float)acc[d];
     return 0;
 }
@@ -251,13 +277,16 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
                                 o->res.o_full, o->split, o->res.ntop_pre));
         KV_TRY(check_gpu(o, t, q));
         if (multi(o)) {
-            /* every score of the step to the host, then the CPU's sort: the
-             * thresholds are the GPU's own scores (the k-th of the same
-             * numbers the GPU top-k picks its threshold from) */
-            for (int h = 0; h < L->Hq; h++) o->gcount[h] = t + 1;
-            KV_TRY(kv_gpu_attn_gather(o->gpu, o->gidx, o->gcount, L->T, o->grow));
+            /* every score of the step to the host in one copy, then the CPU's
+             * sort, heads in parallel: the thresholds are the GPU's own scores
+             * (the k-th of the same numbers the GPU top-k picks its threshold
+             * from), and the protocol's gathers read the same copy */
+            int n = 0;
+            KV_TRY(kv_gpu_attn_scores(o->gpu, &o->hs, &n));
+            o->hs_n = n;
+#pragma omp parallel for schedule(dynamic, 1)
             for (int h = 0; h < L->Hq; h++) {
-                const float *s = o->grow + (size_t)h * L->T;
+                const float *s = o->hs + (size_t)h * L->T;
                 double m = s[0], Z = 0;
                 for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
                 for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
@@ -279,6 +308,19 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 }
 
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out) {
+    if (o->gpu && o->hs) { /* the host copy of the GPU's scores (several budgets or the profile) */
+        for (int h = 0; h < o->L->Hq; h++) {
+            const float *s = o->hs + (size_t)h * o->L->T;
+            for (int j = 0; j < count[h]; j++) {
+                int32_t i = idx[(size_t)h * cap + j];
+                if (i < 0 || i >= o->hs_n)
+                    return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
+                                   i, o->hs_n);
+                out[(size_t)h * cap + j] = s[i];
+            }
+        }
+        return KV_OK;
+    }
     if (o->gpu) return kv_gpu_attn_gather(o->gpu, idx, count, cap, out);
     for (int h = 0; h < o->L->Hq; h++) {
         const float *s = o->scores + (size_t)h * o->L->T;
@@ -306,13 +348,11 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->ntop_all);
     free(o->ks);
     free(o->sorted);
-    free(o->gidx);
-    free(o->gcount);
-    free(o->grow);
     free(o->res.o_full);
     free(o->scores);
     free(o->scratch);
     free(o->acc);
+    free(o->ew);
     free(o->bad_pos);
     free(o->row);
     free(o->kmax);

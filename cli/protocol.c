@@ -34,19 +34,43 @@ struct kv_protocol {
     float *cscore;     /* [Hq][ccap] */
     int32_t *cidx;     /* [Hq][ccap] */
     int *ccount;
-    double *acc;       /* [D] the attended output */
+    double *acc;       /* [Hq][D] the attended outputs (heads are scored in parallel) */
+    double *ew;        /* [Hq][cap] exp(s - m) of each attended score, reused for the output's weights */
+    /* Step cache (kv_protocol_new_step, issue 12): the sink and local entries
+     * open every method's attended list of a head in the same order with the
+     * same scores, so their exp terms, their partial mass and (when a method's
+     * weights are those terms) their partial output sum are computed once per
+     * step and head and continued from, which gives the same sums bit for bit. */
+    int cache_t;       /* the step the cache is for; -1: off */
+    int *c0;           /* [Hq] sink + local entries at the head of the list (build_lists) */
+    uint8_t *cmass_ok, *cacc_ok; /* [Hq] */
+    double *cew;       /* [Hq][sink + local] */
+    double *cmass;     /* [Hq] */
+    double *cacc;      /* [Hq][D + 1]: the partial output, then the partial weight sum */
 };
+
+/* acc[d] += w * v[d]: the output error's inner loop, a fifth of a CPU run's
+ * time (issue 12). Built twice, for AVX2 and the baseline, picked at load
+ * time; each element is one multiply and one add in double either way
+ * (ISO C: no contraction into FMA), so the two give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void acc_row(double *restrict acc, double w, const float *restrict v, int D) {
+    for (int d = 0; d < D; d++) acc[d] += w * v[d];
+}
 
 static kv_status grow(kv_protocol *p, int cap) {
     if (cap <= p->cap) return KV_OK;
     int Hq = p->L->Hq;
-    free(p->att); free(p->flag); free(p->logw); free(p->score);
+    free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->ew);
+    p->ew = kv_malloc((size_t)Hq * cap * sizeof(double), "attended weights");
     p->att = kv_malloc((size_t)Hq * cap * sizeof(int32_t), "attended indices");
     p->flag = kv_malloc((size_t)Hq * cap, "attended flags");
     p->logw = kv_malloc((size_t)Hq * cap * sizeof(float), "attended log-weights");
     p->score = kv_malloc((size_t)Hq * cap * sizeof(float), "attended scores");
     p->cap = cap;
-    if (!p->att || !p->flag || !p->logw || !p->score) { p->cap = 0; return KV_ERR_NOMEM; }
+    if (!p->att || !p->flag || !p->logw || !p->score || !p->ew) { p->cap = 0; return KV_ERR_NOMEM; }
     return KV_OK;
 }
 
@@ -57,9 +81,17 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
     p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
     p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
-    p->acc = kv_malloc((size_t)L->D * sizeof(double), "attended output");
+    p->acc = kv_malloc((size_t)L->Hq * L->D * sizeof(double), "attended outputs");
+    p->cache_t = -1;
+    p->c0 = kv_calloc((size_t)L->Hq, sizeof(int), "protocol step cache");
+    p->cmass_ok = kv_calloc((size_t)L->Hq, 2, "protocol step cache");
+    p->cacc_ok = p->cmass_ok ? p->cmass_ok + L->Hq : NULL;
+    p->cew = kv_malloc((size_t)L->Hq * (sink + local + 1) * sizeof(double), "protocol step cache");
+    p->cmass = kv_malloc((size_t)L->Hq * sizeof(double), "protocol step cache");
+    p->cacc = kv_malloc((size_t)L->Hq * (L->D + 1) * sizeof(double), "protocol step cache");
     /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
-    if (!p->count || !p->ccount || !p->stamp || !p->acc || grow(p, sink + local + k + 64) != KV_OK) {
+    if (!p->count || !p->ccount || !p->stamp || !p->acc || !p->c0 || !p->cmass_ok || !p->cew || !p->cmass ||
+        !p->cacc || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
         return KV_ERR_NOMEM;
     }
@@ -70,8 +102,14 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
 void kv_protocol_destroy(kv_protocol *p) {
     if (!p) return;
     free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
-    free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc);
+    free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc); free(p->ew);
+    free(p->c0); free(p->cmass_ok); free(p->cew); free(p->cmass); free(p->cacc);
     free(p);
+}
+
+void kv_protocol_new_step(kv_protocol *p, int t) {
+    p->cache_t = t;
+    memset(p->cmass_ok, 0, 2 * (size_t)p->L->Hq);
 }
 
 /* Adds position i to head h's attended list (or ORs the flag in). */
@@ -98,6 +136,7 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         p->count[h] = 0;
         for (int i = 0; i < p->sink && i <= t; i++) add(p, h, i, i >= lo && i < hi ? F_REGION : 0, 0.f);
         for (int i = hi > 0 ? hi : 0; i <= t; i++) add(p, h, i, 0, 0.f);
+        p->c0[h] = p->count[h];
         const int32_t *si = sel->idx + (size_t)list * sel->cap;
         const float *sw = sel->logw + (size_t)list * sel->cap;
         for (int j = 0; j < sel->count[list]; j++) {
@@ -169,10 +208,23 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
     int D = L->D, T = L->T, nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR;
     KV_TRY(build_lists(p, t, m, sel, k));
     KV_TRY(kv_oracle_gather(o, p->att, p->count, p->cap, p->score));
+    long work = 0;
+    for (int h = 0; h < L->Hq; h++) work += p->count[h];
+    /* heads are independent from here on: in parallel when the caller is not
+     * (the GPU path; on the CPU path the method instances already are) */
+#pragma omp parallel for schedule(static) if (work * D >= 65536)
     for (int h = 0; h < L->Hq; h++) {
         size_t base = (size_t)h * p->cap;
+        double *ew = p->ew + base;
         int hits = 0, hits_sel = 0, n_sel = 0, n_extra = 0, hits_pre = 0;
         double mass = 0, lmax = -INFINITY;
+        /* the step cache: c0 sink/local entries, their exp terms and partial mass */
+        int cached = p->cache_t == t && p->c0[h] <= p->sink + p->local, c0 = cached ? p->c0[h] : 0;
+        double *cew = p->cew + (size_t)h * (p->sink + p->local + 1);
+        if (cached && p->cmass_ok[h]) {
+            memcpy(ew, cew, (size_t)c0 * sizeof(double));
+            mass = p->cmass[h];
+        }
         for (int c = 0; c < p->count[h]; c++) {
             uint8_t f = p->flag[base + c];
             float s = p->score[base + c];
@@ -182,7 +234,15 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
             hits_sel += good && (f & F_SEL);
             n_sel += (f & F_SEL) != 0;
             n_extra += (f & F_EXTRA) && !(f & F_SEL) && (f & F_REGION);
-            mass += exp((double)s - ores->m[h]);
+            if (c >= c0 || !p->cmass_ok[h]) {
+                ew[c] = exp((double)s - ores->m[h]);
+                mass += ew[c];
+            }
+            if (cached && !p->cmass_ok[h] && c + 1 == c0) {
+                memcpy(cew, ew, (size_t)c0 * sizeof(double));
+                p->cmass[h] = mass;
+                p->cmass_ok[h] = 1;
+            }
             double l = (double)s + p->logw[base + c];
             lmax = l > lmax ? l : lmax;
         }
@@ -198,14 +258,29 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         r->mass = (float)(mass / ores->Z[h]);
         r->outerr = NAN;
         if (L->v && ores->o_full) {
-            double *acc = p->acc, wsum = 0, num = 0, den = 0;
+            double *acc = p->acc + (size_t)h * D, wsum = 0, num = 0, den = 0;
             const float *V = L->v + (size_t)(h / p->G) * T * D;
+            /* exp(s + logw - lmax) is exp(s - m), already computed, when every
+             * log-weight is 0 and the largest attended logit is the step's max
+             * (the same double operands, so the same number) */
+            int reuse = !m->uses_logw && lmax == (double)ores->m[h], c = 0;
+            double *cacc = p->cacc + (size_t)h * (D + 1);
             for (int d = 0; d < D; d++) acc[d] = 0;
-            for (int c = 0; c < p->count[h]; c++) {
-                double w = exp((double)p->score[base + c] + p->logw[base + c] - lmax);
+            if (reuse && cached && p->cacc_ok[h]) { /* continue from the step's sink/local sum */
+                memcpy(acc, cacc, (size_t)D * sizeof(double));
+                wsum = cacc[D];
+                c = c0;
+            }
+            for (; c < p->count[h]; c++) {
+                double w = reuse ? ew[c] : exp((double)p->score[base + c] + p->logw[base + c] - lmax);
                 const float *v = V + (size_t)p->att[base + c] * D;
                 wsum += w;
-                for (int d = 0; d < D; d++) acc[d] += w * v[d];
+                acc_row(acc, w, v, D);
+                if (reuse && cached && c + 1 == c0 && !p->cacc_ok[h]) {
+                    memcpy(cacc, acc, (size_t)D * sizeof(double));
+                    cacc[D] = wsum;
+                    p->cacc_ok[h] = 1;
+                }
             }
             const float *of = ores->o_full + (size_t)h * D;
             for (int d = 0; d < D; d++) {

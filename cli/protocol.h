@@ -35,6 +35,11 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
  * duplicate, more than k without a variable budget. */
 kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *ores, int t, const kv_method *m,
                             const kv_selection *sel, int k, kv_step_metric *rows);
+/* Declares that the following scores are of step t of one oracle step
+ * (the run loop calls it after each kv_oracle_step): the sink/local part of
+ * every head's sums is then computed once and shared by the methods scored
+ * at t (same numbers). Without it every score computes everything. */
+void kv_protocol_new_step(kv_protocol *p, int t);
 void kv_protocol_destroy(kv_protocol *p);
 
 #endif

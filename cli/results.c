@@ -306,10 +306,21 @@ static void render_method(kv_results_acc *acc, const kv_run_meta *mt, const kv_m
     fprintf(f, ", \"append_seconds_total\": "); json_num(f, r->append_s);
     fprintf(f, ", \"search_us_median\": "); json_num(f, o.search_med_us);
     fprintf(f, ", \"search_us_p90\": "); json_num(f, o.search_p90_us);
+    fprintf(f, ", \"search_seconds_total\": "); json_num(f, r->search_total_s);
     fprintf(f, ", \"method_metric_name\": ");
     if (r->m->metric_name) json_str(f, r->m->metric_name); else fputs("null", f);
     fprintf(f, ", \"method_metric\": "); json_num(f, o.metric);
     fprintf(f, ", \"rows\": %zu}", o.n);
+}
+
+const char *const kv_phase_names[KV_NPHASES] = {"load", "build", "append", "oracle", "search", "diagnostics",
+                                                  "methods_wall", "bookkeeping", "output"};
+
+void kv_phases_print(FILE *f, const kv_run_meta *mt) {
+    fprintf(f, "phases (s, host timers; wall %.3f):", mt->wall_s);
+    for (int i = 0; i < KV_NPHASES; i++) fprintf(f, " %s %.3f", kv_phase_names[i], mt->phase_s[i]);
+    fprintf(f, "%s\n", mt->parallel_methods ? " (methods in parallel: search and diagnostics are thread-seconds, "
+                                               "methods_wall their wall)" : "");
 }
 
 static void render_drift(kv_results_acc *acc, const kv_run_meta *mt, const kv_method_run *r) {
@@ -419,6 +430,9 @@ static kv_status write_summary(const char *path, const kv_run_meta *mt, kv_resul
     fprintf(f, ",\n  \"started\": ");
     json_str(f, mt->started);
     fprintf(f, ",\n  \"wall_seconds\": %.3f,\n", mt->wall_s);
+    fprintf(f, "  \"phase_seconds\": {");
+    for (int i = 0; i < KV_NPHASES; i++) fprintf(f, "%s\"%s\": %.4f", i ? ", " : "", kv_phase_names[i], mt->phase_s[i]);
+    fprintf(f, ", \"parallel_methods\": %s},\n", mt->parallel_methods ? "true" : "false");
     fprintf(f, "  \"device\": {\"kind\": \"%s\", \"name\": ", mt->use_gpu ? "gpu" : "cpu");
     json_str(f, mt->use_gpu ? mt->gpu.name : "host CPU");
     fprintf(f, ", \"driver_version\": %d, \"runtime_version\": %d},\n", mt->gpu.driver_version, mt->gpu.runtime_version);

@@ -24,6 +24,7 @@ typedef struct {
     size_t n_rows, cap_rows;
     double build_s, append_s;
     double *search_s;   /* per evaluated step */
+    double search_total_s; /* sum of search_s (issue 12's phase breakdown) */
     int n_steps;
     size_t index_bytes;
     const char *layer;  /* the record's layer, budget (asked and effective) and seed (the shape's seed) */
@@ -72,7 +73,20 @@ typedef struct {
     int steps_evaluated, steps_skipped;
     double wall_s;
     kv_host_info host;  /* CPU threads, load average at start */
+    /* issue 12: where the run's wall time went, host timers (kv_now) around
+     * each phase, summed over layers (kv_phase_names). append, search and
+     * diagnostics are summed over instances: with the methods run in
+     * parallel (CPU, --threads > 1) they are thread-seconds and
+     * methods_wall is the wall time of those per-step sections. */
+    double phase_s[9];
+    int parallel_methods; /* the methods of a step ran in parallel (CPU path, threads > 1) */
 } kv_run_meta;
+
+enum { KV_PH_LOAD, KV_PH_BUILD, KV_PH_APPEND, KV_PH_ORACLE, KV_PH_SEARCH, KV_PH_DIAG, KV_PH_METHODS_WALL,
+       KV_PH_BOOK, KV_PH_OUTPUT, KV_NPHASES };
+extern const char *const kv_phase_names[KV_NPHASES];
+/* Prints the phase breakdown (and each record's search total) to f. */
+void kv_phases_print(FILE *f, const kv_run_meta *meta);
 
 typedef struct {
     double recall, recall_sel, cand_recall, mass, outerr, n_sel, n_extra;

@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <getopt.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,8 @@ static const char run_help[] =
     "  --force             replace DIR if it is a kvbench result directory (otherwise an existing DIR is an\n"
     "                      error); the old results stay in place until the new ones are complete\n"
     "  --quiet             no table on stdout\n"
+    "  --verbose           print where the wall time went (load, build, append, oracle, search, diagnostics,\n"
+    "                      bookkeeping, output; summary.json phase_seconds) and each method's total search time\n"
     "Writes DIR/summary.json, DIR/drift.csv, DIR/steps.csv, DIR/profile.csv all-or-nothing (DIR.tmp.<pid>, then one rename;\n"
     "removed on failure, SIGINT or SIGTERM) and prints a summary table.\n";
 
@@ -66,7 +69,7 @@ typedef struct {
     const char *params[64];
     int n_params;
     int k, sink, local, stride, max_steps, window, force, quiet, lag;
-    int seed, threads, seeds, no_profile;
+    int seed, threads, seeds, no_profile, verbose;
     int ks[MAX_KS], nk;
     kv_device_choice device;
 } run_opts;
@@ -76,7 +79,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         {"trace", 1, 0, 't'}, {"layer", 1, 0, 'l'}, {"method", 1, 0, 'm'}, {"param", 1, 0, 'p'},
         {"k", 1, 0, 'k'}, {"sink", 1, 0, 'S'}, {"local", 1, 0, 'W'}, {"stride", 1, 0, 's'},
         {"max-steps", 1, 0, 'n'}, {"window", 1, 0, 'w'}, {"seed", 1, 0, 'e'}, {"lag", 1, 0, 'L'}, {"device", 1, 0, 'd'},
-        {"threads", 1, 0, 'j'}, {"seeds", 1, 0, 'N'}, {"no-profile", 0, 0, 'P'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"threads", 1, 0, 'j'}, {"seeds", 1, 0, 'N'}, {"no-profile", 0, 0, 'P'}, {"out", 1, 0, 'o'}, {"force", 0, 0, 'f'}, {"quiet", 0, 0, 'q'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     *o = (run_opts){.k = 100, .sink = 4, .local = 64, .stride = 1, .max_steps = 0, .window = 128, .seeds = 1,
                     .ks = {100}, .nk = 1};
     optind = 1;
@@ -116,6 +119,7 @@ static int parse_run(int argc, char **argv, run_opts *o) {
         case 'o': o->out = optarg; break;
         case 'f': o->force = 1; break;
         case 'q': o->quiet = 1; break;
+        case 'v': o->verbose = 1; break;
         case 'h': fputs(run_help, stdout); return 0;
         default: return kv_opt_error("run", c, argv, opts);
         }
@@ -242,21 +246,70 @@ static void progress(double t_start, int done, int total, int force, const char 
     if (done == total) fputc('\n', stderr);
 }
 
-/* One layer's decode loop: append to every instance, the oracle once per
- * step, then per budget b every instance searches and is scored into its
- * record recs[inst.first_rec + b]. */
+/* Runs append (stage 0) or search + scoring (stage 1, budget b) of
+ * instance i; returns its status, keeping the message (kv_fail's buffer is
+ * per thread) in msg. Adds the search and diagnostics seconds to *srch and
+ * *diag. */
+static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k, const float *v, const float *mq,
+                           const int *keff, kv_method_run *recs, kv_oracle *orc, const kv_oracle_out *ores,
+                           kv_protocol *proto, kv_step_metric *rows, int Hq, double *srch, double *diag,
+                           char *msg, size_t msg_cap) {
+    kv_method_run *r = &in->r;
+    kv_status st;
+    if (stage == 0) {
+        double a0 = kv_now();
+        st = r->m->append(r->state, t, k, v, mq);
+        r->append_s += kv_now() - a0;
+    } else {
+        kv_method_run *rec = &recs[in->first_rec + b - in->b0];
+        kv_selection_reset(&r->sel);
+        double s0 = kv_now();
+        st = r->m->search(r->state, t, mq, keff[b], &r->sel);
+        double s1 = kv_now();
+        rec->search_s[rec->n_steps++] = s1 - s0;
+        rec->search_total_s += s1 - s0;
+        if (st == KV_OK) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
+        if (st == KV_OK) st = kv_rows_push(rec, rows, Hq);
+        *srch += s1 - s0;
+        *diag += kv_now() - s1;
+    }
+    if (st != KV_OK) snprintf(msg, msg_cap, "%s", kv_last_error());
+    return st;
+}
+
+/* One layer's decode loop: the oracle once per evaluated step, then every
+ * instance appends position t and (at an evaluated step) searches at each
+ * of its budgets b and is scored into its record recs[inst.first_rec + b].
+ * On the CPU path with several threads
+ * (issue 12) the instances of a step are independent (each its own state,
+ * selection and records; the oracle's results are read-only by then), so
+ * they run in parallel, one instance per thread at a time, each scored
+ * with its thread's own protocol scratch; a method's internal OpenMP loops
+ * then run single-threaded inside. Every number is the serial loop's
+ * (tests: run_golden_cpu). The GPU path stays serial: the GPU oracle's
+ * gather buffers are shared. */
 static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst *inst, int n_inst, kv_method_run *recs,
-                          const int *keff, kv_oracle *orc, kv_protocol *proto, kv_run_meta *meta,
-                          kv_profile_rows *prof, const char *layer) {
+                          const int *keff, kv_oracle *orc, kv_run_meta *meta, kv_profile_rows *prof,
+                          const char *layer) {
     int D = L->D, T = L->T, total = T > P ? (int)(((long long)T - P + o->stride - 1) / o->stride) : 0;
     if (o->max_steps && total > o->max_steps) total = o->max_steps;
+    double *ph = meta->phase_s;
+    int par = !meta->use_gpu && n_inst > 1 && omp_get_max_threads() > 1;
+    int nth = par ? omp_get_max_threads() : 1;
+    meta->parallel_methods |= par;
     float *q = kv_malloc((size_t)L->Hq * D * sizeof(float), "step queries");
     /* --lag d: the methods get the query of t-d (mq), the oracle the query of t (q) */
     float *mq = o->lag ? kv_malloc((size_t)L->Hq * D * sizeof(float), "lagged queries") : q;
     float *k = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step keys");
     float *v = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step values");
-    kv_step_metric *rows = kv_malloc((size_t)L->Hq * sizeof *rows, "step metrics");
-    kv_status st = (!q || !mq || !k || !v || !rows) ? KV_ERR_NOMEM : KV_OK;
+    kv_step_metric *rows = kv_malloc((size_t)nth * L->Hq * sizeof *rows, "step metrics");
+    kv_protocol **proto = kv_calloc((size_t)nth, sizeof *proto, "protocol scratch");
+    kv_status *ist = kv_calloc((size_t)n_inst + 1, sizeof *ist, "instance status");
+    enum { MSG = 1024 };
+    char *msg = kv_malloc((size_t)(n_inst + 1) * MSG, "instance messages");
+    kv_status st = (!q || !mq || !k || !v || !rows || !proto || !ist || !msg) ? KV_ERR_NOMEM : KV_OK;
+    for (int i = 0; i < nth && st == KV_OK; i++)
+        st = kv_protocol_create(L, o->sink, o->local, keff[o->nk - 1], P, &proto[i]);
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
@@ -264,39 +317,61 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int show = isatty(2), done = 0;
     meta->steps_evaluated = meta->steps_skipped = 0;
     for (int t = P; t < T && st == KV_OK && done < total; t++) {
+        double c0 = kv_now();
         gather_row(L->k, L->Hkv, T, D, t, k);
         gather_row(L->q, L->Hq, T, D, t, q);
         if (o->lag) gather_row(L->q, L->Hq, T, D, t - o->lag > 0 ? t - o->lag : 0, mq);
         if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
-        for (int i = 0; i < n_inst && st == KV_OK; i++) {
-            double a0 = kv_now();
-            st = inst[i].r.m->append(inst[i].r.state, t, k, L->v ? v : NULL, mq);
-            inst[i].r.append_s += kv_now() - a0;
+        double c1 = kv_now();
+        ph[KV_PH_BOOK] += c1 - c0;
+        /* the oracle first (it reads the layer, not the methods), then one
+         * parallel section per step: each instance appends position t and,
+         * at an evaluated step, searches and is scored at each of its budgets */
+        int eval = (t - P) % o->stride == 0, score = eval && t + 1 - o->local - o->sink > 0;
+        if (score) {
+            kv_oracle_out ores;
+            st = kv_oracle_step(orc, t, q, &ores);
+            double c2 = kv_now();
+            ph[KV_PH_ORACLE] += c2 - c1;
+            if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
+            for (int i = 0; i < nth; i++) kv_protocol_new_step(proto[i], t);
+            ph[KV_PH_BOOK] += kv_now() - c2;
+            if (st != KV_OK) break;
         }
-        if (st != KV_OK || (t - P) % o->stride) continue;
-        done++;
-        if (t + 1 - o->local - o->sink <= 0) { meta->steps_skipped++; continue; }
-        kv_oracle_out ores;
-        st = kv_oracle_step(orc, t, q, &ores);
-        if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
-        for (int b = 0; b < o->nk && st == KV_OK; b++) {
-            kv_oracle_view(orc, b, &ores);
-            for (int i = 0; i < n_inst && st == KV_OK; i++) {
-                if (b < inst[i].b0 || b >= inst[i].b0 + inst[i].nb) continue;
-                kv_method_run *r = &inst[i].r, *rec = &recs[inst[i].first_rec + b - inst[i].b0];
-                kv_selection_reset(&r->sel);
-                double s0 = kv_now();
-                st = r->m->search(r->state, t, mq, keff[b], &r->sel);
-                rec->search_s[rec->n_steps++] = kv_now() - s0;
-                if (st == KV_OK) st = kv_protocol_score(proto, orc, &ores, t, r->m, &r->sel, keff[b], rows);
-                if (st == KV_OK) st = kv_rows_push(rec, rows, L->Hq);
+        double m0 = kv_now(), app = 0, srch = 0, diag = 0;
+#pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : app, srch, diag)
+        for (int i = 0; i < n_inst; i++) {
+            int th = par ? omp_get_thread_num() : 0;
+            char *im = msg + (size_t)i * MSG;
+            double a0 = kv_now();
+            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
+                               &srch, &diag, im, MSG);
+            app += kv_now() - a0;
+            for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
+                kv_oracle_out ov;
+                kv_oracle_view(orc, b, &ov);
+                ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
+                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
             }
         }
+        for (int i = 0; i < n_inst && st == KV_OK; i++)
+            if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
+        ph[KV_PH_APPEND] += app;
+        ph[KV_PH_SEARCH] += srch;
+        ph[KV_PH_DIAG] += diag;
+        ph[KV_PH_METHODS_WALL] += kv_now() - m0;
+        if (st != KV_OK || !eval) continue;
+        done++;
+        if (!score) { meta->steps_skipped++; continue; }
         meta->steps_evaluated++;
+        double c4 = kv_now();
         if (show && (done % 16 == 0 || done == total))
             progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
+        ph[KV_PH_BOOK] += kv_now() - c4;
     }
     if (mq != q) free(mq);
+    for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
+    free(proto); free(ist); free(msg);
     free(q); free(k); free(v); free(rows);
     return st;
 }
@@ -434,7 +509,9 @@ static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
 static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_meta *meta, const kv_method_run *picked,
                            int n_picked, const int *keff, kv_results_acc *acc) {
     kv_layer L;
+    double l0 = kv_now();
     KV_TRY(kv_trace_load_layer(in, li, &L));
+    meta->phase_s[KV_PH_LOAD] += kv_now() - l0;
     meta->layer = in->layer_names[li];
     run_inst *inst = kv_calloc((size_t)n_picked * o->seeds * o->nk, sizeof *inst, "method instances");
     int n_inst = 0, n_recs = 0;
@@ -459,15 +536,18 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
                    .max_tokens = L.T, .prefill_len = in->prefill_len, .softmax_scale = in->softmax_scale,
                    .sink = o->sink, .local = o->local, .seed = (uint64_t)o->seed, .use_gpu = meta->use_gpu};
     kv_oracle *orc = NULL;
-    kv_protocol *proto = NULL;
+    double b0 = kv_now();
     kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
+    meta->phase_s[KV_PH_BUILD] += kv_now() - b0;
+    b0 = kv_now();
     if (st == KV_OK)
         st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
                                  meta->use_gpu, !o->no_profile, &orc);
     if (st == KV_OK) kv_oracle_set_context(orc, in->path, meta->layer);
-    if (st == KV_OK) st = kv_protocol_create(&L, o->sink, o->local, keff[o->nk - 1], in->prefill_len, &proto);
+    meta->phase_s[KV_PH_ORACLE] += kv_now() - b0; /* the oracle's setup (GPU: the layer's upload) */
     if (st == KV_OK)
-        st = run_loop(&L, o, in->prefill_len, inst, n_inst, recs, keff, orc, proto, meta, &prof, meta->layer);
+        st = run_loop(&L, o, in->prefill_len, inst, n_inst, recs, keff, orc, meta, &prof, meta->layer);
+    b0 = kv_now();
     for (int i = 0; i < n_inst; i++) {
         kv_method_run *r = &inst[i].r;
         if (r->state) r->index_bytes = r->m->memory_bytes(r->state);
@@ -477,8 +557,9 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
             double *ss = rec->search_s;
             size_t nr = rec->n_rows;
             int ns = rec->n_steps;
+            double stot = rec->search_total_s;
             *rec = *r; /* the instance's identity and timings, then the record's own */
-            rec->rows = rows; rec->search_s = ss; rec->n_rows = nr; rec->n_steps = ns;
+            rec->rows = rows; rec->search_s = ss; rec->n_rows = nr; rec->n_steps = ns; rec->search_total_s = stot;
             rec->layer = meta->layer;
             rec->k = o->ks[b];
             rec->k_eff = keff[b];
@@ -487,6 +568,10 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     if (st == KV_OK && meta->steps_evaluated == 0)
         st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
                      "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o->sink, o->local);
+    for (int i = 0; o->verbose && recs && i < n_recs; i++)
+        fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (host timer)\n",
+                recs[i].m->name, meta->layer, recs[i].k, recs[i].search_total_s, recs[i].n_steps,
+                recs[i].n_steps ? 1e6 * recs[i].search_total_s / recs[i].n_steps : 0.0);
     if (st == KV_OK) st = kv_results_add(acc, meta, recs, n_recs, o->no_profile ? NULL : &prof);
     if (st == KV_OK && !o->no_profile && !o->quiet)
         kv_profile_print(stderr, meta->layer, &prof, in->prefill_len, o->window, o->sink, o->local);
@@ -498,9 +583,9 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     free(recs);
     free(inst);
     kv_profile_free(&prof);
-    kv_protocol_destroy(proto);
     kv_oracle_destroy(orc);
     kv_layer_free(&L);
+    meta->phase_s[KV_PH_OUTPUT] += kv_now() - b0;
     return st;
 }
 
@@ -591,7 +676,10 @@ int cmd_run(int argc, char **argv) {
     for (int i = 0; i < n_layers && st == KV_OK; i++) st = run_layer(&o, in, lidx[i], &meta, runs, n_runs, keff, &acc);
     meta.layer = in->layer_names[lidx[0]];
     meta.wall_s = kv_now() - w0;
+    double o0 = kv_now();
     if (st == KV_OK) st = kv_results_write(out, &meta, &acc);
+    meta.phase_s[KV_PH_OUTPUT] += kv_now() - o0;
+    if (st == KV_OK && o.verbose) kv_phases_print(stderr, &meta);
     if (st == KV_OK && !o.quiet) {
         kv_results_print(stdout, &meta, &acc);
         printf("results: %s/summary.json, %s/drift.csv, %s/steps.csv, %s/profile.csv\n", out, out, out, out);

@@ -9,6 +9,13 @@
 #   OUT=/tmp/out scripts/device_check.sh   (TOKENS=..., METHODS=... to change the lengths, methods;
 #                                           SANITIZER=0 skips compute-sanitizer, SAN_TIMEOUT=s per tool;
 #                                           RUNCMP=0 skips the GPU-vs-CPU run, SUITE=0 the full suite)
+# RUNLOOP=1 adds, right after the build, issue 12's run-loop measurement: the
+# 7-method 4096-step `kvbench run --device gpu` on a 131072-token synth trace
+# with its phase breakdown (--verbose), each method's in-run search time
+# against `kvbench bench` at 131072, and the bit-for-bit GPU golden check
+# (tests/golden/run-gpu, written first from BASE_BIN when that is given: a
+# kvbench binary of main built before the issue-12 work). RUNLOOP=only does
+# the build and that section and stops.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-device-check}
@@ -25,6 +32,62 @@ step "device"
 step "build"
 if ! make -j16 all tests/run_tests >"$OUT/build.log" 2>&1; then tail -40 "$OUT/build.log"; exit 1; fi
 tail -2 "$OUT/build.log"
+
+if [ "${RUNLOOP:-0}" != 0 ]; then
+    step "issue 12: run loop at GPU speed (131072 tokens, 4096 decode steps, 7 methods); log in $OUT/runloop.log"
+    {
+        TR128=/tmp/kvb-runloop-128k.h5
+        RL_METHODS=exact,pariskv,pqcache,quest,magicpig,streaming,random
+        t0=$SECONDS
+        [ -f $TR128 ] || ./kvbench synth --out $TR128 --tokens 131072 --prefill 126976 --force
+        echo "synth: $((SECONDS - t0)) s, $(du -m $TR128 | cut -f1) MB"
+        /usr/bin/time -f "run: %e s wall, %U s user, %S s sys, %M KB max RSS" timeout 400 \
+            ./kvbench run --trace $TR128 --method $RL_METHODS --device gpu --out /tmp/kvb-runloop --force --quiet --verbose
+        /usr/bin/time -f "load + 1 step: %e s wall, %M KB max RSS" timeout 120 \
+            ./kvbench run --trace $TR128 --method exact --max-steps 1 --device gpu --out /tmp/kvb-runloop1 --force --quiet
+        rm -f /tmp/kvb-runloop-bench.csv
+        for m in exact pariskv pqcache quest magicpig; do
+            timeout 120 ./kvbench bench --method $m --tokens 131072 --csv /tmp/kvb-rl-$m.csv --force >/dev/null 2>&1
+            if [ -f /tmp/kvb-runloop-bench.csv ]; then tail -n +2 /tmp/kvb-rl-$m.csv; else cat /tmp/kvb-rl-$m.csv; fi \
+                >>/tmp/kvb-runloop-bench.csv
+        done
+        python3 - /tmp/kvb-runloop/summary.json /tmp/kvb-runloop-bench.csv <<'EOF'
+import csv, json, sys
+s = json.load(open(sys.argv[1]))
+bench = {}
+try:
+    for r in csv.DictReader(open(sys.argv[2])):
+        if r["stage"] in ("exact", "search") and int(r["tokens"]) == 131072:
+            bench[r["method"]] = float(r["median_us"])
+except OSError:
+    pass
+print(f"wall {s['wall_seconds']:.1f} s (goal <= 10); phases: " +
+      ", ".join(f"{k} {v:.2f}" for k, v in s.get("phase_seconds", {}).items() if not isinstance(v, bool)))
+print(f"{'method':<10} {'device':<6} {'run_us_med':>10} {'run_total_s':>11} {'bench_us':>9} {'run/bench':>9}")
+for m in s["methods"]:
+    b = bench.get(m["method"])
+    r = m["search_us_median"]
+    ratio = (f"{r / b:>8.2f}x" + (" OVER 1.3" if r / b > 1.3 else "")) if b else ""
+    print(f"{m['method']:<10} {m['device']:<6} {r:>10.1f} {m.get('search_seconds_total', float('nan')):>11.2f} "
+          f"{(b or float('nan')):>9.1f} {ratio}")
+EOF
+        if [ -n "${BASE_BIN:-}" ]; then
+            python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu &&
+                tar -C tests/golden -czf "$OUT/golden-run-gpu.tgz" run-gpu # to commit as tests/golden/run-gpu
+        fi
+        KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_golden_gpu run_golden_cpu
+        # trace loading (issue 12 goal 2): the library path against the parallel one, uncompressed and gzip
+        TRGZ=/tmp/kvb-runloop-128k-gz.h5
+        t0=$SECONDS; ./kvbench synth --out $TRGZ --tokens 131072 --prefill 126976 --gzip 4 --force >/dev/null
+        echo "synth gzip: $((SECONDS - t0)) s, $(du -m $TRGZ | cut -f1) MB"
+        for r in 1 2 3; do for t in $TR128 $TRGZ; do for L in library parallel; do
+            KVBENCH_LOADER=$L KVBENCH_LOADER_VERBOSE=1 ./kvbench run --trace $t --method streaming --max-steps 1 \
+                --out /tmp/kvb-load --force --quiet 2>&1 | grep -i loaded | sed "s|^|$L $(basename $t): |"
+        done; done; done
+        KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_memory_preflight_gpu
+    } 2>&1 | tee "$OUT/runloop.log"
+    [ "${RUNLOOP}" = only ] && exit 0
+fi
 
 step "GPU tests (KVBENCH_REQUIRE_GPU=1)"
 timeout 180 make --no-print-directory test-gpu 2>&1 | tee "$OUT/tests.log" | grep -v '^KVBENCH'

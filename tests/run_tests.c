@@ -20,6 +20,7 @@ extern char kv_test_reason[512];
     X(common_percentile, 0)                                \
     X(topk_ref_matches_sort, 0)                            \
     X(topk_kth_largest, 0)                                 \
+    X(topk_routes_agree, 0)                                \
     X(params_validation, 0)                                \
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
@@ -127,6 +128,8 @@ extern char kv_test_reason[512];
     X(gpu_oracle_multi_k_profile_matches_cpu, KV_NEEDS_GPU) \
     X(run_multi_k_layer_seed_equals_single, KV_NEEDS_SUBPROCESS) \
     X(sweep_script, KV_NEEDS_SUBPROCESS)                   \
+    X(run_golden_cpu, KV_NEEDS_SUBPROCESS)                 \
+    X(run_golden_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS)  \
     X(sweep_slurm_array, KV_NEEDS_SUBPROCESS)              \
     X(pareto_front_hand_case, KV_NEEDS_SUBPROCESS)         \
     X(gpu_oracle_nonfinite_scores, KV_NEEDS_GPU)           \

@@ -312,6 +312,39 @@ int test_run_multi_k_layer_seed_equals_single(void) {
     return KV_TEST_PASS;
 }
 
+/* issue 12, goal 6: the run loop's speed work changes no number: steps.csv,
+ * drift.csv and summary.json's metrics on a slice of the demo trace (all
+ * twelve demo methods, two budgets) equal, byte for byte, the reference the
+ * binary of main at 21e04c7 wrote before the work (tests/golden/run-cpu;
+ * scripts/golden_run.py). Run with one and with two threads: the parallel
+ * loop must give the serial loop's numbers. */
+int test_run_golden_cpu(void) {
+    for (int th = 1; th <= 2; th++) {
+        int rc = sh("python3 scripts/golden_run.py check %s tests/golden/run-cpu --device cpu --threads %d",
+                    kv_test_bin(), th);
+        fputs(out, stdout);
+        CHECK(rc == 0, "scripts/golden_run.py check (--threads %d) exit %d:\n%s\n%s", th, rc, out, err);
+    }
+    return KV_TEST_PASS;
+}
+
+/* The same on the GPU against tests/golden/run-gpu, which only a GPU
+ * machine can write (scripts/device_check.sh RUNLOOP=1 writes it from the
+ * binary of main before it checks this branch's). */
+int test_run_golden_gpu(void) {
+    const char *dir = getenv("KVBENCH_GOLDEN_GPU") ? getenv("KVBENCH_GOLDEN_GPU") : "tests/golden/run-gpu";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/steps.csv.gz", dir);
+    if (!exists(path)) {
+        kv_test_skip_reason("no GPU reference %s (scripts/golden_run.py make OLD_BIN %s --device gpu)", path, dir);
+        return KV_TEST_SKIP;
+    }
+    int rc = sh("python3 scripts/golden_run.py check %s %s --device gpu", kv_test_bin(), dir);
+    fputs(out, stdout);
+    CHECK(rc == 0, "scripts/golden_run.py check --device gpu exit %d:\n%s\n%s", rc, out, err);
+    return KV_TEST_PASS;
+}
+
 int test_sweep_script(void) {
     int rc = sh("KVBENCH_BIN=%s python3 tests/test_sweep.py sweep", kv_test_bin());
     fputs(out, stdout);

@@ -69,6 +69,31 @@ int test_topk_ref_matches_sort(void) {
     return KV_TEST_PASS;
 }
 
+/* issue 12: kv_topk_ref's quickselect route and its heap route give the
+ * same indices and values (continuous scores, heavy ties, signed zeros). */
+int test_topk_routes_agree(void) {
+    kv_rng r;
+    kv_rng_seed(&r, 13);
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(kv_rng_uniform(&r) * 5000), k = 1 + (int)(kv_rng_uniform(&r) * (trial % 3 ? n / 4 + 1 : n));
+        int kind = trial % 3;
+        float *s = malloc(n * sizeof *s), *v1 = malloc(n * sizeof *s), *v2 = malloc(n * sizeof *s);
+        int32_t *i1 = malloc(n * sizeof *i1), *i2 = malloc(n * sizeof *i2);
+        for (int i = 0; i < n; i++) {
+            float x = (float)kv_rng_normal(&r);
+            s[i] = kind == 0 ? x : kind == 1 ? (float)(int)(x * 3) : (x > 0.5f ? 0.0f : x > -0.5f ? -0.0f : x);
+        }
+        int c1 = kv_topk_ref(s, n, k, 3, i1, v1), c2 = kv_topk_heap_ref(s, n, k, 3, i2, v2);
+        CHECK(c1 == c2, "n=%d k=%d: counts %d vs %d", n, k, c1, c2);
+        for (int j = 0; j < c1; j++) {
+            CHECK(i1[j] == i2[j], "n=%d k=%d kind %d rank %d: index %d vs heap %d", n, k, kind, j, i1[j], i2[j]);
+            CHECK(memcmp(&v1[j], &v2[j], sizeof(float)) == 0, "n=%d k=%d rank %d: value bits differ", n, k, j);
+        }
+        free(s); free(v1); free(v2); free(i1); free(i2);
+    }
+    return KV_TEST_PASS;
+}
+
 int test_topk_kth_largest(void) {
     kv_rng r;
     kv_rng_seed(&r, 12);

@@ -1,7 +1,20 @@
-/* score_ref.c: C reference of the exact score row (see score.h). */
+/* score_ref.c: C reference of the exact score row (see score.h). Both
+ * functions are also built for AVX2 (target_clones, picked at load time;
+ * issue 12: the score rows were a tenth of a CPU run): the 8 partial sums
+ * are then one 256-bit register instead of two 128-bit ones, each lane
+ * doing the same multiply and add in the same order (ISO C never contracts
+ * them into an FMA, and the avx2 target has none), so every score keeps
+ * its bits. */
 #include "score.h"
 
-float kv_dot_ref(const float *a, const float *b, int d) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__CUDACC__)
+#define KV_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KV_CLONES
+#endif
+
+static inline float dot8(const float *a, const float *b, int d) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int i = 0;
     for (; i + 8 <= d; i += 8)
@@ -10,6 +23,8 @@ float kv_dot_ref(const float *a, const float *b, int d) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-void kv_scores_ref(const float *q, const float *K, int n, int d, float scale, float *out) {
-    for (int i = 0; i < n; i++) out[i] = scale * kv_dot_ref(q, K + (size_t)i * d, d);
+KV_CLONES float kv_dot_ref(const float *a, const float *b, int d) { return dot8(a, b, d); }
+
+KV_CLONES void kv_scores_ref(const float *q, const float *K, int n, int d, float scale, float *out) {
+    for (int i = 0; i < n; i++) out[i] = scale * dot8(q, K + (size_t)i * d, d);
 }

@@ -15,6 +15,8 @@ extern "C" {
 /* Top min(k, n) of scores[0..n) in the documented order; idx[j] are
  * positions in [0, n) plus `base`. val may be NULL. Returns the count. */
 int kv_topk_ref(const float *scores, int n, int k, int base, int32_t *idx, float *val);
+/* The same by a size-k heap alone (kv_topk_ref's other route; for tests). */
+int kv_topk_heap_ref(const float *scores, int n, int k, int base, int32_t *idx, float *val);
 
 /* The k-th largest of scores[0..n) (1 <= k <= n), via a copy in `scratch` (n floats). */
 float kv_kth_largest_ref(const float *scores, int n, int k, float *scratch);

@@ -1,6 +1,13 @@
-/* topk_ref.c: C reference of top-k (a size-k min-heap keyed on
- * (score, -index), O(n log k)) and of the k-th largest value (quickselect).
- * The heap order makes ties deterministic: the smaller index wins. */
+/* topk_ref.c: C reference of top-k and of the k-th largest value
+ * (quickselect). The order is a total one on (score, -index), so the
+ * result is unique: larger score first, the smaller index among ties.
+ * Two routes to it (issue 12: the heap was the CPU run's largest single
+ * cost): for k small against n, the k-th largest value by quickselect,
+ * then one pass keeping every score above it and the first (smallest
+ * index) ties, then a sort of those k by the order; otherwise (or when a
+ * score is NaN, which the order does not rank) a size-k min-heap, O(n log
+ * k). Both give the same indices and values: tests topk_ref_matches_sort
+ * and topk_routes_agree. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +28,76 @@ static void sift_down(float *hv, int32_t *hi, int n, int i) {
     }
 }
 
+typedef struct { float v; int32_t i; } kv_vi;
+
+/* (v, i) pairs strongest first: insertion sort for short runs, else quicksort on the median of three. */
+static void sort_vi(kv_vi *a, int n) {
+    while (n > 24) {
+        kv_vi *m = a + n / 2, *z = a + n - 1, t;
+#define KV_BEATS(x, y) beats((x).v, (x).i, (y).v, (y).i)
+#define KV_SWAP(x, y) (t = (x), (x) = (y), (y) = t)
+        if (KV_BEATS(*m, *a)) KV_SWAP(*m, *a);
+        if (KV_BEATS(*z, *m)) { KV_SWAP(*z, *m); if (KV_BEATS(*m, *a)) KV_SWAP(*m, *a); }
+        kv_vi piv = *m;
+        int i = 0, j = n - 1;
+        for (;;) { /* the pairs are distinct (distinct indices): no element equals the pivot but itself */
+            while (KV_BEATS(a[i], piv)) i++;
+            while (KV_BEATS(piv, a[j])) j--;
+            if (i >= j) break;
+            KV_SWAP(a[i], a[j]);
+            i++; j--;
+        }
+        /* [0, j] beat-or-equal piv, [j+1, n) do not beat it: sort the smaller side by recursion */
+        int left = j + 1;
+        if (left < n - left) { sort_vi(a, left); a += left; n -= left; }
+        else { sort_vi(a + left, n - left); n = left; }
+    }
+    for (int i = 1; i < n; i++) {
+        kv_vi x = a[i];
+        int j = i;
+        for (; j > 0 && KV_BEATS(x, a[j - 1]); j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+#undef KV_BEATS
+#undef KV_SWAP
+}
+
+/* The quickselect route; returns -2 when a score is NaN (the heap route then decides), else as kv_topk_ref. */
+static int topk_select(const float *scores, int n, int k, int base, int32_t *idx, float *val) {
+    float *a = malloc((size_t)n * sizeof *a);
+    kv_vi *p = malloc((size_t)k * sizeof *p);
+    if (!a || !p) { free(a); free(p); kv_fail(KV_ERR_NOMEM, "top-k scratch (%d)", n); return -1; }
+    for (int i = 0; i < n; i++)
+        if (scores[i] != scores[i]) { free(a); free(p); return -2; }
+    float thr = kv_kth_largest_ref(scores, n, k, a);
+    int above = 0;
+    for (int i = 0; i < n; i++) above += scores[i] > thr;
+    int ties = k - above, c = 0;
+    for (int i = 0; i < n; i++) {
+        float x = scores[i];
+        if (x > thr || (x == thr && ties-- > 0)) { p[c].v = x; p[c].i = i; c++; }
+    }
+    sort_vi(p, c);
+    for (int j = 0; j < c; j++) {
+        idx[j] = p[j].i + base;
+        if (val) val[j] = p[j].v;
+    }
+    free(a);
+    free(p);
+    return c;
+}
+
 int kv_topk_ref(const float *scores, int n, int k, int base, int32_t *idx, float *val) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    if (n >= 64 && k <= n / 4) {
+        int c = topk_select(scores, n, k, base, idx, val);
+        if (c != -2) return c;
+    }
+    return kv_topk_heap_ref(scores, n, k, base, idx, val);
+}
+
+int kv_topk_heap_ref(const float *scores, int n, int k, int base, int32_t *idx, float *val) {
     if (k > n) k = n;
     if (k <= 0) return 0;
     float *hv = malloc((size_t)k * sizeof *hv);
