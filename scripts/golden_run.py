@@ -11,9 +11,14 @@ of the run loop must not change a number).
       runs BIN the same way and compares with DIR byte for byte; exit 1
       naming the first differing line of each differing file.
 
-The committed reference tests/golden/run-cpu was made by the binary of
-main at 21e04c7 (before any issue-12 change), so the check compares the
-new code with an independent earlier implementation, not with itself.
+The committed reference tests/golden/run-cpu was made by the CPU binary
+of branch s3-golden at 8e715f8: main at 21e04c7 with this session's
+method-side changes merged (ParisKV's bf16 RSQ weights, which change
+ParisKV's numbers on purpose; RACC's index parameters, which change its
+parameter string; the CSAttention/CTKVR GPU kernels) and none of the
+run-loop or loader work, so the check compares that work with an
+independent earlier implementation, not with itself. Against main at
+21e04c7's own output only ParisKV's rows differ.
 The configuration covers all twelve demo methods, 26 steps spread over
 the whole decode (stride 40), and two budgets (the multi-budget path). """
 import gzip, json, os, subprocess, sys, tempfile
