@@ -12,8 +12,8 @@ of the run loop must not change a number).
       naming the first differing line of each differing file.
 
 The committed reference tests/golden/run-cpu was made by the CPU binary
-of branch s3-golden at 8e715f8: main at 21e04c7 with this session's
-method-side changes merged (ParisKV's bf16 RSQ weights, which change
+of main at 21e04c7 with the method-side commits 9d51ffe, aadf90a and 61341f7
+merged (all in main's history) (ParisKV's bf16 RSQ weights, which change
 ParisKV's numbers on purpose; RACC's index parameters, which change its
 parameter string; the CSAttention/CTKVR GPU kernels) and none of the
 run-loop or loader work, so the check compares that work with an

@@ -316,7 +316,7 @@ int test_run_multi_k_layer_seed_equals_single(void) {
  * drift.csv and summary.json's metrics on a slice of the demo trace (all
  * twelve demo methods, two budgets) equal, byte for byte, the reference the
  * binary of main at 21e04c7 plus the method-side changes wrote before the
- * run-loop work (branch s3-golden; tests/golden/run-cpu;
+ * run-loop work (9d51ffe, aadf90a, 61341f7 merged; tests/golden/run-cpu;
  * scripts/golden_run.py). Run with one and with two threads: the parallel
  * loop must give the serial loop's numbers. */
 int test_run_golden_cpu(void) {
