@@ -39,6 +39,7 @@ struct kv_oracle {
     float *thr_all;           /* [nk][Hq] */
     int *ntop_all;            /* [nk][2][Hq]: prefill, generated */
     float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
+    uint32_t *rtmp;           /* [Hq][T]: the radix sort's second buffer (the profile's long sorts) */
     const float *hs;          /* GPU + several budgets or profile: the last step's scores [Hq][T] on the host
                                * (pinned, owned by the GPU oracle), n = hs_n */
     int hs_n;
@@ -83,6 +84,36 @@ static void sort_desc(float *a, int n) {
         int j = i;
         for (; j > 0 && x > a[j - 1]; j--) a[j] = a[j - 1];
         a[j] = x;
+    }
+}
+
+/* Sorts finite floats descending by an LSD radix sort on their bits
+ * (4 passes of 8 bits; a pass whose digit is the same for all is skipped),
+ * tmp: n words. O(n) where sort_desc is O(n log n): the profile's p = 0.99
+ * can need most of a region at every step (issue 12: on a 128K-token trace
+ * the sorts were most of the GPU run's host time). The order of equal values
+ * is all that can differ from sort_desc's, and equal values are equal
+ * numbers to every sum and comparison the callers make (-0 and +0 included). */
+static void radix_sort_desc(float *a, int n, uint32_t *tmp) {
+    uint32_t *u = (uint32_t *)a, *src = u, *dst = tmp;
+    size_t cnt[4][256] = {{0}};
+    for (int i = 0; i < n; i++) { /* descending floats = ascending keys: a negative keeps its bits (sign set: after
+                                     * every positive; larger magnitude later), a positive flips all but the sign */
+        uint32_t b = u[i];
+        u[i] = b & 0x80000000u ? b : ~b & 0x7fffffffu;
+        for (int d = 0; d < 4; d++) cnt[d][(u[i] >> (8 * d)) & 255]++;
+    }
+    for (int d = 0; d < 4; d++) {
+        int sh = 8 * d;
+        if (cnt[d][(src[0] >> sh) & 255] == (size_t)n) continue;
+        size_t off = 0;
+        for (int b = 0; b < 256; b++) { size_t c = cnt[d][b]; cnt[d][b] = off; off += c; }
+        for (int i = 0; i < n; i++) dst[cnt[d][(src[i] >> sh) & 255]++] = src[i];
+        uint32_t *t = src; src = dst; dst = t;
+    }
+    for (int i = 0; i < n; i++) { /* back to float bits, into a */
+        uint32_t k = src[i];
+        u[i] = k & 0x80000000u ? k : ~k & 0x7fffffffu;
     }
 }
 
@@ -133,7 +164,9 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     }
     int *bud = o->res.budget + (size_t)h * KV_NPROFILE;
     if (o->profile && kv_profile_head(s, t, o->sink, o->local, m, Z, srt, top, bud)) {
-        sort_desc(srt + top, n - top); /* the rest is below every one of the top */
+        /* the rest is below every one of the top */
+        if (n - top > 4096) radix_sort_desc(srt + top, n - top, o->rtmp + (size_t)h * o->L->T);
+        else sort_desc(srt + top, n - top);
         kv_profile_head(s, t, o->sink, o->local, m, Z, srt, n, bud);
     }
 }
@@ -166,7 +199,8 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
-    if (multi(o) && !(o->sorted = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle sorted regions"))) {
+    if (multi(o) && (!(o->sorted = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle sorted regions")) ||
+                     (o->profile && !(o->rtmp = kv_malloc((size_t)L->Hq * L->T * sizeof(uint32_t), "oracle sort buffer"))))) {
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
@@ -348,6 +382,7 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->ntop_all);
     free(o->ks);
     free(o->sorted);
+    free(o->rtmp);
     free(o->res.o_full);
     free(o->scores);
     free(o->scratch);
