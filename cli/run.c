@@ -400,27 +400,6 @@ static int has_seed_param(const kv_method *m) {
  *   method instance on the GPU e Hkv T D + 4 Hq T.
  * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
  * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
-static double env_bytes(const char *name) {
-    const char *e = getenv(name);
-    if (!e || !*e) return -1;
-    char *end;
-    double v = strtod(e, &end);
-    return end != e && v >= 0 ? v : -1;
-}
-
-static double host_available(void) {
-    double lim = env_bytes("KVBENCH_MEM_LIMIT");
-    if (lim < 0) lim = env_bytes("KVBENCH_MEM_AVAILABLE"); /* the loader's own override (datasets/trace_read.c) */
-    if (lim >= 0) return lim;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb < 0 ? -1 : kb * 1024.0;
-}
-
 static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const int *lidx, int n_layers,
                               const kv_method_run *picked, int n_picked, int use_gpu) {
     double Hq = in->num_q_heads, Hkv = in->num_kv_heads, T = in->num_tokens, P = in->prefill_len, D = in->head_dim;
@@ -439,20 +418,20 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
     host += n_cpu * per_cpu;
     if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
-    double avail = host_available();
+    double avail = kv_mem_available();
     if (avail >= 0 && host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
                        "are available%s: the layer as float32 %.0f + rows set aside while the indexes build %.0f + %d CPU method "
                        "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
                        "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
                        "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
-                       env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
-                       : env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
+                       kv_env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
+                       : kv_env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
                                                                  : " (MemAvailable)",
                        layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
                        in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
     if (use_gpu) {
-        double glim = env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
+        double glim = kv_env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
         if (gfree > 0 && dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
                            "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "

@@ -52,6 +52,10 @@ typedef struct {
  * a crash or hang of the library is "FILE: corrupt or unreadable HDF5
  * metadata", KV_ERR_INPUT. */
 kv_status kv_trace_open(const char *path, kv_trace_info *info);
+/* Host memory available now in bytes (MemAvailable; KVBENCH_MEM_LIMIT, then KVBENCH_MEM_AVAILABLE override it),
+ * or -1 when unknown; kv_env_bytes: an environment variable as a number of bytes, -1 when unset or not one. */
+double kv_mem_available(void);
+double kv_env_bytes(const char *name);
 /* Find a layer by name ("L14") or by plain index ("14"); -1 if absent. */
 int kv_trace_find_layer(const kv_trace_info *info, const char *name);
 /* Load one layer as float32 (converting float16), checking every value is finite. */

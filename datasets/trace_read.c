@@ -357,11 +357,21 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
 }
 
 /* Bytes of memory available now (MemAvailable), or -1 when unknown;
- * KVBENCH_MEM_LIMIT or KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests. */
-static double mem_available(void) {
-    const char *e = getenv("KVBENCH_MEM_LIMIT"); /* kvbench run's preflight override */
-    if (!(e && *e)) e = getenv("KVBENCH_MEM_AVAILABLE");
-    if (e && *e) return strtod(e, NULL);
+ * KVBENCH_MEM_LIMIT or KVBENCH_MEM_AVAILABLE (bytes) overrides it, for tests
+ * (a value that is not a number of bytes is ignored). The loader's check and
+ * kvbench run's preflight both ask here. */
+double kv_env_bytes(const char *name) {
+    const char *e = getenv(name);
+    if (!e || !*e) return -1;
+    char *end;
+    double v = strtod(e, &end);
+    return end != e && v >= 0 ? v : -1;
+}
+
+double kv_mem_available(void) {
+    double lim = kv_env_bytes("KVBENCH_MEM_LIMIT");
+    if (lim < 0) lim = kv_env_bytes("KVBENCH_MEM_AVAILABLE");
+    if (lim >= 0) return lim;
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
     double kb = -1;
@@ -378,7 +388,7 @@ static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L) {
     L->half = in->layer_half[layer];
     size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
     int has_v = in->layer_has_v[layer];
-    double need = 4.0 * ((double)nq + (double)nk * (has_v ? 2 : 1)), avail = mem_available();
+    double need = 4.0 * ((double)nq + (double)nk * (has_v ? 2 : 1)), avail = kv_mem_available();
     if (avail >= 0 && need > avail)
         return kv_fail(KV_ERR_NOMEM, "%s: /layers/%s: loading it needs %.2f GB (q, k%s as float32: %d+%d heads x %d "
                        "tokens x %d dims) but only %.2f GB of memory is available", in->path, in->layer_names[layer],
