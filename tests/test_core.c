@@ -26,7 +26,32 @@ int test_common_half_roundtrip(void) {
     return KV_TEST_PASS;
 }
 
+static int cmp_asc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 int test_common_percentile(void) {
+    /* random arrays with many ties against the definition on a sorted copy */
+    kv_rng r;
+    kv_rng_seed(&r, 7);
+    static const double qs[] = {0, 0.1, 0.5, 0.9, 0.999, 1};
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(kv_rng_uniform(&r) * 400), ties = trial % 3;
+        float *v = malloc(n * sizeof *v), *w = malloc(n * sizeof *w);
+        for (int i = 0; i < n; i++) w[i] = ties ? (float)(int)(kv_rng_normal(&r) * 3) : (float)kv_rng_normal(&r);
+        qsort(w, (size_t)n, sizeof *w, cmp_asc);
+        for (int j = 0; j < 6; j++) {
+            for (int i = 0; i < n; i++) v[i] = w[((long)i * 7919 + trial) % n]; /* a permutation (7919 is prime, > n) */
+            double pos = qs[j] * (n - 1), want;
+            size_t lo = (size_t)pos;
+            want = lo + 1 >= (size_t)n ? w[n - 1] : w[lo] + (pos - (double)lo) * (w[lo + 1] - w[lo]);
+            double got = kv_percentile_inplace(v, (size_t)n, qs[j]);
+            if (got != want) { free(v); free(w); }
+            CHECK(got == want, "trial %d n=%d q=%g: %.9g, want %.9g", trial, n, qs[j], got, want);
+        }
+        free(v); free(w);
+    }
     float v[5] = {5, 1, 4, 2, 3};
     CHECK_CLOSE(kv_percentile_inplace(v, 5, 0.5), 3.0, 0, 0);
     CHECK_CLOSE(kv_percentile_inplace(v, 5, 0.1), 1.4, 1e-6, 0); /* 1 + 0.4*(2-1) */
@@ -101,7 +126,7 @@ int test_topk_kth_largest(void) {
         int n = 1 + (int)(kv_rng_uniform(&r) * 300), k = 1 + (int)(kv_rng_uniform(&r) * n);
         float *s = malloc(n * sizeof *s), *scratch = malloc(n * sizeof *s), *sorted = malloc(n * sizeof *s);
         for (int i = 0; i < n; i++) sorted[i] = s[i] = (float)(int)(kv_rng_normal(&r) * 4);
-        kv_percentile_inplace(sorted, n, 0); /* sorts ascending */
+        qsort(sorted, (size_t)n, sizeof *sorted, cmp_asc);
         float got = kv_kth_largest_ref(s, n, k, scratch), want = sorted[n - k];
         free(s); free(scratch); free(sorted);
         CHECK(got == want, "trial %d n=%d k=%d: %g, want %g", trial, n, k, got, want);

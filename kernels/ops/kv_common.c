@@ -119,17 +119,41 @@ uint16_t kv_float_to_half(float f) { /* round to nearest even */
     return (uint16_t)(sign | h);
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
+/* Moves the i-th smallest of v[0, n) to v[i], smaller ones before it and
+ * larger ones after (Hoare quickselect on the median of three; finite
+ * values). */
+static void select_ith(float *v, size_t n, size_t i) {
+    size_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        size_t mid = lo + (hi - lo) / 2;
+        float a = v[lo], b = v[mid], c = v[hi];
+        float piv = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        size_t l = lo, r = hi;
+        for (;;) {
+            while (v[l] < piv) l++;
+            while (v[r] > piv) r--;
+            if (l >= r) break;
+            float t = v[l]; v[l] = v[r]; v[r] = t;
+            l++; r--;
+        }
+        /* [lo, r] <= piv <= [r + 1, hi] */
+        if (i <= r) hi = r;
+        else lo = r + 1;
+    }
 }
 
 double kv_percentile_inplace(float *v, size_t n, double q) {
     if (n == 0) return NAN;
-    qsort(v, n, sizeof *v, cmp_float);
     double pos = q * (double)(n - 1);
     size_t lo = (size_t)pos;
-    if (lo + 1 >= n) return v[n - 1];
+    if (lo + 1 >= n) { /* the largest */
+        float m = v[0];
+        for (size_t i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+        return m;
+    }
+    select_ith(v, n, lo); /* the values a sort would put at lo and lo + 1 */
+    float next = v[lo + 1];
+    for (size_t i = lo + 2; i < n; i++) next = v[i] < next ? v[i] : next;
     double frac = pos - (double)lo;
-    return v[lo] + frac * (v[lo + 1] - v[lo]);
+    return v[lo] + frac * (next - v[lo]);
 }
