@@ -42,6 +42,19 @@ constexpr int PM_RT = 256;   /* pm_zpart / pm_pool_topk threads per block */
 constexpr int PM_PPT = 8;    /* pages per thread in pm_zpart / pm_pool_topk */
 constexpr int PM_CHUNK = PM_RT * PM_PPT;
 
+template <typename TS, int PPT> __device__ __forceinline__ void pm_load(const TS *p, float *o);
+template <> __device__ __forceinline__ void pm_load<float, 4>(const float *p, float *o) {
+    float4 v = __ldg((const float4 *)p);
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+template <> __device__ __forceinline__ void pm_load<__half, 4>(const __half *p, float *o) {
+    uint2 v = __ldg((const uint2 *)p);
+    __half2 a = *(__half2 *)&v.x, b = *(__half2 *)&v.y;
+    o[0] = __low2float(a); o[1] = __high2float(a); o[2] = __low2float(b); o[3] = __high2float(b);
+}
+template <> __device__ __forceinline__ void pm_load<float, 1>(const float *p, float *o) { o[0] = __ldg(p); }
+template <> __device__ __forceinline__ void pm_load<__half, 1>(const __half *p, float *o) { o[0] = __half2float(__ldg(p)); }
+
 /* acc[h][p] += max(q_h[i] * mx[p], q_h[i] * mn[p]), rounded as the CPU. */
 template <int GT, int PPT>
 __device__ __forceinline__ void pm_acc(float (&acc)[GT][PPT], const float *sqv, int D, int i, const float *mn,
@@ -79,16 +92,16 @@ __global__ void __launch_bounds__(PM_TH) pm_bounds(const TS *kmin, const TS *kma
             float mn[CB][PPT], mx[CB][PPT];
 #pragma unroll
             for (int c = 0; c < CB; c++) { /* every load of the batch issued before any use */
-                pm_load_pages<TS, PPT>(mnp + (long long)(i + c) * PS, mn[c]);
-                pm_load_pages<TS, PPT>(mxp + (long long)(i + c) * PS, mx[c]);
+                pm_load<TS, PPT>(mnp + (long long)(i + c) * PS, mn[c]);
+                pm_load<TS, PPT>(mxp + (long long)(i + c) * PS, mx[c]);
             }
 #pragma unroll
             for (int c = 0; c < CB; c++) pm_acc<GT, PPT>(acc, sqv, D, i + c, mn[c], mx[c]);
         }
         for (; i < D; i++) {
             float mn[PPT], mx[PPT];
-            pm_load_pages<TS, PPT>(mnp + (long long)i * PS, mn);
-            pm_load_pages<TS, PPT>(mxp + (long long)i * PS, mx);
+            pm_load<TS, PPT>(mnp + (long long)i * PS, mn);
+            pm_load<TS, PPT>(mxp + (long long)i * PS, mx);
             pm_acc<GT, PPT>(acc, sqv, D, i, mn, mx);
         }
     }

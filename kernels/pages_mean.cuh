@@ -11,20 +11,6 @@
 #define PM_KMAX 16          /* pages per kv head the fused top-k selects at most */
 #define PM_SMALL (1 << 16)  /* fewer (pages / 4) x kv heads than this: one page per thread */
 
-/* PPT consecutive pages' summary values of one channel (16 or 4 bytes at once for 4 pages), as float. */
-template <typename TS, int PPT> static __device__ __forceinline__ void pm_load_pages(const TS *p, float *o);
-template <> __device__ __forceinline__ void pm_load_pages<float, 4>(const float *p, float *o) {
-    float4 v = __ldg((const float4 *)p);
-    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
-}
-template <> __device__ __forceinline__ void pm_load_pages<__half, 4>(const __half *p, float *o) {
-    uint2 v = __ldg((const uint2 *)p);
-    __half2 a = *(__half2 *)&v.x, b = *(__half2 *)&v.y;
-    o[0] = __low2float(a); o[1] = __high2float(a); o[2] = __low2float(b); o[3] = __high2float(b);
-}
-template <> __device__ __forceinline__ void pm_load_pages<float, 1>(const float *p, float *o) { o[0] = __ldg(p); }
-template <> __device__ __forceinline__ void pm_load_pages<__half, 1>(const __half *p, float *o) { o[0] = __half2float(__ldg(p)); }
-
 typedef struct {
     const void *kmin, *kmax; /* [Hkv][D][PS] channel-major summaries, __half (half = 1) or float */
     int half;

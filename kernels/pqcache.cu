@@ -39,7 +39,6 @@
 #include <string.h>
 
 #include "pqcache_dev.cuh"
-#include "ops/radix_digit.cuh"
 
 
 namespace {
@@ -267,7 +266,23 @@ __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, in
             if (d < 256u && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], sum);
         }
         __syncthreads();
-        if (threadIdx.x < 32) kv_radix_pick_digit(rh, need, threadIdx.x, sel);
+        if (threadIdx.x < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
+            const int lane = threadIdx.x;
+            unsigned v[8], s = 0;
+            for (int j = 0; j < 8; j++) { v[j] = rh[255 - 8 * lane - j]; s += v[j]; }
+            unsigned inc = s;
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            unsigned c = inc - s;
+            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
+                int j = 0;
+                while (c + v[j] < need) c += v[j++];
+                sel[0] = (unsigned)(255 - 8 * lane - j);
+                sel[1] = need - c;
+            }
+        }
         __syncthreads();
         prefix |= sel[0] << shift;
         mask |= 255u << shift;

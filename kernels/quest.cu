@@ -34,6 +34,21 @@ namespace {
 constexpr int QB_TH = 128; /* bound-scan threads per block */
 constexpr int QB_SMALL = 1 << 16; /* fewer (pages / 4) x kv heads than this: one page per thread */
 
+template <typename TS, int PPT> __device__ __forceinline__ void load_pages(const TS *p, float *o);
+template <> __device__ __forceinline__ void load_pages<float, 4>(const float *p, float *o) {
+    float4 v = __ldg((const float4 *)p);
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+template <> __device__ __forceinline__ void load_pages<__half, 4>(const __half *p, float *o) {
+    uint2 v = __ldg((const uint2 *)p);
+    __half2 a = *(__half2 *)&v.x, b = *(__half2 *)&v.y;
+    o[0] = __low2float(a); o[1] = __high2float(a); o[2] = __low2float(b); o[3] = __high2float(b);
+}
+template <> __device__ __forceinline__ void load_pages<float, 1>(const float *p, float *o) { o[0] = __ldg(p); }
+template <> __device__ __forceinline__ void load_pages<__half, 1>(const __half *p, float *o) {
+    o[0] = __half2float(__ldg(p));
+}
+
 template <typename T> __device__ __forceinline__ T to_store(float v);
 template <> __device__ __forceinline__ float to_store<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half to_store<__half>(float v) { return __float2half_rn(v); }
@@ -182,8 +197,8 @@ __global__ void __launch_bounds__(QB_TH) quest_bounds(const TS *kmin, const TS *
 #pragma unroll 8
         for (int i = 0; i < D; i++) {
             float mn[QB_PPT], mx[QB_PPT];
-            pm_load_pages<TS, QB_PPT>(mnp + (long long)i * PS, mn);
-            pm_load_pages<TS, QB_PPT>(mxp + (long long)i * PS, mx);
+            load_pages<TS, QB_PPT>(mnp + (long long)i * PS, mn);
+            load_pages<TS, QB_PPT>(mxp + (long long)i * PS, mx);
 #pragma unroll
             for (int h = 0; h < (GT ? GT : 1); h++) {
                 float qi = sqv[h * D + i];
@@ -217,8 +232,8 @@ __global__ void __launch_bounds__(QB_TH) quest_bounds(const TS *kmin, const TS *
         for (int p = 0; p < QB_PPT; p++) acc[p] = 0.f;
         for (int i = 0; i < D; i++) {
             float mn[QB_PPT], mx[QB_PPT];
-            pm_load_pages<TS, QB_PPT>(mnp + (long long)i * PS, mn);
-            pm_load_pages<TS, QB_PPT>(mxp + (long long)i * PS, mx);
+            load_pages<TS, QB_PPT>(mnp + (long long)i * PS, mn);
+            load_pages<TS, QB_PPT>(mxp + (long long)i * PS, mx);
             float qi = sqv[h * D + i];
             for (int p = 0; p < QB_PPT; p++) {
                 float a = __fmul_rn(qi, mx[p]), b = __fmul_rn(qi, mn[p]);
