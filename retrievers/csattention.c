@@ -231,39 +231,17 @@ int kv_cs_reduce(int m, const int32_t *const *idx, const float *const *val, cons
     return nu;
 }
 
-/* ---- the list heaps: root = weakest (smallest score; among equal scores the larger index) ---- */
-static inline int weaker(float sa, int ia, float sb, int ib) { return sa < sb || (sa == sb && ia > ib); }
-
-static void heap_down(int32_t *hi, float *hv, int n, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && weaker(hv[l], hi[l], hv[w], hi[w])) w = l;
-        if (r < n && weaker(hv[r], hi[r], hv[w], hi[w])) w = r;
-        if (w == i) return;
-        float tv = hv[i]; hv[i] = hv[w]; hv[w] = tv;
-        int32_t ti = hi[i]; hi[i] = hi[w]; hi[w] = ti;
-        i = w;
-    }
-}
-
-static void heap_up(int32_t *hi, float *hv, int i) {
-    while (i > 0) {
-        int p = (i - 1) / 2;
-        if (!weaker(hv[i], hi[i], hv[p], hi[p])) return;
-        float tv = hv[i]; hv[i] = hv[p]; hv[p] = tv;
-        int32_t ti = hi[i]; hi[i] = hi[p]; hi[p] = ti;
-        i = p;
-    }
-}
+/* ---- the lists are heaps with the weakest at the root (kv_heap_*: smallest score; among equal scores the
+ * larger index) ---- */
 
 /* Try-insert key `pos` with score v into a list of capacity L. */
 static void list_try_insert(int32_t *hi, float *hv, int *cnt, int L, int pos, float v) {
     if (*cnt < L) {
         hi[*cnt] = pos; hv[*cnt] = v;
-        heap_up(hi, hv, (*cnt)++);
-    } else if (L > 0 && weaker(hv[0], hi[0], v, pos)) {
+        kv_heap_up(hv, hi, (*cnt)++);
+    } else if (L > 0 && kv_beats(v, pos, hv[0], hi[0])) {
         hi[0] = pos; hv[0] = v;
-        heap_down(hi, hv, L, 0);
+        kv_heap_down(hv, hi, L, 0);
     }
 }
 

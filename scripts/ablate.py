@@ -27,20 +27,17 @@ import glob
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tomllib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import die, trace_layers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["variant", "trace", "layer", "candidate_recall", "recall", "recall_prefill_keys", "recall_generated_keys",
            "mass", "output_error", "mean_selected", "mean_extra", "index_bytes_per_token", "method_metric_name",
            "method_metric", "params", "run_dir"]
-
-
-def die(msg):
-    print(f"ablate.py: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 def load_table(spec):
@@ -64,16 +61,6 @@ def load_table(spec):
             die(f"{path}: variant {i + 1}: the name '{v['name']}' is used twice")
         names.add(v["name"])
     return path, t["method"], t["variant"]
-
-
-def trace_layers(kvbench, trace):
-    out = subprocess.run([kvbench, "info", trace], capture_output=True, text=True)
-    if out.returncode != 0:
-        die(f"{trace}: kvbench info failed: {out.stderr.strip()}")
-    m = re.search(r"^layers\s+\d+:\s*(.*)$", out.stdout, re.M)
-    if not m:
-        die(f"{trace}: kvbench info printed no layers line")
-    return re.findall(r"([^\s(]+)\(", m.group(1))  # "L6(float16) L14(float16, no v)" -> L6, L14 (as sweep.py)
 
 
 def run_key(trace, layer, method, params, extra, kvbench):

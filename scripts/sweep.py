@@ -90,7 +90,7 @@ class ConfigError(Exception):
 
 
 def die(msg, code=2):
-    print(f"sweep.py: {msg}", file=sys.stderr)
+    print(f"{os.path.basename(sys.argv[0])}: {msg}", file=sys.stderr)  # sweep.py, or the script importing it
     sys.exit(code)
 
 
@@ -238,6 +238,7 @@ def load_config(path, kvbench):
 # ---- expansion into kvbench processes ----------------------------------------------------------------------
 
 def trace_layers(kvbench, trace):
+    """The layer names of a trace, from `kvbench info` (also scripts/ablate.py's)."""
     r = subprocess.run([kvbench, "info", trace], capture_output=True, text=True)
     if r.returncode != 0:
         die(f"{trace}: kvbench info failed: {r.stderr.strip()}")

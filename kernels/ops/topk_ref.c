@@ -13,10 +13,9 @@
 
 #include "topk.h"
 
-/* a "beats" b: larger score, or equal score and smaller index */
-static inline int beats(float sa, int ia, float sb, int ib) { return sa > sb || (sa == sb && ia < ib); }
+#define beats kv_beats
 
-static void sift_down(float *hv, int32_t *hi, int n, int i) {
+void kv_heap_down(float *hv, int32_t *hi, int n, int i) {
     for (;;) { /* min-heap on "beats": the root is the weakest kept */
         int l = 2 * i + 1, r = l + 1, m = i;
         if (l < n && beats(hv[m], hi[m], hv[l], hi[l])) m = l;
@@ -25,6 +24,16 @@ static void sift_down(float *hv, int32_t *hi, int n, int i) {
         float tv = hv[i]; hv[i] = hv[m]; hv[m] = tv;
         int32_t ti = hi[i]; hi[i] = hi[m]; hi[m] = ti;
         i = m;
+    }
+}
+
+void kv_heap_up(float *hv, int32_t *hi, int i) {
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!beats(hv[p], hi[p], hv[i], hi[i])) return; /* the parent is already the weaker */
+        float tv = hv[i]; hv[i] = hv[p]; hv[p] = tv;
+        int32_t ti = hi[i]; hi[i] = hi[p]; hi[p] = ti;
+        i = p;
     }
 }
 
@@ -104,15 +113,15 @@ int kv_topk_heap_ref(const float *scores, int n, int k, int base, int32_t *idx, 
     int32_t *hi = malloc((size_t)k * sizeof *hi);
     if (!hv || !hi) { free(hv); free(hi); kv_fail(KV_ERR_NOMEM, "top-k scratch (%d)", k); return -1; }
     for (int i = 0; i < k; i++) { hv[i] = scores[i]; hi[i] = i; }
-    for (int i = k / 2 - 1; i >= 0; i--) sift_down(hv, hi, k, i);
+    for (int i = k / 2 - 1; i >= 0; i--) kv_heap_down(hv, hi, k, i);
     for (int i = k; i < n; i++)
-        if (beats(scores[i], i, hv[0], hi[0])) { hv[0] = scores[i]; hi[0] = i; sift_down(hv, hi, k, 0); }
+        if (beats(scores[i], i, hv[0], hi[0])) { hv[0] = scores[i]; hi[0] = i; kv_heap_down(hv, hi, k, 0); }
     /* pop weakest-first into the tail: output strongest-first */
     for (int m = k; m > 0; m--) {
         idx[m - 1] = hi[0] + base;
         if (val) val[m - 1] = hv[0];
         hv[0] = hv[m - 1]; hi[0] = hi[m - 1];
-        sift_down(hv, hi, m - 1, 0);
+        kv_heap_down(hv, hi, m - 1, 0);
     }
     free(hv);
     free(hi);
