@@ -57,10 +57,13 @@ FAISS ?= 1
 FAISS_INC ?= /usr/include
 FAISS_C_LIB ?= /usr/local/lib/libfaiss_c.a
 FAISS_LIB ?= -lfaiss
+# Faiss's distances_simd.cpp built with AVX2/FMA/F16C by build_faiss_capi.sh
+# where the CPU has them (Debian's libfaiss.a has only the scalar loops)
+FAISS_SIMD_OBJ ?= /usr/local/lib/kvbench/faiss_distances_simd.o
 ifneq ($(and $(filter 1,$(FAISS)),$(wildcard $(FAISS_C_LIB)),$(wildcard $(FAISS_INC)/faiss/c_api/faiss_c.h)),)
   HAVE_FAISS := 1
   CFLAGS += -DKV_HAVE_FAISS=1 $(if $(filter /usr/include,$(FAISS_INC)),,-I$(FAISS_INC))
-  LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) -llapack -lblas -lstdc++ $(LDLIBS)
+  LDLIBS := $(FAISS_C_LIB) $(wildcard $(FAISS_SIMD_OBJ)) $(FAISS_LIB) -llapack -lblas -lstdc++ $(LDLIBS)
   ifeq ($(FAISS_GPU),1)
     ifeq ($(wildcard $(FAISS_INC)/faiss/c_api/gpu/GpuAutoTune_c.h),)
       $(error FAISS_GPU=1: no $(FAISS_INC)/faiss/c_api/gpu/GpuAutoTune_c.h (set FAISS_INC to a GPU Faiss))

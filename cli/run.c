@@ -215,7 +215,16 @@ static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_ins
     float *pq = lag ? gather_prefix(L->q, L->Hq, L->T, L->D, P, lag) : NULL;
     kv_status st = (!sk || (L->v && !sv) || (!lag && !sq) || (lag && !pq)) ? KV_ERR_NOMEM : KV_OK;
     pre.k = L->k; pre.q = lag ? pq : L->q; pre.v = L->v;
-    for (int i = 0; i < n_inst && st == KV_OK; i++) {
+    /* The CPU path builds the instances in parallel (issue 12, goal 5), as
+     * it runs their steps: each builds its own state from the read-only
+     * prefill, and a method's internal OpenMP loops give the same numbers
+     * on any thread count (tests: run_golden_cpu with 1 and 2 threads). */
+    int par = st == KV_OK && !sh->use_gpu && n_inst > 1 && omp_get_max_threads() > 1;
+    kv_status *ist = calloc((size_t)n_inst, sizeof *ist);
+    char (*msg)[512] = calloc((size_t)n_inst, sizeof *msg);
+    if (st == KV_OK && (!ist || !msg)) st = KV_ERR_NOMEM;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int i = 0; i < (st == KV_OK ? n_inst : 0); i++) {
         kv_method_run *r = &inst[i].r;
         kv_shape s = *sh;
         s.use_gpu = sh->use_gpu && r->m->has_gpu;
@@ -223,14 +232,18 @@ static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_ins
         r->on_gpu = s.use_gpu;
         int kmax = keff[inst[i].b0 + inst[i].nb - 1];
         int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
-        st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
-        if (st != KV_OK) break;
+        kv_status si = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
         double t0 = kv_now();
-        st = r->m->create(&s, &r->ps, &r->state);
-        if (st == KV_OK) st = r->m->build(r->state, &pre);
+        if (si == KV_OK) si = r->m->create(&s, &r->ps, &r->state);
+        if (si == KV_OK) si = r->m->build(r->state, &pre);
         r->build_s = kv_now() - t0;
-        if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
+        if (si != KV_OK) snprintf(msg[i], sizeof msg[i], "method %s: build failed: %s", r->m->name, kv_last_error());
+        ist[i] = si;
     }
+    for (int i = 0; i < n_inst && st == KV_OK; i++) /* the first failure in instance order, as the serial loop */
+        if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg[i]);
+    free(ist);
+    free(msg);
     if (sq) expand_prefix(L->q, L->Hq, L->T, L->D, P, sq);
     if (sv) expand_prefix(L->v, L->Hkv, L->T, L->D, P, sv);
     if (sk) expand_prefix(L->k, L->Hkv, L->T, L->D, P, sk);
