@@ -19,6 +19,7 @@ extern char kv_test_reason[512];
     X(common_half_roundtrip, 0)                            \
     X(common_percentile, 0)                                \
     X(topk_ref_matches_sort, 0)                            \
+    X(kth_largest_matches_sort, 0)                         \
     X(topk_kth_largest, 0)                                 \
     X(topk_routes_agree, 0)                                \
     X(params_validation, 0)                                \

@@ -68,6 +68,46 @@ static int cmp_scored(const void *a, const void *b) {
     return x->i - y->i;
 }
 
+static int cmp_desc_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* kv_kth_largest_ref (radix select from 512 scores up, quickselect below):
+ * its value is the k-th of a full descending sort and its scratch's first k
+ * are the k largest and the whole scratch a permutation of the scores, on continuous scores, heavy ties, signed zeros and
+ * negatives, at sizes around the switch and far above it. */
+int test_kth_largest_matches_sort(void) {
+    kv_rng r;
+    kv_rng_seed(&r, 29);
+    int sizes[] = {511, 512, 4099, 70000};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (int dist = 0; dist < 3; dist++) {
+            int n = sizes[si];
+            float *s = malloc(n * sizeof *s), *srt = malloc(n * sizeof *srt), *a = malloc(n * sizeof *a);
+            for (int i = 0; i < n; i++) {
+                float u = kv_rng_uniform(&r);
+                s[i] = dist == 0 ? (u - 0.5f) * 37.0f * kv_rng_uniform(&r)             /* continuous */
+                     : dist == 1 ? (float)(int)(u * 9) - 4                              /* heavy ties */
+                                 : (u < 0.3f ? -0.0f : u < 0.6f ? 0.0f : -u * 1e-30f); /* zeros, tiny negatives */
+            }
+            memcpy(srt, s, n * sizeof *s);
+            qsort(srt, n, sizeof *srt, cmp_desc_f);
+            int ks[] = {1, 2, 100, 512, n / 2, n};
+            for (size_t ki = 0; ki < 6; ki++) {
+                int k = ks[ki] < n ? ks[ki] : n;
+                float got = kv_kth_largest_ref(s, n, k, a);
+                CHECK(got == srt[k - 1], "n=%d dist=%d k=%d: %g, want %g", n, dist, k, got, srt[k - 1]);
+                qsort(a, k, sizeof *a, cmp_desc_f); /* the k largest first, then the rest: a permutation */
+                qsort(a + k, n - k, sizeof *a, cmp_desc_f);
+                for (int j = 0; j < n; j++)
+                    CHECK(a[j] == srt[j], "n=%d dist=%d k=%d: top[%d] %g, want %g", n, dist, k, j, a[j], srt[j]);
+            }
+            free(s); free(srt); free(a);
+        }
+    return KV_TEST_PASS;
+}
+
 int test_topk_ref_matches_sort(void) {
     kv_rng r;
     kv_rng_seed(&r, 11);

@@ -9,6 +9,7 @@
  * k). Both give the same indices and values: tests topk_ref_matches_sort
  * and topk_routes_agree. */
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "topk.h"
@@ -128,8 +129,8 @@ int kv_topk_heap_ref(const float *scores, int n, int k, int base, int32_t *idx, 
     return k;
 }
 
-float kv_kth_largest_ref(const float *scores, int n, int k, float *a) {
-    memcpy(a, scores, (size_t)n * sizeof *a);
+/* Quickselect on a (modified in place): the k-th largest, a[0, k) the k largest. */
+static float kth_quickselect(float *a, int n, int k) {
     int lo = 0, hi = n - 1, want = k - 1; /* index in descending order */
     while (lo < hi) {
         float pivot = a[lo + (hi - lo) / 2];
@@ -144,4 +145,63 @@ float kv_kth_largest_ref(const float *scores, int n, int k, float *a) {
         else return a[want];
     }
     return a[want];
+}
+
+/* Order-preserving key of a float (-0 keyed as +0: the two are one value). */
+static inline uint32_t fkey(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+/* The k-th largest; a becomes a permutation of the scores with the k
+ * largest in a[0, k) (oracle.c sorts them next, and the rest a[k, n) only
+ * when its budget profile needs more). Radix select (issue 12, goal 5: quickselect's
+ * unpredictable branches were 6-11% of a CPU run): a histogram of the key's
+ * top 11 bits over the scores finds the bin holding the k-th; one pass
+ * copies the bins above it to a[0, g), the bin to a[g, g + c) and the bins
+ * below it to a[g + c, n); the bin is
+ * then split on the next 11 and the last 10 bits by in-place three-way
+ * partitions. The candidates left share one key, so one value: the same
+ * value and the same multiset a[0, k) as any exact selection. Short inputs
+ * keep quickselect. */
+float kv_kth_largest_ref(const float *scores, int n, int k, float *a) {
+    if (n < 512) {
+        memcpy(a, scores, (size_t)n * sizeof *a);
+        return kth_quickselect(a, n, k);
+    }
+    unsigned hist[2048];
+    memset(hist, 0, sizeof hist);
+    for (int i = 0; i < n; i++) hist[fkey(scores[i]) >> 21]++;
+    int want = k, b = 2047;
+    while (hist[b] < (unsigned)want) want -= hist[b--];
+    int g = 0, c = 0, l = n, gk = k - want; /* gk scores lie in bins above b */
+    for (int i = 0; i < n; i++) {
+        uint32_t d = fkey(scores[i]) >> 21;
+        if (d > (uint32_t)b) a[g++] = scores[i];
+        else if (d == (uint32_t)b) a[gk + c++] = scores[i];
+        else a[--l] = scores[i];
+    }
+    static const int shift[2] = {10, 0}, bits[2] = {11, 10};
+    for (int lv = 0; lv < 2 && c > 1; lv++) {
+        unsigned mask = (1u << bits[lv]) - 1;
+        memset(hist, 0, sizeof hist);
+        float *x = a + g;
+        for (int i = 0; i < c; i++) hist[(fkey(x[i]) >> shift[lv]) & mask]++;
+        int w = want, bb = (int)mask;
+        while (hist[bb] < (unsigned)w) w -= hist[bb--];
+        /* three-way partition of x[0, c): digit > bb | == bb | < bb */
+        int lt = 0, i = 0, gt = c;
+        while (i < gt) {
+            uint32_t d = (fkey(x[i]) >> shift[lv]) & mask;
+            if (d > (uint32_t)bb) { float t = x[i]; x[i++] = x[lt]; x[lt++] = t; }
+            else if (d < (uint32_t)bb) { float t = x[i]; x[i] = x[--gt]; x[gt] = t; }
+            else i++;
+        }
+        g += lt;
+        c = gt - lt;
+        want = w;
+    }
+    return a[k - 1];
 }
