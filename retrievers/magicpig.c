@@ -93,7 +93,7 @@ void kv_mp_projection(uint64_t seed, int D, int K, int L, float *proj) {
     for (size_t i = 0; i < n; i++) proj[i] = (float)kv_rng_normal(&r);
 }
 
-void kv_mp_hash(const float *x, const float *proj, int D, int K, int L, float *acc, uint16_t *codes, int code_stride) {
+KV_CLONES void kv_mp_hash(const float *x, const float *proj, int D, int K, int L, float *acc, uint16_t *codes, int code_stride) {
     int KL = K * L;
     for (int b = 0; b < KL; b++) acc[b] = 0.f;
     for (int j = 0; j < D; j++) {
@@ -108,7 +108,7 @@ void kv_mp_hash(const float *x, const float *proj, int D, int K, int L, float *a
     }
 }
 
-void kv_mp_collisions(const uint16_t *codes, int ld, int lo, int hi, const uint16_t *qcodes, int L, uint16_t *counts) {
+KV_CLONES void kv_mp_collisions(const uint16_t *codes, int ld, int lo, int hi, const uint16_t *qcodes, int L, uint16_t *counts) {
     int n = hi - lo;
     for (int i = 0; i < n; i++) counts[i] = 0;
     for (int l = 0; l < L; l++) {

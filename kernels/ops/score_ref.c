@@ -7,12 +7,6 @@
  * its bits. */
 #include "score.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__CUDACC__)
-#define KV_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define KV_CLONES
-#endif
 
 static inline float dot8(const float *a, const float *b, int d) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
