@@ -320,7 +320,10 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     kv_status *ist = kv_calloc((size_t)n_inst + 1, sizeof *ist, "instance status");
     enum { MSG = 1024 };
     char *msg = kv_malloc((size_t)(n_inst + 1) * MSG, "instance messages");
-    kv_status st = (!q || !mq || !k || !v || !rows || !proto || !ist || !msg) ? KV_ERR_NOMEM : KV_OK;
+    int *order = kv_malloc((size_t)(n_inst + 1) * sizeof *order, "instance order");
+    double *cost = kv_calloc((size_t)n_inst + 1, sizeof *cost, "instance costs");
+    kv_status st = (!q || !mq || !k || !v || !rows || !proto || !ist || !msg || !order || !cost) ? KV_ERR_NOMEM : KV_OK;
+    for (int i = 0; order && i < n_inst; i++) order[i] = i;
     for (int i = 0; i < nth && st == KV_OK; i++)
         st = kv_protocol_create(L, o->sink, o->local, keff[o->nk - 1], P, &proto[i]);
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
@@ -352,9 +355,17 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             if (st != KV_OK) break;
         }
         double m0 = kv_now(), app = 0, srch = 0, diag = 0;
+        /* longest first (by the instance's previous step): the step's
+         * barrier then waits on short tails, not on one long method started
+         * last (issue 12, goal 5); the order changes no number */
+        for (int j = 1; par && j < n_inst; j++)
+            for (int x = order[j], y = j; y > 0 && cost[order[y - 1]] < cost[x]; y--) {
+                order[y] = order[y - 1];
+                order[y - 1] = x;
+            }
 #pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : app, srch, diag)
-        for (int i = 0; i < n_inst; i++) {
-            int th = par ? omp_get_thread_num() : 0;
+        for (int j = 0; j < n_inst; j++) {
+            int i = order[j], th = par ? omp_get_thread_num() : 0;
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
             ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
@@ -366,6 +377,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
                 ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
                                    rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
             }
+            cost[i] = kv_now() - a0;
         }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
             if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
@@ -384,7 +396,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     }
     if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
-    free(proto); free(ist); free(msg);
+    free(proto); free(ist); free(msg); free(order); free(cost);
     free(q); free(k); free(v); free(rows);
     return st;
 }
