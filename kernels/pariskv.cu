@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "pariskv_dev.cuh"
+#include "ops/radix_digit.cuh"
 
 namespace {
 
@@ -351,22 +352,7 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
             if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
         }
         __syncthreads();
-        if (tid < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
-            unsigned v[8], sum = 0;
-            for (int q = 0; q < 8; q++) { v[q] = rh[255 - 8 * tid - q]; sum += v[q]; }
-            unsigned inc = sum;
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
-                if (tid >= o) inc += y;
-            }
-            unsigned c = inc - sum;
-            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
-                int q = 0;
-                while (c + v[q] < need) c += v[q++];
-                sel[0] = (unsigned)(255 - 8 * tid - q);
-                sel[1] = need - c;
-            }
-        }
+        if (tid < 32) kv_radix_pick_digit(rh, need, tid, sel);
         __syncthreads();
         prefix |= sel[0] << shift;
         mask |= 255u << shift;
