@@ -221,7 +221,7 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
  * (pk_tile_hist) for the bucket top-k. */
 __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
                                     int base, int lo, int end, uint16_t *scores, int nbins, int ntiles, int *thist,
-                                    int *ghist) {
+                                    int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
     const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
@@ -257,26 +257,28 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     for (int e = 0; e < 16; e++)
         v[e] = i0 + e >= lo && i0 + e < end ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
     pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
+    /* fused (ctr): the row's last tile to finish runs the bucket top-k's scan (threshold, tile offsets) */
+    if (!ctr || !kv_arrives_last(&ctr[r], ntiles)) return;
+    __shared__ int s_above[PK_TH], s_eq[PK_TH], wsum[32];
+    pk_scan_row(r, thist, ghist, nbins, ntiles, C, toff, teq, thr, (int *)(stab + nwords), s_above, s_eq, wsum);
+    if (threadIdx.x == 0) ctr[r] = 0;
 }
 
-/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
- * float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
-template <int M, int CW>
-__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
-                                 const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
-                                 float *csc) {
-    constexpr int DP = 32 * CW, NB = DP / M;
-    extern __shared__ float lut[];
-    const int r = blockIdx.y, g = r * nh / G;
-    const float *q = qt + (long long)r * DP;
-    for (int e = threadIdx.x; e < DP * 16; e += blockDim.x) {
+/* The query's table: lut[c*16 + nibble] = (+-q~_c) * level[nibble & 7], the
+ * CPU's products (D' = 32 CW coordinates). */
+template <int CW> __device__ __forceinline__ void pk_rsq_lut(float *lut, const float *q, const pk_lv lv) {
+    for (int e = threadIdx.x; e < 32 * CW * 16; e += blockDim.x) {
         int cc = e >> 4, nib = e & 15;
         lut[e] = __fmul_rn(nib & 8 ? q[cc] : -q[cc], lv.level[nib & 7]);
     }
-    __syncthreads();
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) return;
-    const long long i = cand[r * ld + j];
+}
+
+/* The RSQ-IP sum of key i of kv head g (before the query norm), in the
+ * CPU's float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
+template <int M, int CW>
+__device__ __forceinline__ float pk_rsq(long long i, int g, const uint8_t *code, const kv_bf16 *w, const float *lut,
+                                        long long Tp) {
+    constexpr int DP = 32 * CW, NB = DP / M;
     const uint4 *cr = (const uint4 *)(code + ((long long)g * Tp + i) * (DP / 2));
     const kv_bf16 *wr = w + ((long long)g * Tp + i) * NB;
     uint4 cw[CW];
@@ -314,7 +316,21 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
             }
         }
     }
-    csc[r * ld + j] = __fmul_rn(qnorm[r], acc);
+    return acc;
+}
+
+/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r (the unfused path). */
+template <int M, int CW>
+__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
+                                 const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
+                                 float *csc) {
+    extern __shared__ float lut[];
+    const int r = blockIdx.y, g = r * nh / G;
+    pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
+    __syncthreads();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= C) return;
+    csc[r * ld + j] = __fmul_rn(qnorm[r], pk_rsq<M, CW>(cand[r * ld + j], g, code, w, lut, Tp));
 }
 
 /* Final top-k of a short candidate list, one 1024-thread block per row
@@ -330,15 +346,15 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
  * costs ~20 us at these lengths (the 16K search is launch- and
  * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
 constexpr int PK_SMALL_C = 16384, PK_SMALL_K = 1024;
-__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
-                                                              int32_t *pos) {
-    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
-    unsigned *sk = (unsigned *)(sv + P);
+/* The block's top-kk of keys key(j), j < C (order-preserving uint32 keys),
+ * as above: out(rank, j) for rank < kk, in kv_topk_ref's order; sv: P >= kk
+ * 64-bit words of shared memory. Every thread of the block calls it
+ * (barriers); key may read shared memory written just before the call. */
+template <class KeyAt, class Out>
+__device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long *sv, Out out) {
     __shared__ unsigned rh[256], sel[2], s_nab;
     __shared__ int wsum[32];
-    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-    const float *row = csc + (long long)r * ld;
-    for (int j = tid; j < C; j += nt) sk[j] = kv_f2key(row[j]);
+    const int tid = threadIdx.x, nt = blockDim.x;
     if (tid == 0) s_nab = 0;
     unsigned prefix = 0, mask = 0, need = (unsigned)kk;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -346,7 +362,7 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
         __syncthreads();
         for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
             const int j = j0 + tid;
-            const unsigned u = j < C ? sk[j] : 0u;
+            const unsigned u = j < C ? key(j) : 0u;
             const unsigned d = j < C && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
             const unsigned peers = __match_any_sync(0xffffffffu, d);
             if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
@@ -362,7 +378,7 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
     int carry = 0;
     for (int j0 = 0; j0 < C; j0 += nt) {
         const int j = j0 + tid;
-        const unsigned u = j < C ? sk[j] : 0u;
+        const unsigned u = j < C ? key(j) : 0u;
         const int above = j < C && u > K, eq = j < C && u == K;
         if (above) sv[atomicAdd(&s_nab, 1u)] = (unsigned long long)~u << 32 | (unsigned)j;
         int tot;
@@ -383,12 +399,135 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
             }
             __syncthreads();
         }
-    for (int j = tid; j < kk; j += nt) pos[(long long)r * kk + j] = (int32_t)(unsigned)sv[j];
+    for (int j = tid; j < kk; j += nt) out(j, (unsigned)sv[j]);
+}
+
+__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    const int r = blockIdx.x;
+    const float *row = csc + (long long)r * ld;
+    for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(row[j]);
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) { o[q] = (int32_t)j; });
+}
+
+/* The final top-k from the tiles' own top-kk lists (pk_select_rerank_kernel's
+ * tile mode): one 1024-thread block per row over E = tiles * kk entries
+ * list[r*E + e] = ~key << 32 | candidate index (~0: none), each tile's
+ * entries in (score desc, index asc) order, so among equal scores slot order
+ * is index order and pk_topk_row over the slots selects and orders exactly
+ * as kv_topk_ref over all C scores would. Dynamic shared memory: P * 8 +
+ * E * 4 bytes. */
+__global__ void __launch_bounds__(1024) pk_merge_topk_kernel(const unsigned long long *list, int E, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [E] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    const int r = blockIdx.x;
+    const unsigned long long *l = list + (long long)r * E;
+#pragma unroll 8
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sk[e] = ~(unsigned)(l[e] >> 32);
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int e) { return sk[e]; }, E, kk, P, sv, [&](int q, unsigned e) { o[q] = (int32_t)(unsigned)l[e]; });
+}
+
+/* The fused bucket compaction + rerank (+ final top-k), grid (tiles, rows),
+ * PK_TH threads: tile t of row r selects its candidates as
+ * pk_compact_kernel (pk_tile_select, offsets and tie shares from the
+ * collision kernel's last block) into shared memory and cand, then reranks
+ * them (pk_rsq, the scores at csc[r*ld + its candidate index]), so the
+ * candidates are not re-read from memory and two launches become one; S
+ * blocks share a tile (block x: tile x / S, part x % S reranks the tile's
+ * candidates l with l / blockDim = part mod S; each selects the whole tile,
+ * part 0 writes cand), so a short region's rerank has enough threads for
+ * its gathers. Then,
+ * by mode: 0 nothing (the final top-k follows elsewhere); 1 (short lists,
+ * C <= PK_SMALL_C) the last tile of the row to finish (threadfence
+ * reduction) stages the row's C scores in shared memory and runs the final
+ * top-k (pk_topk_row) into pos[r*kk ..]: the 16K search is then three
+ * kernels; 2 (long lists) each tile writes its own top-kk, sorted, to
+ * list[(r*tiles + t)*kk ..] for pk_merge_topk_kernel (in place of the
+ * cooperative kv_topk_launch over all C). Dynamic shared memory: the query
+ * table (D'*16 floats), then PK_TILE ints (the tile's candidates, then in
+ * mode 2 their score keys) followed in mode 2 by P sort keys; in mode 1's
+ * last block the region holds P sort keys and C score keys. */
+template <int M, int CW>
+__global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const uint16_t *scores, long long ld, int base,
+                                                                 int lo, int end, int ntiles, const int *toff,
+                                                                 const int *teq, const int *thr_arr, int32_t *cand,
+                                                                 const uint8_t *code, const kv_bf16 *w,
+                                                                 const float *qt, const float *qnorm, pk_lv lv, int G,
+                                                                 int nh, long long Tp, float *csc, int C, int mode,
+                                                                 int kk, int P, int32_t *pos, unsigned *ctr,
+                                                                 unsigned long long *list, int S) {
+    extern __shared__ float lut[];
+    int *sel = (int *)(lut + 32 * CW * 16);
+    __shared__ int wsum[32];
+    const int r = blockIdx.y, t = blockIdx.x / S, part = blockIdx.x % S, g = r * nh / G;
+    pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
+    const int thr = thr_arr[r], off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
+    const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + r * ld, i0, lo, end, v);
+    int32_t *out = cand + r * ld + off;
+    const int ns = pk_tile_select(v, thr, take, i0, wsum, [&](int l, long long i) {
+        sel[l] = (int)i;
+        if (part == 0) out[l] = (int32_t)i;
+    });
+    __syncthreads();
+    const float qn = qnorm[r];
+    float *cs = csc + r * ld + off;
+    for (int l = threadIdx.x + part * blockDim.x; l < ns; l += S * blockDim.x) {
+        const float sc = __fmul_rn(qn, pk_rsq<M, CW>(sel[l], g, code, w, lut, Tp));
+        cs[l] = sc;
+        sel[l] = (int)kv_f2key(sc); /* mode 2: the tile's score keys, in place (each l is this thread's) */
+    }
+    if (mode == 2) {
+        const int kt = min(kk, ns);
+        unsigned long long *tl = list + ((long long)r * ntiles + t) * kk;
+        for (int q = kt + threadIdx.x; q < kk; q += blockDim.x) tl[q] = ~0ULL; /* none */
+        if (kt > 0) /* uniform */
+            pk_topk_row([&](int l) { return (unsigned)sel[l]; }, ns, kt, P, (unsigned long long *)(sel + PK_TILE),
+                        [&](int q, unsigned l) {
+                            tl[q] = (unsigned long long)~(unsigned)sel[l] << 32 | (unsigned)(off + (int)l);
+                        });
+        return;
+    }
+    if (mode != 1 || !kv_arrives_last(&ctr[r], gridDim.x)) return;
+    unsigned long long *sv = (unsigned long long *)sel;
+    unsigned *sk = (unsigned *)(sv + P);
+    const float *row = csc + r * ld;
+#pragma unroll 8
+    for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(__ldcg(row + j));
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) { o[q] = (int32_t)j; });
+    if (threadIdx.x == 0) ctr[r] = 0;
 }
 
 }  // namespace
 
 namespace {
+
+/* The fused path's final top-k: 1 in the select-rerank kernel's last tile
+ * per row (short lists), 2 the tiles' own top-kk lists merged by
+ * pk_merge_topk_kernel (when its shared memory holds them), 0 kv_topk_launch. */
+int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntiles) {
+    const int kk = s->k < s->C ? s->k : s->C;
+    if (kk > KV_GPU_TOPK_MAX) return 0;
+    if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) return 1;
+    int P = 32;
+    while (P < kk) P <<= 1;
+    if (kk <= PK_SMALL_K && (size_t)ntiles * kk * 4 + (size_t)P * 8 <= (size_t)p->dev.smem_optin) return 2;
+    return 0;
+}
+
+/* pk_select_rerank_kernel's dynamic shared memory (see there). */
+size_t pk_sr_smem(int dp, int mode, int C, int P) {
+    size_t x = (size_t)PK_TILE * 4 + (mode == 2 ? (size_t)P * 8 : 0);
+    if (mode == 1 && (size_t)C * 4 + (size_t)P * 8 > x) x = (size_t)C * 4 + (size_t)P * 8;
+    return (size_t)dp * 16 * 4 + x;
+}
 
 kv_status pk_alloc(kv_pariskv_gpu *p) {
     const kv_pariskv_gpu_cfg *c = &p->c;
@@ -414,13 +553,33 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_ALLOC(p->cand, R * Tp * 4, 0, "pariskv candidates");
     KV_CUDA_ALLOC(p->csc, R * Tp * 4, 0, "pariskv rerank scores");
     KV_CUDA_ALLOC(p->pos, R * p->kmax * 4, 0, "pariskv top-k positions");
+    KV_CUDA_ALLOC(p->ctr, 2 * R * 4, 0, "pariskv last-tile counters");
+    const size_t lk = p->kmax < PK_SMALL_K ? p->kmax : PK_SMALL_K;
+    KV_CUDA_ALLOC(p->list, R * p->ntiles_max * lk * 8, 0, "pariskv tile top-k lists");
     p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
     if (!p->hpos) return KV_ERR_NOMEM;
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_merge_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     p->dev.smem_optin));
+    {
+        const int sr = (int)pk_sr_smem(c->dp, 1, PK_SMALL_C, PK_SMALL_K); /* the largest of the three modes */
+#define PK_SR_ATTR(M, CW) KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, sr))
+#define PK_SR_ATTR_M(CW)                      \
+    if (c->m == 8) PK_SR_ATTR(8, CW);         \
+    else if (c->m == 4) PK_SR_ATTR(4, CW);    \
+    else PK_SR_ATTR(2, CW)
+        if (c->dp == 32) { PK_SR_ATTR_M(1); }
+        else if (c->dp == 64) { PK_SR_ATTR_M(2); }
+        else if (c->dp == 128) { PK_SR_ATTR_M(4); }
+        else { PK_SR_ATTR_M(8); }
+#undef PK_SR_ATTR_M
+#undef PK_SR_ATTR
+    }
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
+    KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
     KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
     /* p->st does not wait on the legacy stream (the top-k workspace's memsets): all done before any launch */
     KV_CUDA_TRY(cudaDeviceSynchronize());
@@ -441,12 +600,22 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
     return KV_OK;
 }
 
-/* Search stages on stream st (the query already in p->q): 0 tier + collision,
- * 1 bucket top-k, 2 rerank, 3 final top-k. */
+/* Search stages on stream st (the query already in p->q). Unfused
+ * (KVBENCH_PK_FUSED=0): 0 tier + collision, 1 bucket top-k (scan +
+ * compaction), 2 rerank, 3 final top-k: six launches. Fused (default): 0
+ * tier + collision with the bucket scan in its last tile per row, 1
+ * compaction + rerank (+ the final top-k in its last tile per row when the
+ * candidate list is short), 3 the final top-k otherwise: three or four
+ * launches (each dependent launch costs a few microseconds even in a graph). */
 kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
     const int nbins = (s->multi ? PK_TIERS : 1) * c->nb + 1, n = s->end - s->lo;
+    const int kk = s->k < s->C ? s->k : s->C;
+    const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K;
+    int P = 32;
+    while (P < kk) P <<= 1;
+    const int mode = pk_topk_mode(p, s, ntiles), E = ntiles * kk; /* fused: 1 last tile, 2 tile lists + merge */
     switch (which) {
     case 0: {
         size_t smem = (size_t)(c->dp + 2 * p->nc) * 4;
@@ -457,14 +626,38 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
         pk_collision_kernel<<<dim3(ntiles, R), PK_TH, cs, st>>>(p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base,
                                                                 s->lo, s->end, p->scores, nbins, ntiles, p->thist,
-                                                                p->ghist);
+                                                                p->ghist, s->C, p->toff, p->teq, p->thr,
+                                                                p->fused ? p->ctr : NULL);
         KV_LAUNCH_CHECK();
         return KV_OK;
     }
     case 1:
+        if (p->fused) {
+            const size_t smem = pk_sr_smem(c->dp, mode, s->C, P);
+            /* blocks per tile: about two per SM in all (mode 2 needs the whole tile in one block) */
+            int S = (2 * p->dev.sm_count + ntiles * R - 1) / (ntiles * R);
+            S = mode == 2 || S < 1 ? 1 : S > 8 ? 8 : S;
+#define PK_SR(M, CW)                                                                                               \
+    pk_select_rerank_kernel<M, CW><<<dim3(ntiles * S, R), PK_TH, smem, st>>>(                                      \
+        p->scores, p->Tp, base, s->lo, s->end, ntiles, p->toff, p->teq, p->thr, p->cand, p->code, p->w, p->qt,   \
+        p->qnorm, p->lv, p->G, p->nh, p->Tp, p->csc, s->C, mode, kk, P, p->pos, p->ctr + R, p->list, S)
+#define PK_SR_M(CW)                      \
+    if (c->m == 8) PK_SR(8, CW);         \
+    else if (c->m == 4) PK_SR(4, CW);    \
+    else PK_SR(2, CW)
+            if (c->dp == 32) { PK_SR_M(1); }
+            else if (c->dp == 64) { PK_SR_M(2); }
+            else if (c->dp == 128) { PK_SR_M(4); }
+            else { PK_SR_M(8); }
+#undef PK_SR_M
+#undef PK_SR
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
         return pk_bucket(p->scores, p->Tp, base, s->lo, s->end, nbins, ntiles, R, s->C, p->thist, p->ghist, p->toff,
                          p->teq, p->thr, p->cand, p->Tp, 0, st);
     case 2: {
+        if (p->fused) return KV_OK; /* reranked in stage 1 */
         dim3 grid((s->C + PK_TH - 1) / PK_TH, R);
         size_t smem = (size_t)c->dp * 16 * 4;
 #define PK_RERANK(M, CW)                                                                                          \
@@ -484,11 +677,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         return KV_OK;
     }
     default: {
-        const int kk = s->k < s->C ? s->k : s->C;
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
-        if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) { /* one block per row, no grid synchronisation */
-            int P = 32;
-            while (P < kk) P <<= 1;
+        if (p->fused && mode == 1) return KV_OK; /* done by stage 1's last tiles */
+        if (p->fused && mode == 2) {                /* the tiles' lists merged, one block per row */
+            pk_merge_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)E * 4, st>>>(p->list, E, kk, P, p->pos);
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
+        if (small) { /* one block per row, no grid synchronisation */
             pk_small_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)s->C * 4, st>>>(p->csc, p->Tp, s->C, kk, P,
                                                                                     p->pos);
             KV_LAUNCH_CHECK();
@@ -531,7 +727,7 @@ static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
     if (p->st) cudaStreamSynchronize(p->st);
     kv_graph_destroy(&p->graph);
     void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
-                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
+                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos, p->ctr, p->list};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     kv_topk_ws_destroy(&p->tk);
     if (p->st) cudaStreamDestroy(p->st);
@@ -560,6 +756,8 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     p->stage_tokens = c->max_update > 4096 ? c->max_update : 4096;
     if (p->stage_tokens > c->T) p->stage_tokens = c->T;
     p->kmax = c->T < KV_GPU_TOPK_MAX ? c->T : KV_GPU_TOPK_MAX;
+    const char *fe = getenv("KVBENCH_PK_FUSED"); /* 0: the unfused search (six launches), for comparison */
+    p->fused = !(fe && fe[0] == '0' && !fe[1]);
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
     for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];
     kv_status st = pk_alloc(p);
@@ -678,31 +876,46 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     kv_pariskv_gpu_step s = {0, n, n, C, spec->k, multi, rho};
     for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st)); /* real inputs for every stage */
     KV_CUDA_TRY(cudaStreamSynchronize(st));
-    static const char *names[6] = {"encode", "collision", "bucket_topk", "rerank", "final_topk", "search"};
     const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
     const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 2 * Bn;
-    const double bytes[6] = {
-        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn),   /* key in, ids + codes + bf16 weights out */
-        row_keys * (Bn + 2),                                       /* ids in, score out */
-        row_keys * 2 + cand * 4,                                   /* scores in, candidates out */
-        cand * (cand_bytes + 4),                                   /* candidate, codes, weights in, score out */
-        cand * 4 + R * kk * 4,                                     /* scores in, positions out */
-        row_keys * Bn + cand * (cand_bytes - 4) + R * kk * 4};     /* ids, the candidates' codes + weights, top-k */
-    for (int i = 0; i < 6; i++) {
-        kv_gpu_timing t;
-        if (i == 0) KV_TRY(kv_bench_time(tm, encode, &t));
-        else if (i < 5) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, i - 1, st); }, &t));
-        else
-            KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
-        out->stage[i] = kv_gpu_stage{names[i], t, bytes[i]};
+    const double enc_bytes = (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn); /* key in, index out */
+    const double search_bytes = row_keys * Bn + cand * (cand_bytes - 4) + R * kk * 4; /* ids, cand. codes+weights */
+    const int mode = pk_topk_mode(p, &s, (n + PK_TILE - 1) / PK_TILE);
+    struct {
+        const char *name;
+        int which; /* pk_stage; -1 encode, -2 the whole search */
+        double bytes;
+    } st6[6];
+    int ns = 0;
+    st6[ns++] = {"encode", -1, enc_bytes};
+    if (p->fused) {
+        st6[ns++] = {"collision_scan", 0, row_keys * (Bn + 2)};                            /* ids in, score out */
+        st6[ns++] = {mode == 1 ? "select_rerank_topk" : mode == 2 ? "select_rerank_tiletopk" : "select_rerank", 1,
+                     row_keys * 2 + cand * (cand_bytes + 4)};
+        if (mode != 1) st6[ns++] = {mode == 2 ? "merge_topk" : "final_topk", 3, cand * 4 + R * kk * 4};
+    } else {
+        st6[ns++] = {"collision", 0, row_keys * (Bn + 2)};             /* ids in, score out */
+        st6[ns++] = {"bucket_topk", 1, row_keys * 2 + cand * 4};       /* scores in, candidates out */
+        st6[ns++] = {"rerank", 2, cand * (cand_bytes + 4)};            /* candidate, codes, weights in, score out */
+        st6[ns++] = {"final_topk", 3, cand * 4 + R * kk * 4};          /* scores in, positions out */
     }
-    out->n = 6;
+    st6[ns++] = {"search", -2, search_bytes};
+    for (int i = 0; i < ns; i++) {
+        kv_gpu_timing t;
+        const int w = st6[i].which;
+        if (w == -1) KV_TRY(kv_bench_time(tm, encode, &t));
+        else if (w >= 0) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, w, st); }, &t));
+        else KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
+        out->stage[i] = kv_gpu_stage{st6[i].name, t, st6[i].bytes};
+    }
+    out->n = ns;
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + bf16 weights 2B "
-             "per kv-head key (%.3f us/token over %d heads); collision = ids B + score 2 (the kernel also builds the "
-             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + bf16 weights 2B + score 4; final_topk = "
-             "4 per candidate + k indices; search = ids B per key + codes+weights per candidate + k indices",
-             R, c->nb, p->cb, (int)ke, out->stage[0].t.med_us / n, c->Hkv, C);
+             "pariskv %s, per key and row (R=%d, B=%d, D'/2=%d, C=%d/row): encode = K %dD + ids B + codes + weights "
+             "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "
+             "candidate; rerank = per candidate index 4 + codes + weights 2B + score 4; final_topk = 4 per "
+             "candidate; search = ids B per key + codes + weights per candidate",
+             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : "unfused (KVBENCH_PK_FUSED=0, 6 launches)",
+             R, c->nb, p->cb, C, (int)ke, out->stage[0].t.med_us / n);
     out->l2_bytes = tm->dev.l2_bytes;
     out->flush_bytes = tm->flush_n * sizeof(uint4);
     return KV_OK;

@@ -35,6 +35,9 @@ struct kv_pariskv_gpu {
     int32_t *cand, *pos, *hpos;
     kv_topk_ws tk;
     int last_lo, last_n, last_C; /* of the last search, for read_last */
+    int fused;           /* the search in 3-4 launches (pk_stage); KVBENCH_PK_FUSED=0 at create: six */
+    unsigned *ctr;       /* [2][rows] last-tile counters (collision, select-rerank), zero between launches */
+    unsigned long long *list; /* fused, long lists: [rows][tiles][kk] each tile's top-kk (~key << 32 | index) */
     kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
     float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
 };
@@ -72,6 +75,92 @@ __device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, in
         thist[((long long)r * ntiles + t) * nbins + s] = c;
         if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
     }
+}
+
+/* Row r (one block): the threshold from the row's histogram (as
+ * kv_pariskv_bucket_topk), then each tile's output offset and share of the
+ * threshold ties (a thread per tile, in chunks of blockDim tiles). A tile's
+ * keys above the threshold and at it are summed first by one warp per tile
+ * (lanes over the tile's contiguous bins: coalesced, instead of one thread
+ * reading a tile's nbins counts one after another). The histograms may come
+ * from other blocks of the same launch (the fused collision kernel): read
+ * through L2 (__ldcg). Shared: hs [nbins], s_above and s_eq [blockDim],
+ * wsum [32]. */
+__device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff,
+                            int *teq, int *thr_out, int *hs, int *s_above, int *s_eq, int *wsum) {
+    __shared__ int s_thr, s_take;
+    const int *th = thist + (long long)r * ntiles * nbins;
+    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = __ldcg(ghist + (long long)r * nbins + s);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int thr = nbins - 1, above = 0;
+        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
+        s_thr = thr;
+        s_take = C - above;
+        thr_out[r] = thr;
+    }
+    __syncthreads();
+    const int thr = s_thr, take = s_take;
+    int carry_eq = 0, carry_sel = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
+        const int t1 = min(t0 + (int)blockDim.x, ntiles);
+        for (int t = t0 + warp; t < t1; t += nw) {
+            const int *tt = th + (long long)t * nbins;
+            int a = 0;
+            for (int s = thr + 1 + lane; s < nbins; s += 32) a += __ldcg(tt + s);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0) {
+                s_above[t - t0] = a;
+                s_eq[t - t0] = __ldcg(tt + thr);
+            }
+        }
+        __syncthreads();
+        const int t = t0 + threadIdx.x;
+        int above = 0, eq = 0, tot;
+        if (t < ntiles) {
+            above = s_above[threadIdx.x];
+            eq = s_eq[threadIdx.x];
+        }
+        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
+        carry_eq += tot;
+        int et = min(max(take - eb, 0), eq), sel = above + et;
+        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
+        carry_sel += tot;
+        if (t < ntiles) {
+            toff[(long long)r * ntiles + t] = sb;
+            teq[(long long)r * ntiles + t] = et;
+        }
+    }
+}
+
+/* The bucket top-k's compaction of one tile, from each thread's 16 scores v
+ * (positions i0 + j; 0xffff: none): the keys above thr and the tile's
+ * first `take` keys at thr, in index order; emit(l, position) for each,
+ * l its rank in the tile's selection. Returns the tile's selection count.
+ * Has barriers (every thread of the block calls it). */
+template <class F>
+__device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int take, long long i0, int *wsum,
+                                              F emit) {
+    int a = 0, e = 0;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        a += v[j] != 0xffff && v[j] > thr;
+        e += v[j] == thr;
+    }
+    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum); /* a tile's counts fit in 16 bits */
+    int ab = ex & 0xffff, eb = ex >> 16;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        if (v[j] == 0xffff) continue;
+        if (v[j] > thr) emit(ab++ + min(eb, take), i0 + j);
+        else if (v[j] == thr) {
+            if (eb < take) emit(ab + eb, i0 + j);
+            eb++;
+        }
+    }
+    return (tot & 0xffff) + min(tot >> 16, take);
 }
 
 }  // namespace
