@@ -259,8 +259,8 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
     /* fused (ctr): the row's last tile to finish runs the bucket top-k's scan (threshold, tile offsets) */
     if (!ctr || !kv_arrives_last(&ctr[r], ntiles)) return;
-    __shared__ int s_above[PK_TH], s_eq[PK_TH], wsum[32];
-    pk_scan_row(r, thist, ghist, nbins, ntiles, C, toff, teq, thr, (int *)(stab + nwords), s_above, s_eq, wsum);
+    __shared__ int wsum[32];
+    pk_scan_row(r, thist, ghist, nbins, ntiles, C, toff, teq, thr, (int *)(stab + nwords), wsum);
     if (threadIdx.x == 0) ctr[r] = 0;
 }
 
@@ -381,10 +381,13 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
         const unsigned u = j < C ? key(j) : 0u;
         const int above = j < C && u > K, eq = j < C && u == K;
         if (above) sv[atomicAdd(&s_nab, 1u)] = (unsigned long long)~u << 32 | (unsigned)j;
-        int tot;
-        const int rk = kv_block_scan(eq, &tot, wsum) + carry;
-        carry += tot;
-        if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+        const int neq = __syncthreads_count(eq); /* a block scan only where ties still count */
+        if (neq && carry < (int)take) {
+            int tot;
+            const int rk = kv_block_scan(eq, &tot, wsum) + carry;
+            if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+        }
+        carry += neq;
     }
     for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
     __syncthreads();

@@ -25,8 +25,8 @@ __global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, i
 __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
                                int *thr_out) {
     extern __shared__ int hs[]; /* [nbins] */
-    __shared__ int wsum[32], s_above[1024], s_eq[1024];
-    pk_scan_row(blockIdx.x, thist, ghist, nbins, ntiles, C, toff, teq, thr_out, hs, s_above, s_eq, wsum);
+    __shared__ int wsum[32];
+    pk_scan_row(blockIdx.x, thist, ghist, nbins, ntiles, C, toff, teq, thr_out, hs, wsum);
 }
 
 /* Tile t of row r: its selected positions, in index order, at the tile's offset. */

@@ -56,72 +56,77 @@ __device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int
 }
 
 /* The block's tile histogram from each thread's 16 scores (0xffff: none):
- * per-warp shared histograms sh[warps][nbins], then thist[r][t][.] and the
- * row's ghist[r][.] (atomics; zeroed by the tier kernel of the search, or
- * by the caller). */
+ * per-warp shared histograms sh[warps][nbins], added to the row's
+ * ghist[r][.] (atomics; zeroed by the tier kernel of the search, or by the
+ * caller), and written to thist[r][t][.] as suffix sums (thist[s] = the
+ * tile's keys scoring >= s), so the scan reads two counts per tile. */
 __device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
                              int *ghist) {
-    const int nw = blockDim.x >> 5;
-    for (int s = threadIdx.x; s < nw * nbins; s += blockDim.x) sh[s] = 0;
+    __shared__ int wsum[32];
+    const int nw = blockDim.x >> 5, nt = blockDim.x, tid = threadIdx.x;
+    for (int s = tid; s < nw * nbins; s += nt) sh[s] = 0;
     __syncthreads();
-    int *wh = sh + (threadIdx.x >> 5) * nbins;
+    int *wh = sh + (tid >> 5) * nbins;
 #pragma unroll
     for (int e = 0; e < 16; e++)
         if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
     __syncthreads();
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) {
+    for (int s = tid; s < nbins; s += nt) { /* column s is this thread's: its total into row 0 */
         int c = 0;
         for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
-        thist[((long long)r * ntiles + t) * nbins + s] = c;
         if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
+        sh[s] = c;
+    }
+    __syncthreads();
+    int *th = thist + ((long long)r * ntiles + t) * nbins, carry = 0;
+    for (int k0 = 0; k0 < nbins; k0 += nt) { /* suffix sums, from the top bin down */
+        const int s = nbins - 1 - (k0 + tid), c = s >= 0 ? sh[s] : 0;
+        int tot;
+        const int ex = kv_block_scan(c, &tot, wsum);
+        if (s >= 0) th[s] = carry + ex + c;
+        carry += tot;
     }
 }
 
 /* Row r (one block): the threshold from the row's histogram (as
- * kv_pariskv_bucket_topk), then each tile's output offset and share of the
- * threshold ties (a thread per tile, in chunks of blockDim tiles). A tile's
- * keys above the threshold and at it are summed first by one warp per tile
- * (lanes over the tile's contiguous bins: coalesced, instead of one thread
- * reading a tile's nbins counts one after another). The histograms may come
- * from other blocks of the same launch (the fused collision kernel): read
- * through L2 (__ldcg). Shared: hs [nbins], s_above and s_eq [blockDim],
+ * kv_pariskv_bucket_topk: the highest score s with at least C keys scoring
+ * >= s, from the histogram's suffix sums; take = C - keys above it), then
+ * each tile's output offset and share of the threshold ties (a thread per
+ * tile, in chunks of blockDim tiles, two counts each from the tiles' suffix
+ * sums). The histograms may come from other blocks of the same launch (the
+ * fused collision kernel): read through L2 (__ldcg). Shared: hs [nbins],
  * wsum [32]. */
 __device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff,
-                            int *teq, int *thr_out, int *hs, int *s_above, int *s_eq, int *wsum) {
+                            int *teq, int *thr_out, int *hs, int *wsum) {
     __shared__ int s_thr, s_take;
-    const int *th = thist + (long long)r * ntiles * nbins;
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = __ldcg(ghist + (long long)r * nbins + s);
+    const int nt = blockDim.x, tid = threadIdx.x;
+    for (int s = tid; s < nbins; s += nt) hs[s] = __ldcg(ghist + (long long)r * nbins + s);
+    if (tid == 0) { s_thr = 0; s_take = C; } /* replaced below: C <= the row's keys */
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int thr = nbins - 1, above = 0;
-        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
-        s_thr = thr;
-        s_take = C - above;
-        thr_out[r] = thr;
+    int carry = 0;
+    for (int k0 = 0; k0 < nbins; k0 += nt) { /* hs[s] <- keys scoring >= s, in place (each s is one thread's) */
+        const int s = nbins - 1 - (k0 + tid), c = s >= 0 ? hs[s] : 0;
+        int tot;
+        const int ex = kv_block_scan(c, &tot, wsum);
+        if (s >= 0) hs[s] = carry + ex + c;
+        carry += tot;
+    }
+    __syncthreads();
+    for (int s = tid; s < nbins; s += nt) {
+        const int above = s + 1 < nbins ? hs[s + 1] : 0;
+        if (hs[s] >= C && above < C) { s_thr = s; s_take = C - above; } /* one s at most */
     }
     __syncthreads();
     const int thr = s_thr, take = s_take;
+    if (tid == 0) thr_out[r] = thr;
     int carry_eq = 0, carry_sel = 0;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
-        const int t1 = min(t0 + (int)blockDim.x, ntiles);
-        for (int t = t0 + warp; t < t1; t += nw) {
-            const int *tt = th + (long long)t * nbins;
-            int a = 0;
-            for (int s = thr + 1 + lane; s < nbins; s += 32) a += __ldcg(tt + s);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-            if (lane == 0) {
-                s_above[t - t0] = a;
-                s_eq[t - t0] = __ldcg(tt + thr);
-            }
-        }
-        __syncthreads();
-        const int t = t0 + threadIdx.x;
+    for (int t0 = 0; t0 < ntiles; t0 += nt) {
+        const int t = t0 + tid;
         int above = 0, eq = 0, tot;
         if (t < ntiles) {
-            above = s_above[threadIdx.x];
-            eq = s_eq[threadIdx.x];
+            const int *tt = thist + ((long long)r * ntiles + t) * nbins;
+            above = thr + 1 < nbins ? __ldcg(tt + thr + 1) : 0;
+            eq = __ldcg(tt + thr) - above;
         }
         int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
         carry_eq += tot;

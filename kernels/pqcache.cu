@@ -47,6 +47,7 @@ namespace {
 /* ---- search ---- */
 
 /* lut[(h*M + m)*C + c] = sum_j q_h[m*dsub + j] * cent_g[m][j][c], as kv_pq_lut: entry e = m*C + c of head h. */
+template <bool LDG = true> /* false: operands in shared memory */
 __device__ __forceinline__ float pq_lut_entry(const float *q, const float *cent, int h, int g, int D, int M, int dsub,
                                               int C, int e) {
     const int m = e / C, c = e % C;
@@ -59,8 +60,8 @@ __device__ __forceinline__ float pq_lut_entry(const float *q, const float *cent,
         float qv[16], cv[16];
 #pragma unroll
         for (int u = 0; u < 16; u++) {
-            qv[u] = __ldg(qm + j + u);
-            cv[u] = __ldg(cm + (long long)(j + u) * C);
+            qv[u] = LDG ? __ldg(qm + j + u) : qm[j + u];
+            cv[u] = LDG ? __ldg(cm + (long long)(j + u) * C) : cm[(long long)(j + u) * C];
         }
 #pragma unroll
         for (int u = 0; u < 16; u++) a = __fadd_rn(a, __fmul_rn(qv[u], cv[u]));
@@ -359,16 +360,29 @@ struct pq_fused_args {
 
 template <bool M2>
 __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
-    __shared__ unsigned sh[PQ_TUP_MAX]; /* the block's histogram; in the last block, the counts */
-    __shared__ float acc[PQ_TUP_MAX];
+    /* [0, PQ_TUP_MAX): the block's histogram, in the last block the counts; then the per-tuple sums; in the
+     * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and queries when they fit */
+    __shared__ unsigned sh[2 * PQ_TUP_MAX];
     __shared__ float sl[2048];
+    float *acc = (float *)(sh + PQ_TUP_MAX);
     const int g = blockIdx.y, nbk = gridDim.x - 1;
     if (blockIdx.x == nbk) {
-        const int MC = a.M * a.C;
-        for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
-            const int h = g * a.G + e / MC;
-            a.lut[(long long)h * MC + e % MC] = pq_lut_entry(a.q, a.cent, h, g, a.D, a.M, a.dsub, a.C, e % MC);
-        }
+        const int MC = a.M * a.C, DC = a.D * a.C, GD = a.G * a.D;
+        if (DC + GD <= 2 * PQ_TUP_MAX) { /* operands staged with every thread's loads in flight at once */
+            float *sc = (float *)sh, *sq = sc + DC;
+            const float *cg = a.cent + (long long)g * DC, *qg = a.q + (long long)g * GD;
+            for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
+            for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
+            __syncthreads();
+            for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
+                const int hh = e / MC;
+                a.lut[(long long)(g * a.G + hh) * MC + e % MC] = pq_lut_entry<false>(sq, sc, hh, 0, a.D, a.M, a.dsub, a.C, e % MC);
+            }
+        } else
+            for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
+                const int h = g * a.G + e / MC;
+                a.lut[(long long)h * MC + e % MC] = pq_lut_entry(a.q, a.cent, h, g, a.D, a.M, a.dsub, a.C, e % MC);
+            }
     } else {
         for (int e = threadIdx.x; e < a.ntup; e += blockDim.x) sh[e] = 0;
         __syncthreads();
