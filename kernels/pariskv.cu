@@ -19,11 +19,10 @@
  *              (the local window) are taken out first, as the CPU does.
  *   collision  all rows (kv heads) in one launch; a block is a bucket tile
  *              of 4096 keys, 16 keys per thread, one uint4 of ids per
- *              subspace, the bonuses as nibbles in shared memory (8 per
- *              word: the lanes' lookups never share a bank); scores are
- *              uint16 [rows][Tp] by absolute position. It also writes the
- *              tile's score histogram (fused: the bucket top-k's first
- *              pass, so the scores are read once less).
+ *              subspace, the bonuses a byte table in shared memory; scores
+ *              are uint16 [rows][Tp] by absolute position. It also writes
+ *              the tile's score histogram as suffix sums (the bucket
+ *              top-k's first pass, so the scores are read once less).
  *   bucket top-k  (pariskv_bucket.cu) multi-block and deterministic: one block per row sums the
  *              per-tile histograms, finds the threshold (as
  *              kv_pariskv_bucket_topk) and turns per-tile counts into each
@@ -41,10 +40,18 @@
  *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
  *              select + bitonic sort in shared memory), else the cooperative
  *              kv_topk_launch (topk.cu).
- * The whole search (6 launches) runs as one CUDA graph per step shape
- * (pk_search_launch, ops/kv_cuda.h kv_graph_run): a short search is
- * launch-bound (60.6 us at 16K against exact's 32.3 us on the H100 before
- * issue 12), and the graph removes the per-launch host cost and gaps.
+ * Fused search (issue 12, the default): a dependent kernel costs a few
+ * microseconds even inside a graph, so the chain above is cut to three
+ * launches for candidate lists up to 16384 (tier; collision, whose last
+ * tile per row runs the bucket top-k's scan; pk_select_rerank_kernel:
+ * compaction + rerank per tile, whose last tile per row runs the final
+ * top-k) and four for longer lists (each tile's own top-k list, merged by
+ * one block per row instead of the cooperative kv_topk_launch); the
+ * "last tile" steps are threadfence reductions, and the results are the
+ * unfused chain's exactly. KVBENCH_PK_FUSED=0 (read at create) keeps the six
+ * launches for comparison. The whole search runs as one CUDA graph per
+ * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
+ * the per-launch host cost.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each

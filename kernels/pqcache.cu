@@ -22,7 +22,14 @@
  * position order (ballot scan); (4) one block per kv head sorts the k
  * candidates by (score desc, position asc) (bitonic, 64-bit keys). So the
  * selection is exactly kv_topk_ref over the per-key scores agg[tuple], ties
- * included. Otherwise (C^M > 4096), two launches over tiles of keys:
+ * included. Fused (issue 12, the default; KVBENCH_PQ_FUSED=0 at create keeps
+ * the six launches above): two launches, as each dependent one costs a few
+ * microseconds even in a graph: pq_hist_table (the histogram blocks, one
+ * more block computing the LUT, and the last block per kv head running the
+ * table and threshold) and pq_select_fused (the compaction marks ties in
+ * registers, writes each block's first ties in order, and the last block
+ * per kv head takes the first `take` of them and sorts), the same selection.
+ * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
  * from the G lookup tables of the group held in shared memory; launch A
@@ -361,15 +368,15 @@ struct pq_fused_args {
 template <bool M2>
 __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
     /* [0, PQ_TUP_MAX): the block's histogram, in the last block the counts; then the per-tuple sums; in the
-     * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and queries when they fit */
+     * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and sl its queries, when they fit */
     __shared__ unsigned sh[2 * PQ_TUP_MAX];
     __shared__ float sl[2048];
     float *acc = (float *)(sh + PQ_TUP_MAX);
     const int g = blockIdx.y, nbk = gridDim.x - 1;
     if (blockIdx.x == nbk) {
         const int MC = a.M * a.C, DC = a.D * a.C, GD = a.G * a.D;
-        if (DC + GD <= 2 * PQ_TUP_MAX) { /* operands staged with every thread's loads in flight at once */
-            float *sc = (float *)sh, *sq = sc + DC;
+        if (DC <= 2 * PQ_TUP_MAX && GD <= 2048) { /* operands staged with every thread's loads in flight at once */
+            float *sc = (float *)sh, *sq = sl;
             const float *cg = a.cent + (long long)g * DC, *qg = a.q + (long long)g * GD;
             for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
             for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
