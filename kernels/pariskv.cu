@@ -226,8 +226,9 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
  * byte table in shared memory. Also the tile's score histogram
  * (pk_tile_hist) for the bucket top-k. */
+template <class ST>
 __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
-                                    int base, int lo, int end, uint16_t *scores, int nbins, int ntiles, int *thist,
+                                    int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
                                     int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
     const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
@@ -251,13 +252,18 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
             for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb + (b + u) * nc);
         }
         for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
-        uint16_t *out = scores + (long long)r * Tp + i0;
+        ST *out = scores + (long long)r * Tp + i0;
         if (i0 >= lo && i0 + 16 <= end) {
-            ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
-            ((uint4 *)out)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
+            if constexpr (sizeof(ST) == 1) /* bytes 0 and 2 of each pair of sums (every sum < 255) */
+                *(uint4 *)out = make_uint4(__byte_perm(acc[0], acc[1], 0x6420), __byte_perm(acc[2], acc[3], 0x6420),
+                                           __byte_perm(acc[4], acc[5], 0x6420), __byte_perm(acc[6], acc[7], 0x6420));
+            else {
+                ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
+                ((uint4 *)out)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
+            }
         } else
             for (int e = 0; e < 16; e++)
-                if (i0 + e >= lo && i0 + e < end) out[e] = (uint16_t)(acc[e >> 1] >> (16 * (e & 1)));
+                if (i0 + e >= lo && i0 + e < end) out[e] = (ST)(acc[e >> 1] >> (16 * (e & 1)));
     }
     uint16_t v[16];
 #pragma unroll
@@ -462,8 +468,8 @@ __global__ void __launch_bounds__(1024) pk_merge_topk_kernel(const unsigned long
  * table (D'*16 floats), then PK_TILE ints (the tile's candidates, then in
  * mode 2 their score keys) followed in mode 2 by P sort keys; in mode 1's
  * last block the region holds P sort keys and C score keys. */
-template <int M, int CW>
-__global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const uint16_t *scores, long long ld, int base,
+template <int M, int CW, class ST>
+__global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const ST *scores, long long ld, int base,
                                                                  int lo, int end, int ntiles, const int *toff,
                                                                  const int *teq, const int *thr_arr, int32_t *cand,
                                                                  const uint8_t *code, const kv_bf16 *w,
@@ -575,7 +581,13 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
                                      p->dev.smem_optin));
     {
         const int sr = (int)pk_sr_smem(c->dp, 1, PK_SMALL_C, PK_SMALL_K); /* the largest of the three modes */
-#define PK_SR_ATTR(M, CW) KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, sr))
+#define PK_SR_ATTR(M, CW)                                                                                        \
+    do {                                                                                                          \
+        KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint16_t>,                                \
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, sr));                       \
+        KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint8_t>,                                 \
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, sr));                       \
+    } while (0)
 #define PK_SR_ATTR_M(CW)                      \
     if (c->m == 8) PK_SR_ATTR(8, CW);         \
     else if (c->m == 4) PK_SR_ATTR(4, CW);    \
@@ -634,10 +646,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
                                                             s->multi, p->wt, p->qt, p->qnorm, p->ghist, nbins);
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
-        pk_collision_kernel<<<dim3(ntiles, R), PK_TH, cs, st>>>(p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base,
-                                                                s->lo, s->end, p->scores, nbins, ntiles, p->thist,
-                                                                p->ghist, s->C, p->toff, p->teq, p->thr,
-                                                                p->fused ? p->ctr : NULL);
+        if (p->score8)
+            pk_collision_kernel<uint8_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
+                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, (uint8_t *)p->scores, nbins,
+                ntiles, p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->ctr);
+        else
+            pk_collision_kernel<uint16_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
+                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, p->scores, nbins, ntiles,
+                p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->fused ? p->ctr : NULL);
         KV_LAUNCH_CHECK();
         return KV_OK;
     }
@@ -647,10 +663,13 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             /* blocks per tile: about two per SM in all (mode 2 needs the whole tile in one block) */
             int S = (2 * p->dev.sm_count + ntiles * R - 1) / (ntiles * R);
             S = mode == 2 || S < 1 ? 1 : S > 8 ? 8 : S;
-#define PK_SR(M, CW)                                                                                               \
-    pk_select_rerank_kernel<M, CW><<<dim3(ntiles * S, R), PK_TH, smem, st>>>(                                      \
-        p->scores, p->Tp, base, s->lo, s->end, ntiles, p->toff, p->teq, p->thr, p->cand, p->code, p->w, p->qt,   \
+#define PK_SR_T(M, CW, ST, SP)                                                                                     \
+    pk_select_rerank_kernel<M, CW, ST><<<dim3(ntiles * S, R), PK_TH, smem, st>>>(                                  \
+        SP, p->Tp, base, s->lo, s->end, ntiles, p->toff, p->teq, p->thr, p->cand, p->code, p->w, p->qt,          \
         p->qnorm, p->lv, p->G, p->nh, p->Tp, p->csc, s->C, mode, kk, P, p->pos, p->ctr + R, p->list, S)
+#define PK_SR(M, CW)                                                  \
+    if (p->score8) PK_SR_T(M, CW, uint8_t, (const uint8_t *)p->scores); \
+    else PK_SR_T(M, CW, uint16_t, p->scores)
 #define PK_SR_M(CW)                      \
     if (c->m == 8) PK_SR(8, CW);         \
     else if (c->m == 4) PK_SR(4, CW);    \
@@ -661,6 +680,7 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             else { PK_SR_M(8); }
 #undef PK_SR_M
 #undef PK_SR
+#undef PK_SR_T
             KV_LAUNCH_CHECK();
             return KV_OK;
         }
@@ -768,6 +788,8 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     p->kmax = c->T < KV_GPU_TOPK_MAX ? c->T : KV_GPU_TOPK_MAX;
     const char *fe = getenv("KVBENCH_PK_FUSED"); /* 0: the unfused search (six launches), for comparison */
     p->fused = !(fe && fe[0] == '0' && !fe[1]);
+    const char *s8 = getenv("KVBENCH_PK_SCORE8"); /* 1: 8-bit collision scores (fused path; scores <= 254) */
+    p->score8 = p->fused && s8 && s8[0] == '1' && !s8[1] && PK_TIERS * c->nb <= 254;
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
     for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];
     kv_status st = pk_alloc(p);
@@ -857,7 +879,16 @@ static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int 
 static kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, float *csc) {
     const int R = p->c.rows;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
-    if (scores && p->last_n > 0)
+    if (scores && p->last_n > 0 && p->score8) { /* 8-bit on the device: widened here */
+        const size_t n = (size_t)p->last_n;
+        uint8_t *tmp = (uint8_t *)kv_malloc((size_t)R * n, "pariskv 8-bit scores (host)");
+        if (!tmp) return KV_ERR_NOMEM;
+        cudaError_t e = cudaMemcpy2D(tmp, n, (const uint8_t *)p->scores + p->last_lo, (size_t)p->Tp, n, (size_t)R,
+                                     cudaMemcpyDeviceToHost);
+        for (size_t i = 0; e == cudaSuccess && i < (size_t)R * n; i++) scores[i] = tmp[i];
+        free(tmp);
+        KV_CUDA_TRY(e);
+    } else if (scores && p->last_n > 0)
         KV_CUDA_TRY(cudaMemcpy2D(scores, (size_t)p->last_n * 2, p->scores + p->last_lo, (size_t)p->Tp * 2, (size_t)p->last_n * 2,
                                  (size_t)R, cudaMemcpyDeviceToHost));
     if (csc && p->last_C > 0)

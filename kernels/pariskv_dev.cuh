@@ -36,6 +36,7 @@ struct kv_pariskv_gpu {
     kv_topk_ws tk;
     int last_lo, last_n, last_C; /* of the last search, for read_last */
     int fused;           /* the search in 3-4 launches (pk_stage); KVBENCH_PK_FUSED=0 at create: six */
+    int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
     unsigned *ctr;       /* [2][rows] last-tile counters (collision, select-rerank), zero between launches */
     unsigned long long *list; /* fused, long lists: [rows][tiles][kk] each tile's top-kk (~key << 32 | index) */
     kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
@@ -51,6 +52,17 @@ __device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int
         const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int e = 0; e < 16; e++) v[e] = (uint16_t)(w[e >> 1] >> (16 * (e & 1)));
+    } else
+        for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
+}
+
+/* The same from 8-bit scores (KVBENCH_PK_SCORE8: every score <= 254), widened. */
+__device__ __forceinline__ void pk_load16(const uint8_t *row, long long i0, int lo, int end, uint16_t v[16]) {
+    if (i0 >= lo && i0 + 16 <= end) {
+        const uint4 a = *(const uint4 *)(row + i0);
+        const unsigned w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int e = 0; e < 16; e++) v[e] = (uint16_t)((w[e >> 2] >> (8 * (e & 3))) & 255u);
     } else
         for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
 }

@@ -3,7 +3,8 @@
 # lead's combined device call. Assumes ./kvbench and tests/run_tests are built in the repo root. Runs the
 # ParisKV/PQCache GPU tests (fused path, then the unfused one via KVBENCH_PK_FUSED=0 KVBENCH_PQ_FUSED=0),
 # `kvbench bench --method pariskv,pqcache,exact` at 16K/128K/1M (fused), the same for pariskv,pqcache
-# unfused, and the PyTorch peers; logs in $OUT/s4-pk/, a short summary printed last. ~60 s wall.
+# unfused, the 8-bit-score variant (KVBENCH_PK_SCORE8=1: its test and bench rows), and the PyTorch peers
+# with what time is left (their code is unchanged); logs in $OUT/s4-pk/, a short summary printed last. ~60 s.
 set -u
 cd "$(dirname "$0")/../.."
 D=${OUT:-/tmp/out}/s4-pk
@@ -20,10 +21,16 @@ timeout "$(left 16)" ./tests/run_tests pariskv_gpu_encode_matches_cpu pariskv_gp
 echo "tests rc=$?" >>"$D/tests.log"
 timeout "$(left 38)" ./kvbench bench --method pariskv,pqcache,exact --tokens $TOK >"$D/bench.log" 2>&1
 echo "bench rc=$?" >>"$D/bench.log"
-KVBENCH_PK_FUSED=0 KVBENCH_PQ_FUSED=0 timeout "$(left 50)" ./kvbench bench --method pariskv,pqcache --tokens $TOK \
+KVBENCH_PK_FUSED=0 KVBENCH_PQ_FUSED=0 timeout "$(left 46)" ./kvbench bench --method pariskv,pqcache --tokens $TOK \
     --reps 20 --warmup 5 >"$D/bench_unfused.log" 2>&1
 echo "bench rc=$?" >>"$D/bench_unfused.log"
-KVBENCH_PK_FUSED=0 KVBENCH_PQ_FUSED=0 timeout "$(left 56)" ./tests/run_tests pariskv_gpu_search_matches_cpu \
+# 8-bit collision scores (fused ParisKV, KVBENCH_PK_SCORE8=1): its test, then its bench rows
+KVBENCH_PK_SCORE8=1 timeout "$(left 50)" ./tests/run_tests pariskv_gpu_search_matches_cpu >"$D/tests_score8.log" 2>&1
+echo "tests rc=$?" >>"$D/tests_score8.log"
+KVBENCH_PK_SCORE8=1 timeout "$(left 55)" ./kvbench bench --method pariskv --tokens $TOK --reps 20 --warmup 5 \
+    >"$D/bench_score8.log" 2>&1
+echo "bench rc=$?" >>"$D/bench_score8.log"
+KVBENCH_PK_FUSED=0 KVBENCH_PQ_FUSED=0 timeout "$(left 58)" ./tests/run_tests pariskv_gpu_search_matches_cpu \
     pqcache_gpu_tuple_topk_matches_ref >"$D/tests_unfused.log" 2>&1
 echo "tests rc=$?" >>"$D/tests_unfused.log"
 for m in pariskv pqcache; do
@@ -34,11 +41,13 @@ done
     echo "s4-pk ($((SECONDS - T0)) s): $(head -1 "$D/device.txt")"
     echo "tests fused: $(grep -cE ' ok ' "$D/tests.log") ok; $(grep -E 'passed|rc=' "$D/tests.log" | tr '\n' ' ')"
     echo "tests unfused: $(grep -E 'passed|rc=' "$D/tests_unfused.log" | tr '\n' ' ')"
+    echo "tests score8: $(grep -E 'passed|rc=' "$D/tests_score8.log" | tr '\n' ' ')"
     echo "median us (method tokens stage): fused bench | unfused bench (--reps 20)"
     for t in 16384 131072 1048576; do
         a=$(awk -v t=$t '$2==t && (($1=="pariskv"||$1=="pqcache") && $3=="search" || $1=="exact" && $3=="exact") {printf "%s %s  ", $1, $4}' "$D/bench.log")
         b=$(awk -v t=$t '$2==t && $3=="search" {printf "%s %s  ", $1, $4}' "$D/bench_unfused.log")
-        echo "  $t: $a| $b"
+        c=$(awk -v t=$t '$2==t && $3=="search" {printf "%s-s8 %s", $1, $4}' "$D/bench_score8.log")
+        echo "  $t: $a| $b| $c"
     done
     echo "fused stages: $(awk '$1=="pariskv" && $2==1048576 && $3!="encode" {printf "%s %s, ", $3, $4}' "$D/bench.log")"
     echo "torch search: $(grep -hE ' search ' "$D"/torch_*.log | awk '{printf "%s %s %s; ", $1, $2, $4}')"
