@@ -42,11 +42,12 @@
  *              kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
- * launches for candidate lists up to 16384 (tier; collision, whose last
+ * launches for candidate lists up to 4096 (tier; collision, whose last
  * tile per row runs the bucket top-k's scan; pk_select_rerank_kernel:
  * compaction + rerank per tile, whose last tile per row runs the final
- * top-k) and four for longer lists (each tile's own top-k list, merged by
- * one block per row instead of the cooperative kv_topk_launch); the
+ * top-k) and four for longer lists (the one-block-per-row top-k up to
+ * 16384; beyond, each tile's own top-k list, merged by one block per row
+ * instead of the cooperative kv_topk_launch); the
  * "last tile" steps are threadfence reductions, and the results are the
  * unfused chain's exactly. KVBENCH_PK_FUSED=0 (read at create) keeps the six
  * launches for comparison. The whole search runs as one CUDA graph per
@@ -459,10 +460,10 @@ __global__ void __launch_bounds__(1024) pk_merge_topk_kernel(const unsigned long
  * part 0 writes cand), so a short region's rerank has enough threads for
  * its gathers. Then,
  * by mode: 0 nothing (the final top-k follows elsewhere); 1 (short lists,
- * C <= PK_SMALL_C) the last tile of the row to finish (threadfence
+ * C <= PK_LAST_C) the last tile of the row to finish (threadfence
  * reduction) stages the row's C scores in shared memory and runs the final
  * top-k (pk_topk_row) into pos[r*kk ..]: the 16K search is then three
- * kernels; 2 (long lists) each tile writes its own top-kk, sorted, to
+ * kernels; 2 (C > PK_SMALL_C) each tile writes its own top-kk, sorted, to
  * list[(r*tiles + t)*kk ..] for pk_merge_topk_kernel (in place of the
  * cooperative kv_topk_launch over all C). Dynamic shared memory: the query
  * table (D'*16 floats), then PK_TILE ints (the tile's candidates, then in
@@ -526,12 +527,17 @@ __global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const ST *sc
 namespace {
 
 /* The fused path's final top-k: 1 in the select-rerank kernel's last tile
- * per row (short lists), 2 the tiles' own top-kk lists merged by
- * pk_merge_topk_kernel (when its shared memory holds them), 0 kv_topk_launch. */
+ * per row (C <= PK_LAST_C: that block has 256 threads, and its shared
+ * memory is every tile's), 2 the tiles' own top-kk lists merged by
+ * pk_merge_topk_kernel (when its shared memory holds them), 0 after the
+ * select-rerank kernel as unfused (pk_small_topk_kernel for C <=
+ * PK_SMALL_C, else kv_topk_launch). */
+constexpr int PK_LAST_C = 4096;
 int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntiles) {
     const int kk = s->k < s->C ? s->k : s->C;
     if (kk > KV_GPU_TOPK_MAX) return 0;
-    if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) return 1;
+    if (s->C <= PK_LAST_C && kk <= PK_SMALL_K) return 1;
+    if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) return 0;
     int P = 32;
     while (P < kk) P <<= 1;
     if (kk <= PK_SMALL_K && (size_t)ntiles * kk * 4 + (size_t)P * 8 <= (size_t)p->dev.smem_optin) return 2;
@@ -580,7 +586,9 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_TRY(cudaFuncSetAttribute(pk_merge_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      p->dev.smem_optin));
     {
-        const int sr = (int)pk_sr_smem(c->dp, 1, PK_SMALL_C, PK_SMALL_K); /* the largest of the three modes */
+        const int sr = (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K) > (int)pk_sr_smem(c->dp, 1, PK_LAST_C, PK_SMALL_K)
+                           ? (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K)
+                           : (int)pk_sr_smem(c->dp, 1, PK_LAST_C, PK_SMALL_K); /* the larger of the two modes */
 #define PK_SR_ATTR(M, CW)                                                                                        \
     do {                                                                                                          \
         KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint16_t>,                                \
