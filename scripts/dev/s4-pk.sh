@@ -49,6 +49,8 @@ done
         c=$(awk -v t=$t '$2==t && $3=="search" {printf "%s-s8 %s", $1, $4}' "$D/bench_score8.log")
         echo "  $t: $a| $b| $c"
     done
-    echo "fused stages: $(awk '$1=="pariskv" && $2==1048576 && $3!="encode" {printf "%s %s, ", $3, $4}' "$D/bench.log")"
+    for t in 16384 1048576; do
+        echo "fused stages $t: $(awk -v t=$t '($1=="pariskv"||$1=="pqcache") && $2==t && $3!="encode" && $3!="kmeans" {printf "%s %s %s, ", $1, $3, $4}' "$D/bench.log")"
+    done
     echo "torch search: $(grep -hE ' search ' "$D"/torch_*.log | awk '{printf "%s %s %s; ", $1, $2, $4}')"
 } | tee "$D/summary.txt" | head -20
