@@ -19,11 +19,10 @@
  *              (the local window) are taken out first, as the CPU does.
  *   collision  all rows (kv heads) in one launch; a block is a bucket tile
  *              of 4096 keys, 16 keys per thread, one uint4 of ids per
- *              subspace, the bonuses as nibbles in shared memory (8 per
- *              word: the lanes' lookups never share a bank); scores are
- *              uint16 [rows][Tp] by absolute position. It also writes the
- *              tile's score histogram (fused: the bucket top-k's first
- *              pass, so the scores are read once less).
+ *              subspace, the bonuses a byte table in shared memory; scores
+ *              are uint16 [rows][Tp] by absolute position. It also writes
+ *              the tile's score histogram as suffix sums (the bucket
+ *              top-k's first pass, so the scores are read once less).
  *   bucket top-k  (pariskv_bucket.cu) multi-block and deterministic: one block per row sums the
  *              per-tile histograms, finds the threshold (as
  *              kv_pariskv_bucket_topk) and turns per-tile counts into each
@@ -41,10 +40,19 @@
  *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
  *              select + bitonic sort in shared memory), else the cooperative
  *              kv_topk_launch (topk.cu).
- * The whole search (6 launches) runs as one CUDA graph per step shape
- * (pk_search_launch, ops/kv_cuda.h kv_graph_run): a short search is
- * launch-bound (60.6 us at 16K against exact's 32.3 us on the H100 before
- * issue 12), and the graph removes the per-launch host cost and gaps.
+ * Fused search (issue 12, the default): a dependent kernel costs a few
+ * microseconds even inside a graph, so the chain above is cut to three
+ * launches for candidate lists up to 4096 (tier; collision, whose last
+ * tile per row runs the bucket top-k's scan; pk_select_rerank_kernel:
+ * compaction + rerank per tile, whose last tile per row runs the final
+ * top-k) and four for longer lists (the one-block-per-row top-k up to
+ * 16384; beyond, each tile's own top-k list, merged by one block per row
+ * instead of the cooperative kv_topk_launch); the
+ * "last tile" steps are threadfence reductions, and the results are the
+ * unfused chain's exactly. KVBENCH_PK_FUSED=0 (read at create) keeps the six
+ * launches for comparison. The whole search runs as one CUDA graph per
+ * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
+ * the per-launch host cost.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -67,6 +75,7 @@
 #include <string.h>
 
 #include "pariskv_dev.cuh"
+#include "ops/radix_digit.cuh"
 
 namespace {
 
@@ -218,9 +227,10 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
  * byte table in shared memory. Also the tile's score histogram
  * (pk_tile_hist) for the bucket top-k. */
+template <class ST>
 __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
-                                    int base, int lo, int end, uint16_t *scores, int nbins, int ntiles, int *thist,
-                                    int *ghist) {
+                                    int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
+                                    int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
     const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
@@ -243,39 +253,46 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
             for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb + (b + u) * nc);
         }
         for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
-        uint16_t *out = scores + (long long)r * Tp + i0;
+        ST *out = scores + (long long)r * Tp + i0;
         if (i0 >= lo && i0 + 16 <= end) {
-            ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
-            ((uint4 *)out)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
+            if constexpr (sizeof(ST) == 1) /* bytes 0 and 2 of each pair of sums (every sum < 255) */
+                *(uint4 *)out = make_uint4(__byte_perm(acc[0], acc[1], 0x6420), __byte_perm(acc[2], acc[3], 0x6420),
+                                           __byte_perm(acc[4], acc[5], 0x6420), __byte_perm(acc[6], acc[7], 0x6420));
+            else {
+                ((uint4 *)out)[0] = make_uint4(acc[0], acc[1], acc[2], acc[3]);
+                ((uint4 *)out)[1] = make_uint4(acc[4], acc[5], acc[6], acc[7]);
+            }
         } else
             for (int e = 0; e < 16; e++)
-                if (i0 + e >= lo && i0 + e < end) out[e] = (uint16_t)(acc[e >> 1] >> (16 * (e & 1)));
+                if (i0 + e >= lo && i0 + e < end) out[e] = (ST)(acc[e >> 1] >> (16 * (e & 1)));
     }
     uint16_t v[16];
 #pragma unroll
     for (int e = 0; e < 16; e++)
         v[e] = i0 + e >= lo && i0 + e < end ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
     pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
+    /* fused (ctr): the row's last tile to finish runs the bucket top-k's scan (threshold, tile offsets) */
+    if (!ctr || !kv_arrives_last(&ctr[r], ntiles)) return;
+    __shared__ int wsum[32];
+    pk_scan_row(r, thist, ghist, nbins, ntiles, C, toff, teq, thr, (int *)(stab + nwords), wsum);
+    if (threadIdx.x == 0) ctr[r] = 0;
 }
 
-/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r, in the CPU's
- * float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
-template <int M, int CW>
-__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
-                                 const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
-                                 float *csc) {
-    constexpr int DP = 32 * CW, NB = DP / M;
-    extern __shared__ float lut[];
-    const int r = blockIdx.y, g = r * nh / G;
-    const float *q = qt + (long long)r * DP;
-    for (int e = threadIdx.x; e < DP * 16; e += blockDim.x) {
+/* The query's table: lut[c*16 + nibble] = (+-q~_c) * level[nibble & 7], the
+ * CPU's products (D' = 32 CW coordinates). */
+template <int CW> __device__ __forceinline__ void pk_rsq_lut(float *lut, const float *q, const pk_lv lv) {
+    for (int e = threadIdx.x; e < 32 * CW * 16; e += blockDim.x) {
         int cc = e >> 4, nib = e & 15;
         lut[e] = __fmul_rn(nib & 8 ? q[cc] : -q[cc], lv.level[nib & 7]);
     }
-    __syncthreads();
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) return;
-    const long long i = cand[r * ld + j];
+}
+
+/* The RSQ-IP sum of key i of kv head g (before the query norm), in the
+ * CPU's float order; CW = D'/32 uint4 words of codes per key, loaded up front. */
+template <int M, int CW>
+__device__ __forceinline__ float pk_rsq(long long i, int g, const uint8_t *code, const kv_bf16 *w, const float *lut,
+                                        long long Tp) {
+    constexpr int DP = 32 * CW, NB = DP / M;
     const uint4 *cr = (const uint4 *)(code + ((long long)g * Tp + i) * (DP / 2));
     const kv_bf16 *wr = w + ((long long)g * Tp + i) * NB;
     uint4 cw[CW];
@@ -313,7 +330,21 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
             }
         }
     }
-    csc[r * ld + j] = __fmul_rn(qnorm[r], acc);
+    return acc;
+}
+
+/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r (the unfused path). */
+template <int M, int CW>
+__global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
+                                 const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
+                                 float *csc) {
+    extern __shared__ float lut[];
+    const int r = blockIdx.y, g = r * nh / G;
+    pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
+    __syncthreads();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= C) return;
+    csc[r * ld + j] = __fmul_rn(qnorm[r], pk_rsq<M, CW>(cand[r * ld + j], g, code, w, lut, Tp));
 }
 
 /* Final top-k of a short candidate list, one 1024-thread block per row
@@ -329,15 +360,15 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
  * costs ~20 us at these lengths (the 16K search is launch- and
  * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
 constexpr int PK_SMALL_C = 16384, PK_SMALL_K = 1024;
-__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
-                                                              int32_t *pos) {
-    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
-    unsigned *sk = (unsigned *)(sv + P);
+/* The block's top-kk of keys key(j), j < C (order-preserving uint32 keys),
+ * as above: out(rank, j) for rank < kk, in kv_topk_ref's order; sv: P >= kk
+ * 64-bit words of shared memory. Every thread of the block calls it
+ * (barriers); key may read shared memory written just before the call. */
+template <class KeyAt, class Out>
+__device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long *sv, Out out) {
     __shared__ unsigned rh[256], sel[2], s_nab;
     __shared__ int wsum[32];
-    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-    const float *row = csc + (long long)r * ld;
-    for (int j = tid; j < C; j += nt) sk[j] = kv_f2key(row[j]);
+    const int tid = threadIdx.x, nt = blockDim.x;
     if (tid == 0) s_nab = 0;
     unsigned prefix = 0, mask = 0, need = (unsigned)kk;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -345,28 +376,13 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
         __syncthreads();
         for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
             const int j = j0 + tid;
-            const unsigned u = j < C ? sk[j] : 0u;
+            const unsigned u = j < C ? key(j) : 0u;
             const unsigned d = j < C && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
             const unsigned peers = __match_any_sync(0xffffffffu, d);
             if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
         }
         __syncthreads();
-        if (tid < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
-            unsigned v[8], sum = 0;
-            for (int q = 0; q < 8; q++) { v[q] = rh[255 - 8 * tid - q]; sum += v[q]; }
-            unsigned inc = sum;
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
-                if (tid >= o) inc += y;
-            }
-            unsigned c = inc - sum;
-            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
-                int q = 0;
-                while (c + v[q] < need) c += v[q++];
-                sel[0] = (unsigned)(255 - 8 * tid - q);
-                sel[1] = need - c;
-            }
-        }
+        if (tid < 32) kv_radix_pick_digit(rh, need, tid, sel);
         __syncthreads();
         prefix |= sel[0] << shift;
         mask |= 255u << shift;
@@ -376,13 +392,16 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
     int carry = 0;
     for (int j0 = 0; j0 < C; j0 += nt) {
         const int j = j0 + tid;
-        const unsigned u = j < C ? sk[j] : 0u;
+        const unsigned u = j < C ? key(j) : 0u;
         const int above = j < C && u > K, eq = j < C && u == K;
         if (above) sv[atomicAdd(&s_nab, 1u)] = (unsigned long long)~u << 32 | (unsigned)j;
-        int tot;
-        const int rk = kv_block_scan(eq, &tot, wsum) + carry;
-        carry += tot;
-        if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+        const int neq = __syncthreads_count(eq); /* a block scan only where ties still count */
+        if (neq && carry < (int)take) {
+            int tot;
+            const int rk = kv_block_scan(eq, &tot, wsum) + carry;
+            if (eq && rk < (int)take) sv[(kk - (int)take) + rk] = (unsigned long long)~u << 32 | (unsigned)j;
+        }
+        carry += neq;
     }
     for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
     __syncthreads();
@@ -397,12 +416,140 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
             }
             __syncthreads();
         }
-    for (int j = tid; j < kk; j += nt) pos[(long long)r * kk + j] = (int32_t)(unsigned)sv[j];
+    for (int j = tid; j < kk; j += nt) out(j, (unsigned)sv[j]);
+}
+
+__global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    const int r = blockIdx.x;
+    const float *row = csc + (long long)r * ld;
+    for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(row[j]);
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) { o[q] = (int32_t)j; });
+}
+
+/* The final top-k from the tiles' own top-kk lists (pk_select_rerank_kernel's
+ * tile mode): one 1024-thread block per row over E = tiles * kk entries
+ * list[r*E + e] = ~key << 32 | candidate index (~0: none), each tile's
+ * entries in (score desc, index asc) order, so among equal scores slot order
+ * is index order and pk_topk_row over the slots selects and orders exactly
+ * as kv_topk_ref over all C scores would. Dynamic shared memory: P * 8 +
+ * E * 4 bytes. */
+__global__ void __launch_bounds__(1024) pk_merge_topk_kernel(const unsigned long long *list, int E, int kk, int P,
+                                                              int32_t *pos) {
+    extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [E] score keys */
+    unsigned *sk = (unsigned *)(sv + P);
+    const int r = blockIdx.x;
+    const unsigned long long *l = list + (long long)r * E;
+#pragma unroll 8
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sk[e] = ~(unsigned)(l[e] >> 32);
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int e) { return sk[e]; }, E, kk, P, sv, [&](int q, unsigned e) { o[q] = (int32_t)(unsigned)l[e]; });
+}
+
+/* The fused bucket compaction + rerank (+ final top-k), grid (tiles, rows),
+ * PK_TH threads: tile t of row r selects its candidates as
+ * pk_compact_kernel (pk_tile_select, offsets and tie shares from the
+ * collision kernel's last block) into shared memory and cand, then reranks
+ * them (pk_rsq, the scores at csc[r*ld + its candidate index]), so the
+ * candidates are not re-read from memory and two launches become one; S
+ * blocks share a tile (block x: tile x / S, part x % S reranks the tile's
+ * candidates l with l / blockDim = part mod S; each selects the whole tile,
+ * part 0 writes cand), so a short region's rerank has enough threads for
+ * its gathers. Then,
+ * by mode: 0 nothing (the final top-k follows elsewhere); 1 (short lists,
+ * C <= PK_LAST_C) the last tile of the row to finish (threadfence
+ * reduction) stages the row's C scores in shared memory and runs the final
+ * top-k (pk_topk_row) into pos[r*kk ..]: the 16K search is then three
+ * kernels; 2 (C > PK_SMALL_C) each tile writes its own top-kk, sorted, to
+ * list[(r*tiles + t)*kk ..] for pk_merge_topk_kernel (in place of the
+ * cooperative kv_topk_launch over all C). Dynamic shared memory: the query
+ * table (D'*16 floats), then PK_TILE ints (the tile's candidates, then in
+ * mode 2 their score keys) followed in mode 2 by P sort keys; in mode 1's
+ * last block the region holds P sort keys and C score keys. */
+template <int M, int CW, class ST>
+__global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const ST *scores, long long ld, int base,
+                                                                 int lo, int end, int ntiles, const int *toff,
+                                                                 const int *teq, const int *thr_arr, int32_t *cand,
+                                                                 const uint8_t *code, const kv_bf16 *w,
+                                                                 const float *qt, const float *qnorm, pk_lv lv, int G,
+                                                                 int nh, long long Tp, float *csc, int C, int mode,
+                                                                 int kk, int P, int32_t *pos, unsigned *ctr,
+                                                                 unsigned long long *list, int S) {
+    extern __shared__ float lut[];
+    int *sel = (int *)(lut + 32 * CW * 16);
+    __shared__ int wsum[32];
+    const int r = blockIdx.y, t = blockIdx.x / S, part = blockIdx.x % S, g = r * nh / G;
+    pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
+    const int thr = thr_arr[r], off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
+    const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
+    uint16_t v[PK_PER_TH];
+    pk_load16(scores + r * ld, i0, lo, end, v);
+    int32_t *out = cand + r * ld + off;
+    const int ns = pk_tile_select(v, thr, take, i0, wsum, [&](int l, long long i) {
+        sel[l] = (int)i;
+        if (part == 0) out[l] = (int32_t)i;
+    });
+    __syncthreads();
+    const float qn = qnorm[r];
+    float *cs = csc + r * ld + off;
+    for (int l = threadIdx.x + part * blockDim.x; l < ns; l += S * blockDim.x) {
+        const float sc = __fmul_rn(qn, pk_rsq<M, CW>(sel[l], g, code, w, lut, Tp));
+        cs[l] = sc;
+        sel[l] = (int)kv_f2key(sc); /* mode 2: the tile's score keys, in place (each l is this thread's) */
+    }
+    if (mode == 2) {
+        const int kt = min(kk, ns);
+        unsigned long long *tl = list + ((long long)r * ntiles + t) * kk;
+        for (int q = kt + threadIdx.x; q < kk; q += blockDim.x) tl[q] = ~0ULL; /* none */
+        if (kt > 0) /* uniform */
+            pk_topk_row([&](int l) { return (unsigned)sel[l]; }, ns, kt, P, (unsigned long long *)(sel + PK_TILE),
+                        [&](int q, unsigned l) {
+                            tl[q] = (unsigned long long)~(unsigned)sel[l] << 32 | (unsigned)(off + (int)l);
+                        });
+        return;
+    }
+    if (mode != 1 || !kv_arrives_last(&ctr[r], gridDim.x)) return;
+    unsigned long long *sv = (unsigned long long *)sel;
+    unsigned *sk = (unsigned *)(sv + P);
+    const float *row = csc + r * ld;
+#pragma unroll 8
+    for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(__ldcg(row + j));
+    int32_t *o = pos + (long long)r * kk;
+    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) { o[q] = (int32_t)j; });
+    if (threadIdx.x == 0) ctr[r] = 0;
 }
 
 }  // namespace
 
 namespace {
+
+/* The fused path's final top-k: 1 in the select-rerank kernel's last tile
+ * per row (C <= PK_LAST_C: that block has 256 threads, and its shared
+ * memory is every tile's), 2 the tiles' own top-kk lists merged by
+ * pk_merge_topk_kernel (when its shared memory holds them), 0 after the
+ * select-rerank kernel as unfused (pk_small_topk_kernel for C <=
+ * PK_SMALL_C, else kv_topk_launch). */
+constexpr int PK_LAST_C = 4096;
+int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntiles) {
+    const int kk = s->k < s->C ? s->k : s->C;
+    if (kk > KV_GPU_TOPK_MAX) return 0;
+    if (s->C <= PK_LAST_C && kk <= PK_SMALL_K) return 1;
+    if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) return 0;
+    int P = 32;
+    while (P < kk) P <<= 1;
+    if (kk <= PK_SMALL_K && (size_t)ntiles * kk * 4 + (size_t)P * 8 <= (size_t)p->dev.smem_optin) return 2;
+    return 0;
+}
+
+/* pk_select_rerank_kernel's dynamic shared memory (see there). */
+size_t pk_sr_smem(int dp, int mode, int C, int P) {
+    size_t x = (size_t)PK_TILE * 4 + (mode == 2 ? (size_t)P * 8 : 0);
+    if (mode == 1 && (size_t)C * 4 + (size_t)P * 8 > x) x = (size_t)C * 4 + (size_t)P * 8;
+    return (size_t)dp * 16 * 4 + x;
+}
 
 kv_status pk_alloc(kv_pariskv_gpu *p) {
     const kv_pariskv_gpu_cfg *c = &p->c;
@@ -428,13 +575,41 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_ALLOC(p->cand, R * Tp * 4, 0, "pariskv candidates");
     KV_CUDA_ALLOC(p->csc, R * Tp * 4, 0, "pariskv rerank scores");
     KV_CUDA_ALLOC(p->pos, R * p->kmax * 4, 0, "pariskv top-k positions");
+    KV_CUDA_ALLOC(p->ctr, 2 * R * 4, 0, "pariskv last-tile counters");
+    const size_t lk = p->kmax < PK_SMALL_K ? p->kmax : PK_SMALL_K;
+    KV_CUDA_ALLOC(p->list, R * p->ntiles_max * lk * 8, 0, "pariskv tile top-k lists");
     p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
     if (!p->hpos) return KV_ERR_NOMEM;
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_merge_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     p->dev.smem_optin));
+    {
+        const int sr = (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K) > (int)pk_sr_smem(c->dp, 1, PK_LAST_C, PK_SMALL_K)
+                           ? (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K)
+                           : (int)pk_sr_smem(c->dp, 1, PK_LAST_C, PK_SMALL_K); /* the larger of the two modes */
+#define PK_SR_ATTR(M, CW)                                                                                        \
+    do {                                                                                                          \
+        KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint16_t>,                                \
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, sr));                       \
+        KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint8_t>,                                 \
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, sr));                       \
+    } while (0)
+#define PK_SR_ATTR_M(CW)                      \
+    if (c->m == 8) PK_SR_ATTR(8, CW);         \
+    else if (c->m == 4) PK_SR_ATTR(4, CW);    \
+    else PK_SR_ATTR(2, CW)
+        if (c->dp == 32) { PK_SR_ATTR_M(1); }
+        else if (c->dp == 64) { PK_SR_ATTR_M(2); }
+        else if (c->dp == 128) { PK_SR_ATTR_M(4); }
+        else { PK_SR_ATTR_M(8); }
+#undef PK_SR_ATTR_M
+#undef PK_SR_ATTR
+    }
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
+    KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
     KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
     /* p->st does not wait on the legacy stream (the top-k workspace's memsets): all done before any launch */
     KV_CUDA_TRY(cudaDeviceSynchronize());
@@ -455,12 +630,22 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
     return KV_OK;
 }
 
-/* Search stages on stream st (the query already in p->q): 0 tier + collision,
- * 1 bucket top-k, 2 rerank, 3 final top-k. */
+/* Search stages on stream st (the query already in p->q). Unfused
+ * (KVBENCH_PK_FUSED=0): 0 tier + collision, 1 bucket top-k (scan +
+ * compaction), 2 rerank, 3 final top-k: six launches. Fused (default): 0
+ * tier + collision with the bucket scan in its last tile per row, 1
+ * compaction + rerank (+ the final top-k in its last tile per row when the
+ * candidate list is short), 3 the final top-k otherwise: three or four
+ * launches (each dependent launch costs a few microseconds even in a graph). */
 kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
     const int nbins = (s->multi ? PK_TIERS : 1) * c->nb + 1, n = s->end - s->lo;
+    const int kk = s->k < s->C ? s->k : s->C;
+    const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K;
+    int P = 32;
+    while (P < kk) P <<= 1;
+    const int mode = pk_topk_mode(p, s, ntiles), E = ntiles * kk; /* fused: 1 last tile, 2 tile lists + merge */
     switch (which) {
     case 0: {
         size_t smem = (size_t)(c->dp + 2 * p->nc) * 4;
@@ -469,16 +654,48 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
                                                             s->multi, p->wt, p->qt, p->qnorm, p->ghist, nbins);
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
-        pk_collision_kernel<<<dim3(ntiles, R), PK_TH, cs, st>>>(p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base,
-                                                                s->lo, s->end, p->scores, nbins, ntiles, p->thist,
-                                                                p->ghist);
+        if (p->score8)
+            pk_collision_kernel<uint8_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
+                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, (uint8_t *)p->scores, nbins,
+                ntiles, p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->ctr);
+        else
+            pk_collision_kernel<uint16_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
+                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, p->scores, nbins, ntiles,
+                p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->fused ? p->ctr : NULL);
         KV_LAUNCH_CHECK();
         return KV_OK;
     }
     case 1:
+        if (p->fused) {
+            const size_t smem = pk_sr_smem(c->dp, mode, s->C, P);
+            /* blocks per tile: about two per SM in all (mode 2 needs the whole tile in one block) */
+            int S = (2 * p->dev.sm_count + ntiles * R - 1) / (ntiles * R);
+            S = mode == 2 || S < 1 ? 1 : S > 8 ? 8 : S;
+#define PK_SR_T(M, CW, ST, SP)                                                                                     \
+    pk_select_rerank_kernel<M, CW, ST><<<dim3(ntiles * S, R), PK_TH, smem, st>>>(                                  \
+        SP, p->Tp, base, s->lo, s->end, ntiles, p->toff, p->teq, p->thr, p->cand, p->code, p->w, p->qt,          \
+        p->qnorm, p->lv, p->G, p->nh, p->Tp, p->csc, s->C, mode, kk, P, p->pos, p->ctr + R, p->list, S)
+#define PK_SR(M, CW)                                                  \
+    if (p->score8) PK_SR_T(M, CW, uint8_t, (const uint8_t *)p->scores); \
+    else PK_SR_T(M, CW, uint16_t, p->scores)
+#define PK_SR_M(CW)                      \
+    if (c->m == 8) PK_SR(8, CW);         \
+    else if (c->m == 4) PK_SR(4, CW);    \
+    else PK_SR(2, CW)
+            if (c->dp == 32) { PK_SR_M(1); }
+            else if (c->dp == 64) { PK_SR_M(2); }
+            else if (c->dp == 128) { PK_SR_M(4); }
+            else { PK_SR_M(8); }
+#undef PK_SR_M
+#undef PK_SR
+#undef PK_SR_T
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
         return pk_bucket(p->scores, p->Tp, base, s->lo, s->end, nbins, ntiles, R, s->C, p->thist, p->ghist, p->toff,
                          p->teq, p->thr, p->cand, p->Tp, 0, st);
     case 2: {
+        if (p->fused) return KV_OK; /* reranked in stage 1 */
         dim3 grid((s->C + PK_TH - 1) / PK_TH, R);
         size_t smem = (size_t)c->dp * 16 * 4;
 #define PK_RERANK(M, CW)                                                                                          \
@@ -498,11 +715,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         return KV_OK;
     }
     default: {
-        const int kk = s->k < s->C ? s->k : s->C;
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
-        if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) { /* one block per row, no grid synchronisation */
-            int P = 32;
-            while (P < kk) P <<= 1;
+        if (p->fused && mode == 1) return KV_OK; /* done by stage 1's last tiles */
+        if (p->fused && mode == 2) {                /* the tiles' lists merged, one block per row */
+            pk_merge_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)E * 4, st>>>(p->list, E, kk, P, p->pos);
+            KV_LAUNCH_CHECK();
+            return KV_OK;
+        }
+        if (small) { /* one block per row, no grid synchronisation */
             pk_small_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)s->C * 4, st>>>(p->csc, p->Tp, s->C, kk, P,
                                                                                     p->pos);
             KV_LAUNCH_CHECK();
@@ -545,7 +765,7 @@ static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
     if (p->st) cudaStreamSynchronize(p->st);
     kv_graph_destroy(&p->graph);
     void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
-                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos};
+                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos, p->ctr, p->list};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     kv_topk_ws_destroy(&p->tk);
     if (p->st) cudaStreamDestroy(p->st);
@@ -574,6 +794,10 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     p->stage_tokens = c->max_update > 4096 ? c->max_update : 4096;
     if (p->stage_tokens > c->T) p->stage_tokens = c->T;
     p->kmax = c->T < KV_GPU_TOPK_MAX ? c->T : KV_GPU_TOPK_MAX;
+    const char *fe = getenv("KVBENCH_PK_FUSED"); /* 0: the unfused search (six launches), for comparison */
+    p->fused = !(fe && fe[0] == '0' && !fe[1]);
+    const char *s8 = getenv("KVBENCH_PK_SCORE8"); /* 1: 8-bit collision scores (fused path; scores <= 254) */
+    p->score8 = p->fused && s8 && s8[0] == '1' && !s8[1] && PK_TIERS * c->nb <= 254;
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
     for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];
     kv_status st = pk_alloc(p);
@@ -663,7 +887,16 @@ static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int 
 static kv_status kv_pariskv_gpu_read_last(kv_pariskv_gpu *p, uint16_t *scores, float *csc) {
     const int R = p->c.rows;
     KV_CUDA_TRY(cudaStreamSynchronize(p->st));
-    if (scores && p->last_n > 0)
+    if (scores && p->last_n > 0 && p->score8) { /* 8-bit on the device: widened here */
+        const size_t n = (size_t)p->last_n;
+        uint8_t *tmp = (uint8_t *)kv_malloc((size_t)R * n, "pariskv 8-bit scores (host)");
+        if (!tmp) return KV_ERR_NOMEM;
+        cudaError_t e = cudaMemcpy2D(tmp, n, (const uint8_t *)p->scores + p->last_lo, (size_t)p->Tp, n, (size_t)R,
+                                     cudaMemcpyDeviceToHost);
+        for (size_t i = 0; e == cudaSuccess && i < (size_t)R * n; i++) scores[i] = tmp[i];
+        free(tmp);
+        KV_CUDA_TRY(e);
+    } else if (scores && p->last_n > 0)
         KV_CUDA_TRY(cudaMemcpy2D(scores, (size_t)p->last_n * 2, p->scores + p->last_lo, (size_t)p->Tp * 2, (size_t)p->last_n * 2,
                                  (size_t)R, cudaMemcpyDeviceToHost));
     if (csc && p->last_C > 0)
@@ -692,31 +925,46 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     kv_pariskv_gpu_step s = {0, n, n, C, spec->k, multi, rho};
     for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st)); /* real inputs for every stage */
     KV_CUDA_TRY(cudaStreamSynchronize(st));
-    static const char *names[6] = {"encode", "collision", "bucket_topk", "rerank", "final_topk", "search"};
     const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
     const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 2 * Bn;
-    const double bytes[6] = {
-        (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn),   /* key in, ids + codes + bf16 weights out */
-        row_keys * (Bn + 2),                                       /* ids in, score out */
-        row_keys * 2 + cand * 4,                                   /* scores in, candidates out */
-        cand * (cand_bytes + 4),                                   /* candidate, codes, weights in, score out */
-        cand * 4 + R * kk * 4,                                     /* scores in, positions out */
-        row_keys * Bn + cand * (cand_bytes - 4) + R * kk * 4};     /* ids, the candidates' codes + weights, top-k */
-    for (int i = 0; i < 6; i++) {
-        kv_gpu_timing t;
-        if (i == 0) KV_TRY(kv_bench_time(tm, encode, &t));
-        else if (i < 5) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, i - 1, st); }, &t));
-        else
-            KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
-        out->stage[i] = kv_gpu_stage{names[i], t, bytes[i]};
+    const double enc_bytes = (double)c->Hkv * n * (c->D * ke + Bn + p->cb + 2 * Bn); /* key in, index out */
+    const double search_bytes = row_keys * Bn + cand * (cand_bytes - 4) + R * kk * 4; /* ids, cand. codes+weights */
+    const int mode = pk_topk_mode(p, &s, (n + PK_TILE - 1) / PK_TILE);
+    struct {
+        const char *name;
+        int which; /* pk_stage; -1 encode, -2 the whole search */
+        double bytes;
+    } st6[6];
+    int ns = 0;
+    st6[ns++] = {"encode", -1, enc_bytes};
+    if (p->fused) {
+        st6[ns++] = {"collision_scan", 0, row_keys * (Bn + 2)};                            /* ids in, score out */
+        st6[ns++] = {mode == 1 ? "select_rerank_topk" : mode == 2 ? "select_rerank_tiletopk" : "select_rerank", 1,
+                     row_keys * 2 + cand * (cand_bytes + 4)};
+        if (mode != 1) st6[ns++] = {mode == 2 ? "merge_topk" : "final_topk", 3, cand * 4 + R * kk * 4};
+    } else {
+        st6[ns++] = {"collision", 0, row_keys * (Bn + 2)};             /* ids in, score out */
+        st6[ns++] = {"bucket_topk", 1, row_keys * 2 + cand * 4};       /* scores in, candidates out */
+        st6[ns++] = {"rerank", 2, cand * (cand_bytes + 4)};            /* candidate, codes, weights in, score out */
+        st6[ns++] = {"final_topk", 3, cand * 4 + R * kk * 4};          /* scores in, positions out */
     }
-    out->n = 6;
+    st6[ns++] = {"search", -2, search_bytes};
+    for (int i = 0; i < ns; i++) {
+        kv_gpu_timing t;
+        const int w = st6[i].which;
+        if (w == -1) KV_TRY(kv_bench_time(tm, encode, &t));
+        else if (w >= 0) KV_TRY(kv_bench_time(tm, [&]() { return pk_stage(p, &s, w, st); }, &t));
+        else KV_TRY(kv_bench_time(tm, [&]() { return pk_search_launch(p, &s, st); }, &t));
+        out->stage[i] = kv_gpu_stage{st6[i].name, t, st6[i].bytes};
+    }
+    out->n = ns;
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "pariskv per key and row (R=%d rows, B=%d, D'/2=%d): encode = K (%dD) + ids B + codes D'/2 + bf16 weights 2B "
-             "per kv-head key (%.3f us/token over %d heads); collision = ids B + score 2 (the kernel also builds the "
-             "bucket top-k's tile histograms); bucket_topk (threshold + compaction) = score 2 + 4 per candidate; rerank = per candidate (C=%d/row) index 4 + codes + bf16 weights 2B + score 4; final_topk = "
-             "4 per candidate + k indices; search = ids B per key + codes+weights per candidate + k indices",
-             R, c->nb, p->cb, (int)ke, out->stage[0].t.med_us / n, c->Hkv, C);
+             "pariskv %s, per key and row (R=%d, B=%d, D'/2=%d, C=%d/row): encode = K %dD + ids B + codes + weights "
+             "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "
+             "candidate; rerank = per candidate index 4 + codes + weights 2B + score 4; final_topk = 4 per "
+             "candidate; search = ids B per key + codes + weights per candidate",
+             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : "unfused (KVBENCH_PK_FUSED=0, 6 launches)",
+             R, c->nb, p->cb, C, (int)ke, out->stage[0].t.med_us / n);
     out->l2_bytes = tm->dev.l2_bytes;
     out->flush_bytes = tm->flush_n * sizeof(uint4);
     return KV_OK;

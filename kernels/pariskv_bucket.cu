@@ -21,61 +21,12 @@ __global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, i
     pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
 }
 
-/* One block per row (1024 threads): the threshold from the row's histogram
- * (as kv_pariskv_bucket_topk), then each tile's output offset and share of
- * the threshold ties (a thread per tile, in chunks of 1024 tiles). A tile's
- * keys above the threshold and at it are summed first by one warp per tile
- * (lanes over the tile's contiguous bins: coalesced, instead of one thread
- * reading a tile's nbins counts one after another). */
+/* One block per row (1024 threads): pk_scan_row (pariskv_dev.cuh). */
 __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff, int *teq,
                                int *thr_out) {
     extern __shared__ int hs[]; /* [nbins] */
-    __shared__ int wsum[32], s_thr, s_take, s_above[1024], s_eq[1024];
-    const int r = blockIdx.x;
-    const int *th = thist + (long long)r * ntiles * nbins;
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) hs[s] = ghist[(long long)r * nbins + s];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int thr = nbins - 1, above = 0;
-        while (thr > 0 && above + hs[thr] < C) above += hs[thr--];
-        s_thr = thr;
-        s_take = C - above;
-        thr_out[r] = thr;
-    }
-    __syncthreads();
-    const int thr = s_thr, take = s_take;
-    int carry_eq = 0, carry_sel = 0;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int t0 = 0; t0 < ntiles; t0 += blockDim.x) {
-        const int t1 = min(t0 + (int)blockDim.x, ntiles);
-        for (int t = t0 + warp; t < t1; t += nw) {
-            const int *tt = th + (long long)t * nbins;
-            int a = 0;
-            for (int s = thr + 1 + lane; s < nbins; s += 32) a += tt[s];
-#pragma unroll
-            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-            if (lane == 0) {
-                s_above[t - t0] = a;
-                s_eq[t - t0] = tt[thr];
-            }
-        }
-        __syncthreads();
-        const int t = t0 + threadIdx.x;
-        int above = 0, eq = 0, tot;
-        if (t < ntiles) {
-            above = s_above[threadIdx.x];
-            eq = s_eq[threadIdx.x];
-        }
-        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
-        carry_eq += tot;
-        int et = min(max(take - eb, 0), eq), sel = above + et;
-        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
-        carry_sel += tot;
-        if (t < ntiles) {
-            toff[(long long)r * ntiles + t] = sb;
-            teq[(long long)r * ntiles + t] = et;
-        }
-    }
+    __shared__ int wsum[32];
+    pk_scan_row(blockIdx.x, thist, ghist, nbins, ntiles, C, toff, teq, thr_out, hs, wsum);
 }
 
 /* Tile t of row r: its selected positions, in index order, at the tile's offset. */
@@ -88,23 +39,8 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
     const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
     uint16_t v[PK_PER_TH];
     pk_load16(scores + r * ld, i0, lo, end, v);
-    int a = 0, e = 0;
-#pragma unroll
-    for (int j = 0; j < PK_PER_TH; j++) {
-        a += v[j] != 0xffff && v[j] > thr;
-        e += v[j] == thr;
-    }
-    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum);
-    int ab = ex & 0xffff, eb = ex >> 16;
     int32_t *out = cand + r * cand_ld + off;
-    for (int j = 0; j < PK_PER_TH; j++) {
-        if (v[j] == 0xffff) continue;
-        if (v[j] > thr) out[ab++ + min(eb, take)] = (int32_t)(i0 + j);
-        else if (v[j] == thr) {
-            if (eb < take) out[ab + eb] = (int32_t)(i0 + j);
-            eb++;
-        }
-    }
+    pk_tile_select(v, thr, take, i0, wsum, [&](int l, long long i) { out[l] = (int32_t)i; });
 }
 
 }  // namespace

@@ -35,6 +35,10 @@ struct kv_pariskv_gpu {
     int32_t *cand, *pos, *hpos;
     kv_topk_ws tk;
     int last_lo, last_n, last_C; /* of the last search, for read_last */
+    int fused;           /* the search in 3-4 launches (pk_stage); KVBENCH_PK_FUSED=0 at create: six */
+    int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
+    unsigned *ctr;       /* [2][rows] last-tile counters (collision, select-rerank), zero between launches */
+    unsigned long long *list; /* fused, long lists: [rows][tiles][kk] each tile's top-kk (~key << 32 | index) */
     kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
     float *hcsc;         /* host: rerank scores when k > KV_GPU_TOPK_MAX */
 };
@@ -52,26 +56,128 @@ __device__ __forceinline__ void pk_load16(const uint16_t *row, long long i0, int
         for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
 }
 
+/* The same from 8-bit scores (KVBENCH_PK_SCORE8: every score <= 254), widened. */
+__device__ __forceinline__ void pk_load16(const uint8_t *row, long long i0, int lo, int end, uint16_t v[16]) {
+    if (i0 >= lo && i0 + 16 <= end) {
+        const uint4 a = *(const uint4 *)(row + i0);
+        const unsigned w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int e = 0; e < 16; e++) v[e] = (uint16_t)((w[e >> 2] >> (8 * (e & 3))) & 255u);
+    } else
+        for (int e = 0; e < 16; e++) v[e] = i0 + e >= lo && i0 + e < end ? row[i0 + e] : (uint16_t)0xffff;
+}
+
 /* The block's tile histogram from each thread's 16 scores (0xffff: none):
- * per-warp shared histograms sh[warps][nbins], then thist[r][t][.] and the
- * row's ghist[r][.] (atomics; zeroed by the tier kernel of the search, or
- * by the caller). */
+ * per-warp shared histograms sh[warps][nbins], added to the row's
+ * ghist[r][.] (atomics; zeroed by the tier kernel of the search, or by the
+ * caller), and written to thist[r][t][.] as suffix sums (thist[s] = the
+ * tile's keys scoring >= s), so the scan reads two counts per tile. */
 __device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
                              int *ghist) {
-    const int nw = blockDim.x >> 5;
-    for (int s = threadIdx.x; s < nw * nbins; s += blockDim.x) sh[s] = 0;
+    __shared__ int wsum[32];
+    const int nw = blockDim.x >> 5, nt = blockDim.x, tid = threadIdx.x;
+    for (int s = tid; s < nw * nbins; s += nt) sh[s] = 0;
     __syncthreads();
-    int *wh = sh + (threadIdx.x >> 5) * nbins;
+    int *wh = sh + (tid >> 5) * nbins;
 #pragma unroll
     for (int e = 0; e < 16; e++)
         if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
     __syncthreads();
-    for (int s = threadIdx.x; s < nbins; s += blockDim.x) {
+    for (int s = tid; s < nbins; s += nt) { /* column s is this thread's: its total into row 0 */
         int c = 0;
         for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
-        thist[((long long)r * ntiles + t) * nbins + s] = c;
         if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
+        sh[s] = c;
     }
+    __syncthreads();
+    int *th = thist + ((long long)r * ntiles + t) * nbins, carry = 0;
+    for (int k0 = 0; k0 < nbins; k0 += nt) { /* suffix sums, from the top bin down */
+        const int s = nbins - 1 - (k0 + tid), c = s >= 0 ? sh[s] : 0;
+        int tot;
+        const int ex = kv_block_scan(c, &tot, wsum);
+        if (s >= 0) th[s] = carry + ex + c;
+        carry += tot;
+    }
+}
+
+/* Row r (one block): the threshold from the row's histogram (as
+ * kv_pariskv_bucket_topk: the highest score s with at least C keys scoring
+ * >= s, from the histogram's suffix sums; take = C - keys above it), then
+ * each tile's output offset and share of the threshold ties (a thread per
+ * tile, in chunks of blockDim tiles, two counts each from the tiles' suffix
+ * sums). The histograms may come from other blocks of the same launch (the
+ * fused collision kernel): read through L2 (__ldcg). Shared: hs [nbins],
+ * wsum [32]. */
+__device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff,
+                            int *teq, int *thr_out, int *hs, int *wsum) {
+    __shared__ int s_thr, s_take;
+    const int nt = blockDim.x, tid = threadIdx.x;
+    for (int s = tid; s < nbins; s += nt) hs[s] = __ldcg(ghist + (long long)r * nbins + s);
+    if (tid == 0) { s_thr = 0; s_take = C; } /* replaced below: C <= the row's keys */
+    __syncthreads();
+    int carry = 0;
+    for (int k0 = 0; k0 < nbins; k0 += nt) { /* hs[s] <- keys scoring >= s, in place (each s is one thread's) */
+        const int s = nbins - 1 - (k0 + tid), c = s >= 0 ? hs[s] : 0;
+        int tot;
+        const int ex = kv_block_scan(c, &tot, wsum);
+        if (s >= 0) hs[s] = carry + ex + c;
+        carry += tot;
+    }
+    __syncthreads();
+    for (int s = tid; s < nbins; s += nt) {
+        const int above = s + 1 < nbins ? hs[s + 1] : 0;
+        if (hs[s] >= C && above < C) { s_thr = s; s_take = C - above; } /* one s at most */
+    }
+    __syncthreads();
+    const int thr = s_thr, take = s_take;
+    if (tid == 0) thr_out[r] = thr;
+    int carry_eq = 0, carry_sel = 0;
+    for (int t0 = 0; t0 < ntiles; t0 += nt) {
+        const int t = t0 + tid;
+        int above = 0, eq = 0, tot;
+        if (t < ntiles) {
+            const int *tt = thist + ((long long)r * ntiles + t) * nbins;
+            above = thr + 1 < nbins ? __ldcg(tt + thr + 1) : 0;
+            eq = __ldcg(tt + thr) - above;
+        }
+        int eb = kv_block_scan(eq, &tot, wsum) + carry_eq;
+        carry_eq += tot;
+        int et = min(max(take - eb, 0), eq), sel = above + et;
+        int sb = kv_block_scan(sel, &tot, wsum) + carry_sel;
+        carry_sel += tot;
+        if (t < ntiles) {
+            toff[(long long)r * ntiles + t] = sb;
+            teq[(long long)r * ntiles + t] = et;
+        }
+    }
+}
+
+/* The bucket top-k's compaction of one tile, from each thread's 16 scores v
+ * (positions i0 + j; 0xffff: none): the keys above thr and the tile's
+ * first `take` keys at thr, in index order; emit(l, position) for each,
+ * l its rank in the tile's selection. Returns the tile's selection count.
+ * Has barriers (every thread of the block calls it). */
+template <class F>
+__device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int take, long long i0, int *wsum,
+                                              F emit) {
+    int a = 0, e = 0;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        a += v[j] != 0xffff && v[j] > thr;
+        e += v[j] == thr;
+    }
+    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum); /* a tile's counts fit in 16 bits */
+    int ab = ex & 0xffff, eb = ex >> 16;
+#pragma unroll
+    for (int j = 0; j < PK_PER_TH; j++) {
+        if (v[j] == 0xffff) continue;
+        if (v[j] > thr) emit(ab++ + min(eb, take), i0 + j);
+        else if (v[j] == thr) {
+            if (eb < take) emit(ab + eb, i0 + j);
+            eb++;
+        }
+    }
+    return (tot & 0xffff) + min(tot >> 16, take);
 }
 
 }  // namespace

@@ -22,7 +22,14 @@
  * position order (ballot scan); (4) one block per kv head sorts the k
  * candidates by (score desc, position asc) (bitonic, 64-bit keys). So the
  * selection is exactly kv_topk_ref over the per-key scores agg[tuple], ties
- * included. Otherwise (C^M > 4096), two launches over tiles of keys:
+ * included. Fused (issue 12, the default; KVBENCH_PQ_FUSED=0 at create keeps
+ * the six launches above): two launches, as each dependent one costs a few
+ * microseconds even in a graph: pq_hist_table (the histogram blocks, one
+ * more block computing the LUT, and the last block per kv head running the
+ * table and threshold) and pq_select_fused (the compaction marks ties in
+ * registers, writes each block's first ties in order, and the last block
+ * per kv head takes the first `take` of them and sorts), the same selection.
+ * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
  * from the G lookup tables of the group held in shared memory; launch A
@@ -39,35 +46,41 @@
 #include <string.h>
 
 #include "pqcache_dev.cuh"
+#include "ops/radix_digit.cuh"
 
 
 namespace {
 
 /* ---- search ---- */
 
-/* lut[(h*M + m)*C + c] = sum_j q_h[m*dsub + j] * cent_g[m][j][c], as kv_pq_lut. */
+/* lut[(h*M + m)*C + c] = sum_j q_h[m*dsub + j] * cent_g[m][j][c], as kv_pq_lut: entry e = m*C + c of head h. */
+template <bool LDG = true> /* false: operands in shared memory */
+__device__ __forceinline__ float pq_lut_entry(const float *q, const float *cent, int h, int g, int D, int M, int dsub,
+                                              int C, int e) {
+    const int m = e / C, c = e % C;
+    const float *qm = q + h * D + m * dsub, *cm = cent + ((long long)(g * M + m) * dsub) * C + c;
+    /* operands loaded 16 at a time ahead of the sums (a cold load per term kept this launch
+     * latency-bound); the products and sums are the CPU's, in its order */
+    float a = 0.f;
+    int j = 0;
+    for (; j + 16 <= dsub; j += 16) {
+        float qv[16], cv[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            qv[u] = LDG ? __ldg(qm + j + u) : qm[j + u];
+            cv[u] = LDG ? __ldg(cm + (long long)(j + u) * C) : cm[(long long)(j + u) * C];
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) a = __fadd_rn(a, __fmul_rn(qv[u], cv[u]));
+    }
+    for (; j < dsub; j++) a = __fadd_rn(a, __fmul_rn(qm[j], cm[(long long)j * C]));
+    return a;
+}
+
 __global__ void pq_lut(const float *q, const float *cent, int G, int D, int M, int dsub, int C, float *lut) {
     int h = blockIdx.x, g = h / G;
-    for (int e = threadIdx.x; e < M * C; e += blockDim.x) {
-        int m = e / C, c = e % C;
-        const float *qm = q + h * D + m * dsub, *cm = cent + ((long long)(g * M + m) * dsub) * C + c;
-        /* operands loaded 16 at a time ahead of the sums (a cold load per term kept this launch
-         * latency-bound); the products and sums are the CPU's, in its order */
-        float a = 0.f;
-        int j = 0;
-        for (; j + 16 <= dsub; j += 16) {
-            float qv[16], cv[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                qv[u] = __ldg(qm + j + u);
-                cv[u] = __ldg(cm + (long long)(j + u) * C);
-            }
-#pragma unroll
-            for (int u = 0; u < 16; u++) a = __fadd_rn(a, __fmul_rn(qv[u], cv[u]));
-        }
-        for (; j < dsub; j++) a = __fadd_rn(a, __fmul_rn(qm[j], cm[(long long)j * C]));
-        lut[(long long)h * M * C + e] = a;
-    }
+    for (int e = threadIdx.x; e < M * C; e += blockDim.x)
+        lut[(long long)h * M * C + e] = pq_lut_entry(q, cent, h, g, D, M, dsub, C, e);
 }
 
 struct pq_scan_args {
@@ -266,23 +279,7 @@ __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, in
             if (d < 256u && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], sum);
         }
         __syncthreads();
-        if (threadIdx.x < 32) { /* lane l holds digits 255-8l .. 248-8l: an inclusive scan from the top */
-            const int lane = threadIdx.x;
-            unsigned v[8], s = 0;
-            for (int j = 0; j < 8; j++) { v[j] = rh[255 - 8 * lane - j]; s += v[j]; }
-            unsigned inc = s;
-            for (int o = 1; o < 32; o <<= 1) {
-                unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
-                if (lane >= o) inc += y;
-            }
-            unsigned c = inc - s;
-            if (c < need && need <= inc) { /* exactly one lane: the digit where the count reaches need */
-                int j = 0;
-                while (c + v[j] < need) c += v[j++];
-                sel[0] = (unsigned)(255 - 8 * lane - j);
-                sel[1] = need - c;
-            }
-        }
+        if (threadIdx.x < 32) kv_radix_pick_digit(rh, need, threadIdx.x, sel);
         __syncthreads();
         prefix |= sel[0] << shift;
         mask |= 255u << shift;
@@ -291,25 +288,25 @@ __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, in
     if (threadIdx.x == 0) { thr[0] = prefix; thr[1] = need; }
 }
 
-/* One block per kv head: counts (the histogram is zeroed for the next
- * search as it is read), softmax constants, the per-tuple table, and the
- * top-kk threshold over the keys (pq_threshold into thr[2g], thr[2g+1]). */
-__global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup,
-                                                  float scale, int kk, float *mz, float *tab, unsigned *thr) {
-    __shared__ unsigned cnt[PQ_TUP_MAX];
-    __shared__ float acc[PQ_TUP_MAX];
-    __shared__ float sl[2048];
+/* The tuple table of kv head g, one block: counts (the histogram is zeroed
+ * for the next search as it is read), softmax constants, the per-tuple
+ * table, and the top-kk threshold over the keys (pq_threshold into thr[2g],
+ * thr[2g+1]). Shared: cnt, acc [PQ_TUP_MAX], sl [2048]. The histogram and
+ * the tables may come from other blocks of the same launch (pq_hist_table):
+ * read through L2 (__ldcg). */
+__device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int M, int C, int ntup, float scale,
+                              int kk, float *mz, float *tab, unsigned *thr, unsigned *cnt, float *acc, float *sl) {
     __shared__ float redf[32];
     __shared__ double redd[32];
     __shared__ unsigned rh[256], sel[2];
-    const int g = blockIdx.x, lut_sm = G * M * C <= 2048;
+    const int lut_sm = G * M * C <= 2048;
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-        cnt[t] = gh[(long long)g * ntup + t];
+        cnt[t] = __ldcg(gh + (long long)g * ntup + t);
         gh[(long long)g * ntup + t] = 0;
         acc[t] = 0.f;
     }
     if (lut_sm)
-        for (int e = threadIdx.x; e < G * M * C; e += blockDim.x) sl[e] = lut[(long long)g * G * M * C + e];
+        for (int e = threadIdx.x; e < G * M * C; e += blockDim.x) sl[e] = __ldcg(lut + (long long)g * G * M * C + e);
     __syncthreads();
     for (int hh = 0; hh < G; hh++) {
         const int h = g * G + hh;
@@ -341,6 +338,72 @@ __global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut,
     __syncthreads();
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) tab[(long long)g * ntup + t] = acc[t];
     pq_threshold(cnt, acc, ntup, kk, rh, sel, thr + 2 * g);
+}
+
+/* One block per kv head: pq_table_body (the unfused path, KVBENCH_PQ_FUSED=0). */
+__global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup,
+                                                  float scale, int kk, float *mz, float *tab, unsigned *thr) {
+    __shared__ unsigned cnt[PQ_TUP_MAX];
+    __shared__ float acc[PQ_TUP_MAX];
+    __shared__ float sl[2048];
+    pq_table_body(blockIdx.x, gh, lut, G, M, C, ntup, scale, kk, mz, tab, thr, cnt, acc, sl);
+}
+
+/* The fused scan (one launch, grid (nbk + 1, Hkv)): blocks x < nbk build
+ * the tuple histogram of their kpb keys as pq_hist; block nbk computes the
+ * lookup tables of the group's G query heads (pq_lut_entry, as pq_lut); the
+ * last block of the kv head to finish (threadfence reduction) then runs
+ * pq_table_body. So the LUT, the histogram and the table are one graph
+ * node instead of three (each dependent node costs a few microseconds). */
+struct pq_fused_args {
+    const uint8_t *codes;
+    long long TM;
+    int M, C, lo, hi, ntup, kpb, G, D, dsub, kk;
+    float scale;
+    unsigned *gh, *ctr, *thr;
+    const float *q, *cent;
+    float *lut, *mz, *tab;
+};
+
+template <bool M2>
+__global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
+    /* [0, PQ_TUP_MAX): the block's histogram, in the last block the counts; then the per-tuple sums; in the
+     * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and sl its queries, when they fit */
+    __shared__ unsigned sh[2 * PQ_TUP_MAX];
+    __shared__ float sl[2048];
+    float *acc = (float *)(sh + PQ_TUP_MAX);
+    const int g = blockIdx.y, nbk = gridDim.x - 1;
+    if (blockIdx.x == nbk) {
+        const int MC = a.M * a.C, DC = a.D * a.C, GD = a.G * a.D;
+        if (DC <= 2 * PQ_TUP_MAX && GD <= 2048) { /* operands staged with every thread's loads in flight at once */
+            float *sc = (float *)sh, *sq = sl;
+            const float *cg = a.cent + (long long)g * DC, *qg = a.q + (long long)g * GD;
+            for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
+            for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
+            __syncthreads();
+            for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
+                const int hh = e / MC;
+                a.lut[(long long)(g * a.G + hh) * MC + e % MC] = pq_lut_entry<false>(sq, sc, hh, 0, a.D, a.M, a.dsub, a.C, e % MC);
+            }
+        } else
+            for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
+                const int h = g * a.G + e / MC;
+                a.lut[(long long)h * MC + e % MC] = pq_lut_entry(a.q, a.cent, h, g, a.D, a.M, a.dsub, a.C, e % MC);
+            }
+    } else {
+        for (int e = threadIdx.x; e < a.ntup; e += blockDim.x) sh[e] = 0;
+        __syncthreads();
+        const uint8_t *row = a.codes + g * a.TM;
+        const int k0 = a.lo + blockIdx.x * a.kpb, k1 = min(a.hi, k0 + a.kpb);
+#pragma unroll 8
+        for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) atomicAdd(&sh[pq_tuple<M2>(row, i, a.M, a.C)], 1u);
+        __syncthreads();
+        for (int e = threadIdx.x; e < a.ntup; e += blockDim.x)
+            if (sh[e]) atomicAdd(&a.gh[(long long)g * a.ntup + e], sh[e]);
+    }
+    if (!kv_arrives_last(&a.ctr[g], gridDim.x)) return;
+    pq_table_body(g, a.gh, a.lut, a.G, a.M, a.C, a.ntup, a.scale, a.kk, a.mz, a.tab, a.thr, sh, acc, sl);
+    if (threadIdx.x == 0) a.ctr[g] = 0;
 }
 
 template <bool M2>
@@ -487,6 +550,113 @@ __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, lon
     if (threadIdx.x == 0) nab[g] = 0;
 }
 
+/* The fused selection (one launch, grid (nbk, Hkv), PQ_SEL_TH threads): per
+ * block of kpb keys, the keys above K are appended to cand[g][..] (as
+ * pq_select_a) and those equal to K are marked in a per-thread bit mask (key
+ * k0 + c*blockDim + tid is bit c; kpb <= 64 * blockDim), with no barrier in
+ * the pass over the codes; then, over the chunks holding ties only, block
+ * scans write the block's first min(kk, its keys) ties in position order to
+ * ties[g][k0 - lo ..] and their count to ecnt[g][block]. The last block of
+ * the kv head (threadfence reduction) takes the first `take` ties in block
+ * order (exclusive prefix of ecnt), sorts the kk candidates by (score desc,
+ * position asc) as pq_select_sort does, writes idx[g][..] and zeroes nab[g]
+ * for the next search. Dynamic shared memory: max(8 P, 4 ntup) bytes (the key
+ * table, then the sort keys) + 4 (nbk + 1) (the prefix). Exactly the
+ * selection of pq_select_a/b + pq_select_sort. */
+template <bool M2>
+__global__ void __launch_bounds__(PQ_SEL_TH) pq_select_fused(const uint8_t *codes, long long TM, int M, int C, int lo,
+                                                            int hi, int ntup, int kpb, const float *tab,
+                                                            const unsigned *thr, int kk, int P, int sv_words,
+                                                            unsigned *nab, int32_t *cand, int kmax, unsigned *ecnt,
+                                                            int eld, int32_t *ties, long long tld, unsigned *ctr,
+                                                            int32_t *idx) {
+    extern __shared__ unsigned long long sv[];
+    unsigned *sk = (unsigned *)sv, *pre = (unsigned *)(sv + sv_words);
+    __shared__ int wsum[32];
+    __shared__ unsigned long long s_or;
+    __shared__ unsigned s_eq;
+    const int g = blockIdx.y, nbk = gridDim.x, tid = threadIdx.x, nt = blockDim.x;
+    const unsigned K = thr[2 * g], take = thr[2 * g + 1];
+    pq_key_table(tab + (long long)g * ntup, ntup, sk);
+    if (tid == 0) { s_or = 0; s_eq = 0; }
+    __syncthreads();
+    const uint8_t *row = codes + g * TM;
+    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb), nch = (k1 - k0 + nt - 1) / nt;
+    unsigned long long eqm = 0;
+#pragma unroll 4
+    for (int c = 0; c < nch; c++) {
+        const int i = k0 + c * nt + tid;
+        const bool in = i < k1;
+        const unsigned u = in ? sk[pq_tuple<M2>(row, i, M, C)] : 0u;
+        const bool ab = in && u > K;
+        const unsigned j = kv_warp_append(ab, &nab[g]);
+        if (ab && j < (unsigned)kmax) cand[(long long)g * kmax + j] = i;
+        eqm |= (unsigned long long)(in && u == K) << c;
+    }
+    if (eqm) { atomicOr(&s_or, eqm); atomicAdd(&s_eq, (unsigned)__popcll(eqm)); }
+    __syncthreads();
+    const unsigned long long om = s_or;
+    const int cap = min(kk, k1 - k0);
+    int32_t *tb = ties + g * tld + (k0 - lo);
+    int carry = 0;
+    for (unsigned long long m = om; m && carry < cap; m &= m - 1) { /* uniform: om and carry are the block's */
+        const int c = __ffsll((long long)m) - 1, eq = (int)((eqm >> c) & 1);
+        int tot;
+        const int rk = kv_block_scan(eq, &tot, wsum);
+        if (eq && carry + rk < cap) tb[carry + rk] = k0 + c * nt + tid;
+        carry += tot;
+    }
+    if (tid == 0) ecnt[(long long)g * eld + blockIdx.x] = s_eq;
+    if (!kv_arrives_last(&ctr[g], nbk)) return;
+    /* the last block: exclusive prefix of the blocks' tie counts */
+    int base = 0;
+    for (int b0 = 0; b0 < nbk; b0 += nt) {
+        const int b = b0 + tid;
+        const int c = b < nbk ? (int)__ldcg(ecnt + (long long)g * eld + b) : 0;
+        int tot;
+        const int ex = kv_block_scan(c, &tot, wsum) + base;
+        if (b < nbk) pre[b] = (unsigned)ex;
+        base += tot;
+    }
+    if (tid == 0) pre[nbk] = (unsigned)base;
+    const int na = kk - (int)take;
+    const float *tg = tab + (long long)g * ntup;
+    for (int j = tid; j < P; j += nt) {
+        unsigned long long v = ~0ULL;
+        if (j < na) {
+            const int i = __ldcg(cand + (long long)g * kmax + j);
+            v = (unsigned long long)~kv_f2key(tg[pq_tuple<M2>(row, i, M, C)]) << 32 | (unsigned)i;
+        }
+        sv[j] = v;
+    }
+    __syncthreads();
+    const int lane = tid & 31;
+    for (int b = tid >> 5; b < nbk; b += nt >> 5) { /* a warp per block whose ties are among the first `take` */
+        const unsigned ex = pre[b];
+        if (ex >= take) continue;
+        const int c = (int)min(pre[b + 1] - ex, take - ex);
+        const int32_t *src = ties + g * tld + (long long)b * kpb;
+        for (int t = lane; t < c; t += 32) {
+            const int i = __ldcg(src + t);
+            sv[na + ex + t] = (unsigned long long)~kv_f2key(tg[pq_tuple<M2>(row, i, M, C)]) << 32 | (unsigned)i;
+        }
+    }
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long x = sv[j], y = sv[l];
+                    if ((x > y) == ((j & size) == 0)) { sv[j] = y; sv[l] = x; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < kk; j += nt) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
+    if (tid == 0) { nab[g] = 0; ctr[g] = 0; }
+}
+
 __global__ void pq_raw(const uint8_t *codes, long long TM, const float *lut, int G, int M, int C, float scale, int lo,
                        int n, float *raw) {
     int h = blockIdx.y, g = h / G;
@@ -516,7 +686,7 @@ kv_status pq_create_go(kv_pq_gpu *p) {
     KV_CUDA_ALLOC(p->pm, Hq * p->ld * sizeof(float), 0, "pqcache tile maxima");
     KV_CUDA_ALLOC(p->pz, Hq * p->ld * sizeof(double), 0, "pqcache tile sums");
     KV_CUDA_ALLOC(p->mz, Hq * 2 * sizeof(float), 0, "pqcache softmax constants");
-    KV_CUDA_ALLOC(p->ctr, Hkv * sizeof(unsigned), 0, "pqcache counters");
+    KV_CUDA_ALLOC(p->ctr, 2 * Hkv * sizeof(unsigned), 0, "pqcache counters");
     KV_CUDA_ALLOC(p->idx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "pqcache top-k indices");
     KV_CUDA_ALLOC(p->key1, Hkv * p->D * sizeof(float), 0, "pqcache appended key");
     KV_CUDA_ALLOC(p->code1, Hkv * p->M, 0, "pqcache appended codes");
@@ -532,10 +702,19 @@ kv_status pq_create_go(kv_pq_gpu *p) {
         KV_CUDA_TRY(cudaMemset(p->nab, 0, Hkv * sizeof(unsigned))); /* pq_select_sort zeroes it after use */
         KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_sort, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)(KV_GPU_TOPK_MAX * sizeof(unsigned long long))));
+        if (p->fused) { /* each block's first ties, at its keys' offset; the selection's shared memory */
+            KV_CUDA_ALLOC(p->ties, Hkv * p->T * sizeof(int32_t), 0, "pqcache top-k ties");
+            const size_t words = KV_GPU_TOPK_MAX > (p->ntup + 1) / 2 ? KV_GPU_TOPK_MAX : (p->ntup + 1) / 2;
+            size_t sm = words * 8 + (size_t)(p->eld + 1) * 4;
+            if (sm > (size_t)p->dev.smem_optin) sm = (size_t)p->dev.smem_optin;
+            p->sel_smem = (int)sm;
+            KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_fused<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p->sel_smem));
+            KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_fused<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, p->sel_smem));
+        }
     }
     KV_CUDA_TRY(cudaMemset(p->cent, 0, Hkv * p->D * p->C * sizeof(float)));
     KV_CUDA_TRY(cudaMemset(p->codes, 0, Hkv * p->TM + 16));
-    KV_CUDA_TRY(cudaMemset(p->ctr, 0, Hkv * sizeof(unsigned)));
+    KV_CUDA_TRY(cudaMemset(p->ctr, 0, 2 * Hkv * sizeof(unsigned)));
     KV_TRY(kv_topk_ws_create(&p->tk, p->Hkv, p->T, &p->dev));
     return KV_OK;
 }
@@ -546,17 +725,27 @@ int pq_tuple_kpb(const kv_pq_gpu *p, int n) {
 }
 
 /* Tuple path, scan: histogram of the tuples, then per kv head the tuple
- * table and the top-kk threshold; want_agg: also agg per key (tests). */
+ * table and the top-kk threshold (fused: with the lookup tables, one
+ * launch, pq_hist_table; else pq_hist + pq_table after pq_lut); want_agg:
+ * also agg per key (tests). */
 kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int want_agg) {
     const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
     const bool m2 = M == 2;
-    if (m2)
-        pq_hist<true><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
-    else
-        pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
-    KV_LAUNCH_CHECK();
-    pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, p->G, M, C, p->ntup, scale, kk, p->mz, p->tab, p->thr);
-    KV_LAUNCH_CHECK();
+    if (p->fused) {
+        pq_fused_args a = {p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->G, p->D, p->dsub, kk, scale,
+                           p->bh, p->ctr, p->thr, p->q, p->cent, p->lut, p->mz, p->tab};
+        if (m2) pq_hist_table<true><<<dim3(nb + 1, p->Hkv), 1024, 0, p->st>>>(a);
+        else pq_hist_table<false><<<dim3(nb + 1, p->Hkv), 1024, 0, p->st>>>(a);
+        KV_LAUNCH_CHECK();
+    } else {
+        if (m2)
+            pq_hist<true><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+        else
+            pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
+        KV_LAUNCH_CHECK();
+        pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, p->G, M, C, p->ntup, scale, kk, p->mz, p->tab, p->thr);
+        KV_LAUNCH_CHECK();
+    }
     if (!want_agg) return KV_OK;
     const int ab = (n + 16383) / 16384;
     if (m2)
@@ -570,13 +759,33 @@ kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int w
 }
 
 /* Tuple path, top-k: ordered compaction at the threshold, then the sort
- * (p->idx[g*kk + j]). */
+ * (p->idx[g*kk + j]); fused: one launch (pq_select_fused), else three. */
 kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
     const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
     const dim3 grid(nb, p->Hkv);
     if (kk > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above %d", kk, KV_GPU_TOPK_MAX);
     if (kpb > 64 * PQ_SEL_TH) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d keys per selection block", kpb);
     if (nb > p->eld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d selection blocks > %d", nb, p->eld);
+    int P = 1;
+    while (P < kk) P <<= 1;
+    if (p->fused) {
+        const int sv_words = P > (p->ntup + 1) / 2 ? P : (p->ntup + 1) / 2;
+        const size_t sm = (size_t)sv_words * 8 + (size_t)(nb + 1) * 4;
+        if (sm > (size_t)p->sel_smem)
+            return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection needs %zu bytes of shared memory", sm);
+        if (M == 2)
+            pq_select_fused<true><<<grid, PQ_SEL_TH, sm, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab,
+                                                                  p->thr, kk, P, sv_words, p->nab, p->cand,
+                                                                  KV_GPU_TOPK_MAX, p->ecnt, p->eld, p->ties, p->T,
+                                                                  p->ctr + p->Hkv, p->idx);
+        else
+            pq_select_fused<false><<<grid, PQ_SEL_TH, sm, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb,
+                                                                   p->tab, p->thr, kk, P, sv_words, p->nab, p->cand,
+                                                                   KV_GPU_TOPK_MAX, p->ecnt, p->eld, p->ties, p->T,
+                                                                   p->ctr + p->Hkv, p->idx);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
     if (M == 2) {
         pq_select_a<true><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
                                                          p->nab, p->cand, KV_GPU_TOPK_MAX, p->ecnt, p->eld);
@@ -591,8 +800,6 @@ kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
                                                           kk, p->ecnt, p->eld, p->cand, KV_GPU_TOPK_MAX);
     }
     KV_LAUNCH_CHECK();
-    int P = 1;
-    while (P < kk) P <<= 1;
     pq_select_sort<<<p->Hkv, P < 1024 ? (P < 32 ? 32 : P) : 1024, (size_t)P * sizeof(unsigned long long), p->st>>>(
         p->codes, p->TM, M, C, p->ntup, p->tab, p->cand, KV_GPU_TOPK_MAX, kk, P, p->nab, p->idx);
     KV_LAUNCH_CHECK();
@@ -611,7 +818,7 @@ kv_status pq_search_launch(kv_pq_gpu *p, float scale, int lo, int hi, int k, int
     pq_scan_args a = {p->codes, p->TM, p->lut, G, M, C, lo, hi, KT, lut_smem, scale, p->pm, p->pz, p->ld, p->ctr,
                       p->mz, p->agg, p->T};
     dim3 grid((n + KT - 1) / KT, p->Hkv);
-    if (which < 0 || which == 0) {
+    if (which == 0 || (which < 0 && !(p->ntup && p->fused))) { /* the fused tuple scan builds the tables itself */
         pq_lut<<<p->Hq, 128, 0, p->st>>>(p->q, p->cent, G, p->D, M, p->dsub, C, p->lut);
         KV_LAUNCH_CHECK();
     }
@@ -659,7 +866,7 @@ static void kv_pq_gpu_destroy(kv_pq_gpu *p) {
     kv_graph_destroy(&p->graph);
     cudaFree(p->cent); cudaFree(p->codes); cudaFree(p->q); cudaFree(p->lut); cudaFree(p->agg); cudaFree(p->pm);
     cudaFree(p->pz); cudaFree(p->tab); cudaFree(p->bh); cudaFree(p->thr); cudaFree(p->nab); cudaFree(p->ecnt);
-    cudaFree(p->cand); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
+    cudaFree(p->cand); cudaFree(p->mz); cudaFree(p->ctr); cudaFree(p->ties); cudaFree(p->idx); cudaFree(p->key1); cudaFree(p->code1);
     kv_topk_ws_destroy(&p->tk);
     if (p->blas) cublasDestroy(p->blas);
     if (p->st) cudaStreamDestroy(p->st);
@@ -677,6 +884,8 @@ static kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, k
     long long tup = 1;
     for (int m = 0; m < M && tup <= PQ_TUP_MAX; m++) tup *= C;
     p->ntup = tup <= PQ_TUP_MAX ? (int)tup : 0;
+    const char *fe = getenv("KVBENCH_PQ_FUSED"); /* 0: the unfused tuple search (6 launches), for comparison */
+    p->fused = !(fe && fe[0] == '0' && !fe[1]);
     kv_status st = pq_create_go(p);
     if (st != KV_OK) { kv_pq_gpu_destroy(p); return st; }
     *out = p;

@@ -39,8 +39,11 @@ struct kv_pq_gpu {
     unsigned *ecnt;   /* tuple path: [Hkv][eld] keys at the threshold per selection block */
     int eld;
     int32_t *cand;    /* tuple path: [Hkv][KV_GPU_TOPK_MAX] unordered selection */
+    int fused;        /* tuple path in two launches (pq_hist_table, pq_select_fused); KVBENCH_PQ_FUSED=0: six */
+    int32_t *ties;    /* fused tuple path: [Hkv][T] each selection block's first ties, at its keys' offset */
+    int sel_smem;     /* fused tuple path: pq_select_fused's dynamic shared memory limit (bytes) */
     uint8_t *codes, *code1;
-    unsigned *ctr;
+    unsigned *ctr;    /* [2][Hkv] last-block counters (scan, selection), zero between launches */
     int32_t *idx;
     kv_topk_ws tk;
     kv_graph graph;   /* the whole search's launches as one CUDA graph per (lo, hi, k, scale) */
