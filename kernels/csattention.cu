@@ -89,6 +89,7 @@ __device__ void cs_heap_down(int32_t *hi, float *hv, int n, int i) {
 #include "csattention_kmeans.cuh"
 #include "csattention_sort.cuh"
 #include "csattention_tile.cuh"
+#include "csattention_pipe.cuh"
 
 /* S[c*ld + i] = <cent_c, K_g[lo + i] sub-vector b> for c < nc, i < n. */
 template <typename TK>
@@ -179,10 +180,11 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
 constexpr int CS_NEAR_TH = 128;
 __global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
                                                          int m, int C, int ds, const float *cent, int *jl, float *wb,
-                                                         int *nu0) {
+                                                         int *nu0, unsigned *thr0) {
     __shared__ float sq[CS_NEAR_TH / 32][128];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
     if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
     if (t >= R * m) return; /* whole warps */
     const int r = t / m, b = t % m, g = pool ? r : r / G;
     float *qv = sq[w];
@@ -308,7 +310,11 @@ struct kv_cs_gpu {
     int32_t *ci, *opos;
     long long cld;
     int kcap;             /* k the tiled search's candidate rows hold */
-    int reduce;           /* 0 tiled (default), 1 dense global accumulator, 2 radix sort (KVBENCH_CS_REDUCE=dense|sort) */
+    int reduce;           /* 0 pipelined tiles (default), 1 dense global accumulator, 2 radix sort, 3 staged tiles
+                             (KVBENCH_CS_REDUCE=dense|sort|staged) */
+    int tkeys, tth;        /* the pipelined tiles' keys and threads (KVBENCH_CS_TK, KVBENCH_CS_TH) */
+    unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
+    int use_thr;
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
     int *spay;
     void *stmp;
@@ -356,8 +362,19 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->vval, NL * g->VL * sizeof(float), 0, "csattention list scores by key");
     KV_CUDA_ALLOC(g->vcnt, NL * sizeof(int), 0, "csattention list-by-key counts");
     KV_CUDA_TRY(cudaMemset(g->vcnt, 0, NL * sizeof(int)));
-    g->kcap = c.k_max > 0 && c.k_max <= CS_SCAP / 2 ? c.k_max : 1024;
-    const long long nt = (c.T + CS_TK - 1) / CS_TK;
+    const char *etk = getenv("KVBENCH_CS_TK"), *eth = getenv("KVBENCH_CS_TH");
+    g->tkeys = etk ? atoi(etk) : 4096;
+    g->tth = eth ? atoi(eth) : 512;
+    if (g->tkeys != 2048 && g->tkeys != 4096 && g->tkeys != 8192)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TK: expected 2048, 4096 or 8192, found '%s'", etk);
+    if (g->tth != 256 && g->tth != 512)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TH: expected 256 or 512, found '%s'", eth);
+    const char *ethr = getenv("KVBENCH_CS_THR");
+    g->use_thr = !ethr || strcmp(ethr, "0");
+    KV_CUDA_ALLOC(g->thr, Hq * sizeof(unsigned), 0, "csattention row bounds");
+    g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
+    const int tmin = g->tkeys < CS_TK ? g->tkeys : CS_TK;
+    const long long nt = (c.T + tmin - 1) / tmin;
     g->cld = nt * g->kcap;
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
     KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
@@ -366,8 +383,19 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
+    const int ps = (int)cs_pipe_smem(8192, 1);
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<512>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<256>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<512>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
     const char *env = getenv("KVBENCH_CS_REDUCE");
-    g->reduce = env && !strcmp(env, "dense") ? 1 : env && !strcmp(env, "sort") ? 2 : 0;
+    g->reduce = !env || !*env || !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1 : !strcmp(env, "sort") ? 2
+              : !strcmp(env, "staged") ? 3 : -1;
+    if (g->reduce < 0)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_REDUCE: expected tiled, dense, sort or staged, found '%s'", env);
     return KV_OK;
 }
 
@@ -378,7 +406,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
-    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -577,7 +605,7 @@ kv_status cs_append(void *p, int t, const float *key) {
 #include "csattention_search.cuh"
 
 /* The tiled path serves this search (else the dense one). */
-bool cs_tiled(const kv_cs_gpu *g, int k) { return g->reduce == 0 && k <= g->kcap && g->c.m <= CS_MMAX; }
+bool cs_tiled(const kv_cs_gpu *g, int k) { return (g->reduce == 0 || g->reduce == 3) && k <= g->kcap && g->c.m <= CS_MMAX; }
 
 kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
                     int *count, int32_t *cand, int cand_ld, int *ncand) {
@@ -589,7 +617,7 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     const int kk = k < n ? k : n;
-    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, pool, missing, weight, hi, k, cand != NULL));
+    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, cand != NULL));
     else {
         if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
         else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));

@@ -1,9 +1,10 @@
 /* csattention_bench.cuh: `kvbench bench --method csattention` (the hook of
  * kernels/csattention.h), included at the end of csattention.cu inside its
  * anonymous namespace. Stages: the list build; the dense global accumulator
- * (reduce_dense, topk_dense, search_dense); the tiled shared-memory
- * accumulator (reduce_tiled, topk_tiled) and the radix-sort variant
- * (search_sort); then `search`, the default (tiled) search whole. The bytes
+ * (search_dense), the radix-sort variant (search_sort) and the staged tiles
+ * (search_staged), each whole; the pipelined tiles (reduce_tiled) and their
+ * candidates' top k (topk_tiled); then `search`, the default (pipelined
+ * tiles) search whole. The bytes
  * each stage must move are printed under the table (bytes_note): the floor
  * of a search is the m gathered lists, L entries of 8 B, per row. */
 
@@ -25,44 +26,29 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
                                                                       bp->C, g->ds, s->Hkv, n, g->cent);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    kv_gpu_timing t[8];
+    kv_gpu_timing t[9];
     KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
     KV_TRY(x.time([&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
     KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + CS_TK - 1) / CS_TK;
+    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + g->tkeys - 1) / g->tkeys;
     if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);
-    /* the tiled accumulator (default): nearest + tiles, then the candidates' top-k; the dense global
+    /* the pipelined tiles (default): nearest + tiles, then the candidates' top-k; the dense global
      * accumulator (KVBENCH_CS_REDUCE=dense): reduce_dense, then the top-k over the dense rows */
-    auto tiles = [&]() -> kv_status {
-        const int m = bp->m;
-        cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
-                                                            g->cent, g->jl, g->wb, g->nu);
-        KV_LAUNCH_CHECK();
-        const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, L, m, 0, n,
-                                bp->missing, s->k, g->cv, g->ci, g->cld, g->nu, NULL, n};
-        cs_tile<<<dim3(nt, R), CS_TTH, cs_tile_smem(bp->missing), g->st>>>(a);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
-    auto cand_topk = [&]() -> kv_status {
-        KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, nt * s->k, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
-        cs_map<<<(R * kk + 127) / 128, 128, 0, g->st>>>(g->opos, g->ci, g->cld, kk, R, g->oidx);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
+    int ntl = nt;
+    auto tiles = [&]() { return cs_tiles_launch(g, 0, bp->pool, bp->missing, bp->weight, n, s->k, 0, &ntl); };
+    auto cand_topk = [&]() { return cs_cand_launch(g, 0, R, nt, s->k, kk); };
     auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
     auto topk = [&]() {
         return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
     };
-    KV_TRY(x.time(reduce, &t[1]));
-    KV_TRY(x.time(topk, &t[2]));
     KV_TRY(x.time([&]() -> kv_status { KV_TRY(reduce()); return topk(); }, &t[3]));
     KV_TRY(x.time(tiles, &t[4]));
     KV_TRY(x.time(cand_topk, &t[5]));
     KV_TRY(x.time([&]() -> kv_status { KV_TRY(cs_sort_launch(g, bp->pool, bp->missing, bp->weight, n)); return topk(); },
                   &t[7]));
-    KV_TRY(x.time([&]() { return cs_tile_launch(g, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
+    KV_TRY(x.time([&]() { return cs_tile_launch(g, 3, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[8]));
+    KV_TRY(x.time([&]() { return cs_tile_launch(g, 0, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nu[64];
     KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
@@ -73,23 +59,22 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
                  build = (double)s->Hkv * bp->m *
                          ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
                           (double)bp->C * L * 8);
-    out->n = 8;
+    out->n = 7;
     out->stage[0] = kv_gpu_stage{"build_lists", t[0], build};
-    out->stage[1] = kv_gpu_stage{"reduce_dense", t[1], lists + 3 * dense};
-    out->stage[2] = kv_gpu_stage{"topk_dense", t[2], dense + out_b};
-    out->stage[3] = kv_gpu_stage{"search_dense", t[3], lists + out_b};
+    out->stage[1] = kv_gpu_stage{"search_dense", t[3], lists + out_b};
+    out->stage[2] = kv_gpu_stage{"search_sort", t[7], lists + out_b};
+    out->stage[3] = kv_gpu_stage{"search_staged", t[8], lists + out_b};
     out->stage[4] = kv_gpu_stage{"reduce_tiled", t[4], lists + cand};
     out->stage[5] = kv_gpu_stage{"topk_tiled", t[5], cand + out_b};
-    out->stage[6] = kv_gpu_stage{"search_sort", t[7], lists + out_b};
-    out->stage[7] = kv_gpu_stage{"search", t[6], lists + out_b};
+    out->stage[6] = kv_gpu_stage{"search", t[6], lists + out_b};
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at evenly spaced positions; "
+             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at even positions; "
              "union %.0f/row; floor = m lists x L x 8 B (int32 + f32) per row = %.1f B per region key; "
-             "reduce_dense adds 3 x 4 B/key (global accumulator), topk_dense reads it; reduce_tiled = shared-memory "
-             "tiles of %d keys + k x 8 B candidates per tile; search_sort = radix sort by key + run sums + dense top-k; "
-             "search = tiled (default), candidates counted not listed",
+             "search_dense: + 3 x 4 B/key global accumulator; search_sort: radix sort + run sums; search_staged: "
+             "staged tiles of %d keys; reduce_tiled: pipelined tiles of %d keys x %d threads, row bound %s, k x 8 B "
+             "candidates a tile; topk_tiled: their top k; search = pipelined (default), candidates counted",
              bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R,
-             (double)bp->m * L * 8 / n, CS_TK);
+             (double)bp->m * L * 8 / n, CS_TK, g->tkeys, g->tth, g->use_thr ? "on" : "off");
     return KV_OK;
 }
 

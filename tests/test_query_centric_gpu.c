@@ -64,9 +64,12 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
 }
 
 /* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
- * stride-th step; reduce: NULL the default (the tiled accumulator, kernels/csattention_tile.cuh), or
- * KVBENCH_CS_REDUCE's "dense" (global accumulator) or "sort" (radix sort, csattention_sort.cuh). */
-static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
+ * stride-th step; reduce: NULL the default (the pipelined tiles, kernels/csattention_pipe.cuh), or
+ * KVBENCH_CS_REDUCE's "dense" (global accumulator), "sort" (radix sort, csattention_sort.cuh) or "staged"
+ * (the staged tiles, csattention_tile.cuh); tk, th: KVBENCH_CS_TK / KVBENCH_CS_TH for the GPU's open
+ * (NULL: the defaults). */
+static int cs_gpu_matches_cpu_at(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce,
+                                 const char *tk, const char *th) {
     int sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
@@ -74,8 +77,12 @@ static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], 
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
         if (reduce) setenv("KVBENCH_CS_REDUCE", reduce, 1);
+        if (tk) setenv("KVBENCH_CS_TK", tk, 1);
+        if (th) setenv("KVBENCH_CS_TH", th, 1);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
         unsetenv("KVBENCH_CS_REDUCE");
+        unsetenv("KVBENCH_CS_TK");
+        unsetenv("KVBENCH_CS_TH");
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
@@ -96,6 +103,10 @@ static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], 
     return KV_TEST_PASS;
 }
 
+static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
+    return cs_gpu_matches_cpu_at(T, P, stride, sets, nsets, reduce, NULL, NULL);
+}
+
 /* kmeans=host: both paths share the centroids, so everything after is bitwise */
 static const char *cs_sets[][7] = {
     {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
@@ -108,14 +119,20 @@ int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400,
 int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "dense"); }
 int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "sort"); }
 
-/* Several tiles of 4096 keys, a tile's entries above the 6144-entry staging window (m = 8, alpha = 0.25:
- * ~8000 per tile), and enough decode keys that lists evict past their view's slack (compaction). */
-int test_csattention_gpu_tiles_match_cpu(void) {
-    static const char *big[][7] = {
-        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
-        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
-    };
-    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, NULL);
+/* Several tiles of 4096 keys, a tile's entries above the staged kernel's 6144-entry window and above the
+ * pipelined kernel's 1024-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
+ * enough decode keys that lists evict past their view's slack (compaction). */
+static const char *cs_big[][7] = {
+    {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
+    {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+};
+int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
+
+/* The other tilings: the staged kernel, and the pipelined one at 2048 keys x 256 threads and 8192 x 512. */
+int test_csattention_gpu_tile_variants_match_cpu(void) {
+    if (cs_gpu_matches_cpu(12800, 9000, 400, cs_big, 2, "staged") != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, NULL, "2048", "256") != KV_TEST_PASS) return KV_TEST_FAIL;
+    return cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, NULL, "8192", "512");
 }
 
 /* staged 0: the default device path (the one-launch fused search of

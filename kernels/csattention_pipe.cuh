@@ -1,0 +1,220 @@
+/* csattention_pipe.cuh: CSAttention's decode reduce-by-key as a PIPELINED
+ * tiled shared-memory accumulator, the default search (issue 9, point 4;
+ * included by csattention.cu inside its anonymous namespace after
+ * csattention_tile.cuh, whose by-key views, range search cs_lower, argument
+ * block and candidate layout it shares).
+ *
+ * Why: the staged tile kernel (csattention_tile.cuh, KVBENCH_CS_REDUCE=
+ * staged) copied each tile's list entries through registers into a 48 KB
+ * window, four 4-B loads per thread in flight, so a block spent most of its
+ * life waiting on a chain of dependent phases and only 3 blocks of ~66 KB
+ * fitted an SM: 378 us for the tiles at 1M tokens (22% of the copy rate).
+ * Here the entries move by cp.async (16 B per instruction, global to shared
+ * memory, no registers), through a ring of CS_PNBUF buffers of CS_PCAP
+ * entries: while the block accumulates piece j, pieces j + 1 .. j + NBUF - 1
+ * are in flight (24 KB a block), and the smaller footprint (32 KB ring + the
+ * 16 KB accumulator at CS_TK = 4096) lets 4 blocks of 512 threads share an
+ * SM. A piece is a 4-entry-aligned slice of one list's range (the range of
+ * list b = positions [p0, p1) of keys in [t0, t1), rounded out to 16 B
+ * boundaries; the rounded-in entries are never read back, their copies stay
+ * inside the list's row as VL is a multiple of 4). Pieces are consumed in
+ * subspace order with a barrier before each, so every key still gets the
+ * CPU's additions in the CPU's order (keys are distinct within a list: no
+ * atomics); missing=min first marks the union (an index-only pass over the
+ * same pieces), then per subspace stamps the values and adds w_b (v or the
+ * list's minimum) to every union key, as in the staged kernel. The tile's
+ * count, optional key listing and top min(k, tile) (kv_block_topk, position
+ * order = key order) are the staged kernel's. The candidates' top k is one
+ * block per row (cs_merge: the row's nt x k candidates in shared memory,
+ * kv_block_topk ranked, ties to the smaller position = the smaller key),
+ * which replaces the shared cooperative top-k (20-30 us, mostly fixed cost,
+ * at these sizes) while the row fits in shared memory. Bytes: as the staged
+ * kernel, m x L x 8 B per row plus up to 2 x 12 B of rounding per tile and
+ * list. Tile size and block size: KVBENCH_CS_TK (2048 | 4096 | 8192) and
+ * KVBENCH_CS_TH (256 | 512), bench knobs, defaults from the H100 run. */
+
+constexpr int CS_PCAP = 1024, CS_PNBUF = 4, CS_KCAP = 2048, CS_MTH = 1024;
+
+__device__ __forceinline__ void cs_cp16(void *s, const void *g) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void cs_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cs_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Dynamic shared memory of cs_pipe: the ring (index + score), acc [tk], val [tk] (missing=min), the histogram. */
+inline size_t cs_pipe_smem(int tk, int missing) {
+    return (size_t)CS_PNBUF * CS_PCAP * 8 + (size_t)tk * (missing == 1 ? 8 : 4) + 260 * 4;
+}
+
+template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_tile_args a) {
+    extern __shared__ __align__(16) float cs_psm[];
+    int32_t *bidx = (int32_t *)cs_psm;
+    float *bval = cs_psm + CS_PNBUF * CS_PCAP;
+    float *acc = bval + CS_PNBUF * CS_PCAP, *val = acc + a.tk; /* val only with missing=min */
+    unsigned *hist = (unsigned *)(acc + (a.missing == 1 ? 2 : 1) * a.tk);
+    __shared__ int rng[2 * CS_MMAX], fq[CS_MMAX + 1], sli[CS_MMAX], sw[32], sbase;
+    __shared__ unsigned sthr, smin;
+    __shared__ float sws[CS_MMAX], smn[CS_MMAX];
+    const int r = blockIdx.x, tile = blockIdx.y, tid = threadIdx.x, m = a.m, TK = a.tk;
+    const int t0 = a.lo + tile * TK, t1 = t0 + TK < a.hi ? t0 + TK : a.hi, tl = t1 - t0;
+    if (tid < m) {
+        const int li = a.jl[r * m + tid];
+        sli[tid] = li;
+        sws[tid] = a.wb[r * m + tid];
+        smn[tid] = a.lcnt[li] ? a.lval[(size_t)li * a.L] : 0.f; /* heap root = the list's minimum */
+    }
+    for (int x = tid; x < TK; x += TH) {
+        acc[x] = -INFINITY;
+        if (a.missing == 1) val[x] = NAN;
+    }
+    __syncthreads();
+    for (int s = tid >> 5; s < 2 * m; s += TH >> 5) {
+        const int li = sli[s >> 1];
+        const int p = cs_lower(a.vidx + (size_t)li * a.VL, a.vcnt[li], (s & 1) ? t1 : t0);
+        if ((tid & 31) == 0) rng[s] = p;
+    }
+    __syncthreads();
+    if (tid == 0) { /* the flattened sequence: list b's range rounded out to 4 entries at [fq[b], fq[b + 1]) */
+        fq[0] = 0;
+        for (int b = 0; b < m; b++) {
+            const int p0 = rng[2 * b], p1 = rng[2 * b + 1];
+            fq[b + 1] = fq[b] + (p1 > p0 ? ((p1 + 3) & ~3) - (p0 & ~3) : 0);
+        }
+    }
+    __syncthreads();
+    const int F = fq[m], np = (F + CS_PCAP - 1) / CS_PCAP, nv = (a.missing == 1 ? 2 : 1) * np;
+    /* piece j = flattened entries [jj CAP, jj CAP + CAP) (jj = j, or j - np in missing=min's second pass,
+     * whose first pass copies the indices alone), into buffer j % NBUF; one commit group a call */
+    auto issue = [&](int j) {
+        if (j < nv) {
+            const int jj = j >= np ? j - np : j, f0 = jj * CS_PCAP, buf = j % CS_PNBUF;
+            const int nq = (F - f0 < CS_PCAP ? F - f0 : CS_PCAP) >> 2, nall = a.missing == 1 && j < np ? nq : 2 * nq;
+            for (int q = tid; q < nall; q += TH) {
+                const int qq = q < nq ? q : q - nq, f = f0 + 4 * qq;
+                int b = 0;
+                while (fq[b + 1] <= f) b++;
+                const size_t src = (size_t)sli[b] * a.VL + (rng[2 * b] & ~3) + (f - fq[b]);
+                if (q < nq) cs_cp16(bidx + buf * CS_PCAP + 4 * qq, a.vidx + src);
+                else cs_cp16(bval + buf * CS_PCAP + 4 * qq, a.vval + src);
+            }
+        }
+        cs_cp_commit();
+    };
+    int cur = -1;
+    auto take = [&](int j) { /* piece j resident for everyone; earlier pieces done, their buffers refilled */
+        while (cur < j) {
+            ++cur;
+            cs_cp_wait<CS_PNBUF - 2>();
+            __syncthreads();
+            issue(cur + CS_PNBUF - 1);
+        }
+    };
+    for (int j = 0; j < CS_PNBUF - 1; j++) issue(j);
+    for (int pass = a.missing == 1 ? 0 : 1; pass < 2; pass++) {
+        const int poff = pass == 1 && a.missing == 1 ? np : 0;
+        for (int b = 0; b < m; b++) {
+            const int fb = fq[b], fe_b = fq[b + 1], A0 = rng[2 * b] & ~3;
+            const int v0b = fb + rng[2 * b] - A0, v1b = fb + rng[2 * b + 1] - A0; /* the range proper */
+            const float w = sws[b];
+            for (int f = fb; f < fe_b;) {
+                const int jj = f / CS_PCAP, fe = fe_b < (jj + 1) * CS_PCAP ? fe_b : (jj + 1) * CS_PCAP;
+                take(poff + jj);
+                const int buf = (poff + jj) % CS_PNBUF, v0 = f > v0b ? f : v0b, v1 = fe < v1b ? fe : v1b;
+                const int32_t *si = bidx + buf * CS_PCAP;
+                const float *sv = bval + buf * CS_PCAP;
+                for (int x = v0 + tid - jj * CS_PCAP; x < v1 - jj * CS_PCAP; x += TH) {
+                    const int32_t i = si[x];
+                    if (i < 0) continue; /* tombstone */
+                    if (pass == 0) acc[i - t0] = 0.f; /* missing=min: the union, acc = 0 */
+                    else if (a.missing == 1) val[i - t0] = sv[x];
+                    else {
+                        const float o = acc[i - t0];
+                        acc[i - t0] = __fadd_rn(o == -INFINITY ? 0.f : o, __fmul_rn(w, sv[x]));
+                    }
+                }
+                f = fe;
+            }
+            if (pass == 1) {
+                __syncthreads(); /* subspace order */
+                if (a.missing == 1) {
+                    const float mn = smn[b];
+                    for (int x = tid; x < tl; x += TH) {
+                        const float o = acc[x];
+                        if (o != -INFINITY) acc[x] = __fadd_rn(o, __fmul_rn(w, isnan(val[x]) ? mn : val[x]));
+                        val[x] = NAN;
+                    }
+                    __syncthreads();
+                }
+            }
+        }
+    }
+    cs_cp_wait<0>();
+    /* the gathered keys (counted, listed when asked) and those at or above the row's bound, each thread a
+     * contiguous segment; both counts in one scan (each below 2^16) */
+    if (tid == 0) {
+        sthr = a.thr ? *(volatile unsigned *)(a.thr + r) : 0u;
+        smin = 0xffffffffu;
+    }
+    __syncthreads();
+    const unsigned T = sthr;
+    const int kt = a.k < tl ? a.k : tl;
+    const int per = (tl + TH - 1) / TH, x0 = tid * per, x1 = x0 + per < tl ? x0 + per : tl;
+    int nf = 0, nc = 0;
+    for (int x = x0; x < x1; x++) {
+        const float v = acc[x];
+        nf += v != -INFINITY;
+        nc += kv_f2key(v) >= T;
+    }
+    int tot;
+    const int ex = kv_block_scan(nf | nc << 16, &tot, sw), totf = tot & 0xffff, totc = tot >> 16;
+    if (tid == 0) sbase = totf ? atomicAdd(a.nu + r, totf) : 0;
+    __syncthreads();
+    if (a.u)
+        for (int x = x0, e = sbase + (ex & 0xffff); x < x1; x++)
+            if (acc[x] != -INFINITY) a.u[(size_t)r * a.uld + e++] = t0 + x;
+    float *ov = a.cv + (size_t)r * a.cld + (size_t)tile * a.k;
+    int32_t *oi = a.ci + (size_t)r * a.cld + (size_t)tile * a.k;
+    if (totc <= kt) { /* every key that can be in the row's top k: all of them, in key order */
+        for (int x = x0, e = ex >> 16; x < x1; x++)
+            if (kv_f2key(acc[x]) >= T) { ov[e] = acc[x]; oi[e] = t0 + x; e++; }
+        for (int x = totc + tid; x < a.k; x += TH) { ov[x] = -INFINITY; oi[x] = -1; }
+        return;
+    }
+    /* the tile's top min(k, tl), padded to k; its weakest bounds the row's k-th best from below */
+    int32_t *pos = bidx + CS_KCAP;
+    kv_block_topk(acc, tl, kt, pos, bidx, hist, sw, false); /* position order = key order */
+    for (int x = tid; x < a.k; x += TH) {
+        ov[x] = x < kt ? acc[pos[x]] : -INFINITY;
+        oi[x] = x < kt ? t0 + pos[x] : -1;
+        if (x < kt) atomicMin(&smin, kv_f2key(acc[pos[x]]));
+    }
+    const int kk = a.k < a.hi - a.lo ? a.k : a.hi - a.lo;
+    if (a.thr && kt == kk) {
+        __syncthreads();
+        if (tid == 0) atomicMax(a.thr + r, smin);
+    }
+}
+
+/* Dynamic shared memory of cs_merge for nc candidates and kk outputs. */
+inline size_t cs_merge_smem(long long nc, int kk) { return (size_t)nc * 4 + (size_t)kk * 8 + 260 * 4; }
+
+/* One block per row: oidx[r*kk + j] = the key of the j-th best of the row's nc candidates (kv_topk_ref order:
+ * ties to the smaller position, which is the smaller key). */
+__global__ void __launch_bounds__(CS_MTH) cs_merge(const float *cv, const int32_t *ci, long long cld, int nc, int kk,
+                                                   int32_t *oidx) {
+    extern __shared__ __align__(16) float cs_msm[];
+    float *v = cs_msm;
+    int32_t *pos = (int32_t *)(v + nc), *sel = pos + kk;
+    unsigned *hist = (unsigned *)(sel + kk);
+    __shared__ int sw[32];
+    const int r = blockIdx.x;
+    const float *row = cv + (size_t)r * cld;
+    if ((cld & 3) == 0 && (nc & 3) == 0)
+        for (int i = threadIdx.x; i < nc / 4; i += CS_MTH) ((float4 *)v)[i] = __ldcg((const float4 *)row + i);
+    else
+        for (int i = threadIdx.x; i < nc; i += CS_MTH) v[i] = __ldcg(row + i);
+    __syncthreads();
+    kv_block_topk(v, nc, kk, pos, sel, hist, sw, true);
+    for (int j = threadIdx.x; j < kk; j += CS_MTH) oidx[(size_t)r * kk + j] = ci[(size_t)r * cld + pos[j]];
+}
