@@ -18,11 +18,14 @@
  * Search: per row (a query head, or a kv head with pool=mean: the group
  * mean in the CPU's head order) and subspace the nearest centroid (one warp,
  * the CPU loop's first maximum) and the weight; then the reduce-by-key in
- * one of three variants, all the CPU's additions in the CPU's subspace order
- * (bitwise): DEFAULT the tiled shared-memory accumulator over the lists'
- * by-key views (csattention_tile.cuh: reads the m gathered lists once, 8 B
- * per entry = m x L x 8 B per row, the floor; per-tile candidates, then the
- * shared top-k); KVBENCH_CS_REDUCE=dense the dense global accumulator row
+ * one of four variants, all the CPU's additions in the CPU's subspace order
+ * (bitwise): DEFAULT the pipelined tiled shared-memory accumulator over the
+ * lists' by-key views (csattention_pipe.cuh: reads the m gathered lists
+ * once, 8 B per entry = m x L x 8 B per row, the floor, through a cp.async
+ * ring; per-tile candidates above a per-row bound, then one block per row
+ * for the top k); KVBENCH_CS_REDUCE=staged the same tiles with the entries
+ * staged through registers (csattention_tile.cuh, the previous default);
+ * KVBENCH_CS_REDUCE=dense the dense global accumulator row
  * over the region, -inf = not gathered (missing=zero: one launch per
  * subspace adds w_b * v, first time from 0; missing=min: the union marked,
  * then per subspace a stamp launch and an add launch of w_b * (v or the
@@ -30,9 +33,9 @@
  * the shared top-k over the row; 3 x 4 B per region key more);
  * KVBENCH_CS_REDUCE=sort a stable radix sort of (key, subspace) pairs and
  * one sum per run into the same dense rows (csattention_sort.cuh). The
- * bench times all three (csattention_bench.cuh); the tiled one is the
- * default as the expected fastest (it alone reads no more than the lists;
- * to be confirmed by the GPU run: the default is g->reduce in create).
+ * bench times the dense, sort and default ones (csattention_bench.cuh;
+ * KVBENCH_CS_SWEEP=1 adds every tiling, each checked against the dense
+ * path); the measured H100 numbers behind the default are in its header.
  * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
  * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
  * distances in the CPU's order, the running total and the walk by a block
@@ -373,8 +376,7 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     g->use_thr = !ethr || strcmp(ethr, "0");
     KV_CUDA_ALLOC(g->thr, Hq * sizeof(unsigned), 0, "csattention row bounds");
     g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
-    const int tmin = g->tkeys < CS_TK ? g->tkeys : CS_TK;
-    const long long nt = (c.T + tmin - 1) / tmin;
+    const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
     g->cld = nt * g->kcap;
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
     KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
