@@ -318,6 +318,8 @@ struct kv_cs_gpu {
     int tkeys, tth;        /* the pipelined tiles' keys and threads (KVBENCH_CS_TK, KVBENCH_CS_TH) */
     unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
     int use_thr;
+    int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
+    int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
     int *spay;
     void *stmp;
@@ -326,6 +328,13 @@ struct kv_cs_gpu {
 };
 
 namespace {
+
+/* The largest shared memory a pipelined kernel of ring geometry `ring` asks for (8192 keys, missing=min). */
+kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
+    KV_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_pipe_smem(8192, 1, ring)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
+    return KV_OK;
+}
 
 kv_status cs_create_go(kv_cs_gpu *g) {
     const kv_cs_gpu_config &c = g->c;
@@ -372,8 +381,12 @@ kv_status cs_create_go(kv_cs_gpu *g) {
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TK: expected 2048, 4096 or 8192, found '%s'", etk);
     if (g->tth != 256 && g->tth != 512)
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TH: expected 256 or 512, found '%s'", eth);
-    const char *ethr = getenv("KVBENCH_CS_THR");
+    const char *ethr = getenv("KVBENCH_CS_THR"), *ebnd = getenv("KVBENCH_CS_BOUNDS"), *ering = getenv("KVBENCH_CS_RING");
     g->use_thr = !ethr || strcmp(ethr, "0");
+    g->use_bnd = ebnd && !strcmp(ebnd, "1");
+    g->ring = !ering || !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
+    if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
+    if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
     KV_CUDA_ALLOC(g->thr, Hq * sizeof(unsigned), 0, "csattention row bounds");
     g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
     const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
@@ -381,17 +394,15 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
     KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
     KV_CUDA_ALLOC(g->opos, Hq * (size_t)g->kcap * sizeof(int32_t), 0, "csattention candidate top-k");
+    KV_CUDA_ALLOC(g->bnd, Hq * (size_t)c.m * (nt + 1) * sizeof(int), 0, "csattention tile ranges");
     KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
-    const int ps = (int)cs_pipe_smem(8192, 1);
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<512>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<256>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_pipe<512>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared));
+    KV_TRY(cs_pipe_attr(cs_pipe<256, 1024, 4>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 2048, 3>, 1));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 512, 6>, 2));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
     const char *env = getenv("KVBENCH_CS_REDUCE");
     g->reduce = !env || !*env || !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1 : !strcmp(env, "sort") ? 2
@@ -408,7 +419,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
-    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);

@@ -9,7 +9,8 @@
  * of a search is the m gathered lists, L entries of 8 B, per row. */
 
 /* KVBENCH_CS_SWEEP=1 (a development aid): after the dense search, time the tiled search whole in each
- * variant (staged; pipelined at 2048/4096/8192 keys x 256/512 threads, row bound on/off) and check each
+ * variant (staged; pipelined at 2048/4096/8192 keys x 256/512 threads, ring geometries, row bound on/off,
+ * ranges searched per tile or precomputed by cs_bounds) and check each
  * one's top k and union counts against the dense path's, printed to stderr. */
 kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int k, int R,
                          int kk) {
@@ -22,13 +23,19 @@ kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_benc
     if (e0 == cudaSuccess) e0 = cudaMemcpy(ref, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
     if (e0 == cudaSuccess) e0 = cudaMemcpy(rnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
     kv_status st = e0 == cudaSuccess ? KV_OK : kv_cuda_error(e0, "csattention sweep", __FILE__, __LINE__);
-    const int tk0 = g->tkeys, th0 = g->tth, thr0 = g->use_thr;
-    static const int cf[][4] = {{3, 4096, 512, 0}, {0, 4096, 512, 1}, {0, 4096, 512, 0}, {0, 4096, 256, 1},
-                                {0, 2048, 512, 1}, {0, 2048, 256, 1}, {0, 8192, 512, 1}, {0, 8192, 512, 0}};
+    const int tk0 = g->tkeys, th0 = g->tth, thr0 = g->use_thr, bnd0 = g->use_bnd, ring0 = g->ring;
+    /* variant (3 staged, 0 pipelined), keys, threads, ring, row bound, precomputed ranges */
+    static const int cf[][6] = {{3, 4096, 512, 0, 0, 0}, {0, 4096, 512, 0, 1, 0}, {0, 4096, 512, 0, 0, 0},
+                                {0, 4096, 512, 0, 1, 1}, {0, 4096, 256, 0, 1, 0}, {0, 4096, 512, 1, 1, 0},
+                                {0, 4096, 512, 2, 1, 0}, {0, 4096, 512, 1, 1, 1}, {0, 2048, 512, 0, 1, 0},
+                                {0, 2048, 512, 0, 1, 1}, {0, 2048, 256, 0, 1, 1}, {0, 8192, 512, 0, 1, 0},
+                                {0, 8192, 512, 1, 1, 1}, {0, 8192, 512, 0, 0, 0}};
     for (int c = 0; c < (int)(sizeof cf / sizeof cf[0]) && st == KV_OK; c++) {
         g->tkeys = cf[c][1];
         g->tth = cf[c][2];
-        g->use_thr = cf[c][3];
+        g->ring = cf[c][3];
+        g->use_thr = cf[c][4];
+        g->use_bnd = cf[c][5];
         const int v = cf[c][0], nt = (n + (v == 3 ? CS_TK : g->tkeys) - 1) / (v == 3 ? CS_TK : g->tkeys);
         kv_gpu_timing a, b, w;
         int ntl;
@@ -46,9 +53,10 @@ kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_benc
         int badnu = -1;
         for (int r = 0; r < R && badnu < 0; r++)
             if (gnu[r] != rnu[r]) badnu = r;
-        fprintf(stderr, "cs sweep n=%d %s tk=%d th=%d bound=%d: tiles %.1f us, merge %.1f us, search %.1f us (p90 %.1f); "
-                        "top-k %s, union %s\n", n, v == 3 ? "staged" : "pipelined", v == 3 ? CS_TK : g->tkeys,
-                v == 3 ? CS_TTH : g->tth, v == 3 ? 0 : g->use_thr, a.med_us, b.med_us, w.med_us, w.p90_us,
+        fprintf(stderr, "cs sweep n=%d %s tk=%d th=%d ring=%dx%d bound=%d ranges=%d: tiles %.1f us, merge %.1f us, "
+                        "search %.1f us (p90 %.1f); top-k %s, union %s\n", n, v == 3 ? "staged" : "pipelined",
+                v == 3 ? CS_TK : g->tkeys, v == 3 ? CS_TTH : g->tth, CS_RINGS[g->ring][0], CS_RINGS[g->ring][1],
+                v == 3 ? 0 : g->use_thr, v == 3 ? 0 : g->use_bnd, a.med_us, b.med_us, w.med_us, w.p90_us,
                 bad < 0 ? "= dense" : "DIFFERS from dense", badnu < 0 ? "= dense" : "DIFFERS from dense");
         if (bad >= 0) fprintf(stderr, "  first difference: row %ld rank %ld: %d vs dense %d\n", bad / kk, bad % kk,
                               got[bad], ref[bad]);
@@ -56,6 +64,8 @@ kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_benc
     g->tkeys = tk0;
     g->tth = th0;
     g->use_thr = thr0;
+    g->use_bnd = bnd0;
+    g->ring = ring0;
     free(ref);
     return st;
 }

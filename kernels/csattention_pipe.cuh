@@ -10,7 +10,7 @@
  * life waiting on a chain of dependent phases and only 3 blocks of ~66 KB
  * fitted an SM: 378 us for the tiles at 1M tokens (22% of the copy rate).
  * Here the entries move by cp.async (16 B per instruction, global to shared
- * memory, no registers), through a ring of CS_PNBUF buffers of CS_PCAP
+ * memory, no registers), through a ring of NB buffers of CAP
  * entries: while the block accumulates piece j, pieces j + 1 .. j + NBUF - 1
  * are in flight (24 KB a block), and the smaller footprint (32 KB ring + the
  * 16 KB accumulator at CS_TK = 4096) lets 4 blocks of 512 threads share an
@@ -33,7 +33,9 @@
  * list. Tile size and block size: KVBENCH_CS_TK (2048 | 4096 | 8192) and
  * KVBENCH_CS_TH (256 | 512), bench knobs, defaults from the H100 run. */
 
-constexpr int CS_PCAP = 1024, CS_PNBUF = 4, CS_KCAP = 2048, CS_MTH = 1024;
+constexpr int CS_KCAP = 2048, CS_MTH = 1024;
+/* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4 (default), 2048x3, 512x6. */
+constexpr int CS_RINGS[3][2] = {{1024, 4}, {2048, 3}, {512, 6}};
 
 __device__ __forceinline__ void cs_cp16(void *s, const void *g) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
@@ -43,15 +45,28 @@ __device__ __forceinline__ void cs_cp_commit() { asm volatile("cp.async.commit_g
 template <int N> __device__ __forceinline__ void cs_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* Dynamic shared memory of cs_pipe: the ring (index + score), acc [tk], val [tk] (missing=min), the histogram. */
-inline size_t cs_pipe_smem(int tk, int missing) {
-    return (size_t)CS_PNBUF * CS_PCAP * 8 + (size_t)tk * (missing == 1 ? 8 : 4) + 260 * 4;
+inline size_t cs_pipe_smem(int tk, int missing, int ring) {
+    return (size_t)CS_RINGS[ring][0] * CS_RINGS[ring][1] * 8 + (size_t)tk * (missing == 1 ? 8 : 4) + 260 * 4;
 }
 
-template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_tile_args a) {
+/* Per row, subspace and tile boundary t (key min(lo + t tk, hi), t <= nt): the first position of the gathered
+ * list's view at or above it, bnd[(r m + b) nt1 + t], one warp each (KVBENCH_CS_BOUNDS=1: the tiles read
+ * their ranges instead of searching). */
+__global__ void cs_bounds(const int32_t *vidx, const int *vcnt, long long VL, const int *jl, int R, int m, int lo,
+                          int hi, int tk, int nt1, int *bnd) {
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= R * m * nt1) return; /* whole warps */
+    const int rb = w / nt1, t = w % nt1, li = jl[rb];
+    const long long key = (long long)lo + (long long)t * tk;
+    const int p = cs_lower(vidx + (size_t)li * VL, vcnt[li], key < hi ? (int)key : hi);
+    if ((threadIdx.x & 31) == 0) bnd[w] = p;
+}
+
+template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_tile_args a) {
     extern __shared__ __align__(16) float cs_psm[];
     int32_t *bidx = (int32_t *)cs_psm;
-    float *bval = cs_psm + CS_PNBUF * CS_PCAP;
-    float *acc = bval + CS_PNBUF * CS_PCAP, *val = acc + a.tk; /* val only with missing=min */
+    float *bval = cs_psm + NB * CAP;
+    float *acc = bval + NB * CAP, *val = acc + a.tk; /* val only with missing=min */
     unsigned *hist = (unsigned *)(acc + (a.missing == 1 ? 2 : 1) * a.tk);
     __shared__ int rng[2 * CS_MMAX], fq[CS_MMAX + 1], sli[CS_MMAX], sw[32], sbase;
     __shared__ unsigned sthr, smin;
@@ -69,11 +84,14 @@ template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_ti
         if (a.missing == 1) val[x] = NAN;
     }
     __syncthreads();
-    for (int s = tid >> 5; s < 2 * m; s += TH >> 5) {
-        const int li = sli[s >> 1];
-        const int p = cs_lower(a.vidx + (size_t)li * a.VL, a.vcnt[li], (s & 1) ? t1 : t0);
-        if ((tid & 31) == 0) rng[s] = p;
-    }
+    if (a.bnd) {
+        if (tid < 2 * m) rng[tid] = a.bnd[(size_t)(r * m + (tid >> 1)) * a.nt1 + tile + (tid & 1)];
+    } else
+        for (int s = tid >> 5; s < 2 * m; s += TH >> 5) {
+            const int li = sli[s >> 1];
+            const int p = cs_lower(a.vidx + (size_t)li * a.VL, a.vcnt[li], (s & 1) ? t1 : t0);
+            if ((tid & 31) == 0) rng[s] = p;
+        }
     __syncthreads();
     if (tid == 0) { /* the flattened sequence: list b's range rounded out to 4 entries at [fq[b], fq[b + 1]) */
         fq[0] = 0;
@@ -83,20 +101,20 @@ template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_ti
         }
     }
     __syncthreads();
-    const int F = fq[m], np = (F + CS_PCAP - 1) / CS_PCAP, nv = (a.missing == 1 ? 2 : 1) * np;
+    const int F = fq[m], np = (F + CAP - 1) / CAP, nv = (a.missing == 1 ? 2 : 1) * np;
     /* piece j = flattened entries [jj CAP, jj CAP + CAP) (jj = j, or j - np in missing=min's second pass,
      * whose first pass copies the indices alone), into buffer j % NBUF; one commit group a call */
     auto issue = [&](int j) {
         if (j < nv) {
-            const int jj = j >= np ? j - np : j, f0 = jj * CS_PCAP, buf = j % CS_PNBUF;
-            const int nq = (F - f0 < CS_PCAP ? F - f0 : CS_PCAP) >> 2, nall = a.missing == 1 && j < np ? nq : 2 * nq;
+            const int jj = j >= np ? j - np : j, f0 = jj * CAP, buf = j % NB;
+            const int nq = (F - f0 < CAP ? F - f0 : CAP) >> 2, nall = a.missing == 1 && j < np ? nq : 2 * nq;
             for (int q = tid; q < nall; q += TH) {
                 const int qq = q < nq ? q : q - nq, f = f0 + 4 * qq;
                 int b = 0;
                 while (fq[b + 1] <= f) b++;
                 const size_t src = (size_t)sli[b] * a.VL + (rng[2 * b] & ~3) + (f - fq[b]);
-                if (q < nq) cs_cp16(bidx + buf * CS_PCAP + 4 * qq, a.vidx + src);
-                else cs_cp16(bval + buf * CS_PCAP + 4 * qq, a.vval + src);
+                if (q < nq) cs_cp16(bidx + buf * CAP + 4 * qq, a.vidx + src);
+                else cs_cp16(bval + buf * CAP + 4 * qq, a.vval + src);
             }
         }
         cs_cp_commit();
@@ -105,12 +123,12 @@ template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_ti
     auto take = [&](int j) { /* piece j resident for everyone; earlier pieces done, their buffers refilled */
         while (cur < j) {
             ++cur;
-            cs_cp_wait<CS_PNBUF - 2>();
+            cs_cp_wait<NB - 2>();
             __syncthreads();
-            issue(cur + CS_PNBUF - 1);
+            issue(cur + NB - 1);
         }
     };
-    for (int j = 0; j < CS_PNBUF - 1; j++) issue(j);
+    for (int j = 0; j < NB - 1; j++) issue(j);
     for (int pass = a.missing == 1 ? 0 : 1; pass < 2; pass++) {
         const int poff = pass == 1 && a.missing == 1 ? np : 0;
         for (int b = 0; b < m; b++) {
@@ -118,12 +136,12 @@ template <int TH> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_ti
             const int v0b = fb + rng[2 * b] - A0, v1b = fb + rng[2 * b + 1] - A0; /* the range proper */
             const float w = sws[b];
             for (int f = fb; f < fe_b;) {
-                const int jj = f / CS_PCAP, fe = fe_b < (jj + 1) * CS_PCAP ? fe_b : (jj + 1) * CS_PCAP;
+                const int jj = f / CAP, fe = fe_b < (jj + 1) * CAP ? fe_b : (jj + 1) * CAP;
                 take(poff + jj);
-                const int buf = (poff + jj) % CS_PNBUF, v0 = f > v0b ? f : v0b, v1 = fe < v1b ? fe : v1b;
-                const int32_t *si = bidx + buf * CS_PCAP;
-                const float *sv = bval + buf * CS_PCAP;
-                for (int x = v0 + tid - jj * CS_PCAP; x < v1 - jj * CS_PCAP; x += TH) {
+                const int buf = (poff + jj) % NB, v0 = f > v0b ? f : v0b, v1 = fe < v1b ? fe : v1b;
+                const int32_t *si = bidx + buf * CAP;
+                const float *sv = bval + buf * CAP;
+                for (int x = v0 + tid - jj * CAP; x < v1 - jj * CAP; x += TH) {
                     const int32_t i = si[x];
                     if (i < 0) continue; /* tombstone */
                     if (pass == 0) acc[i - t0] = 0.f; /* missing=min: the union, acc = 0 */

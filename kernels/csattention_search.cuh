@@ -115,14 +115,29 @@ kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int 
     *nt = (n + tk - 1) / tk;
     if (n <= 0) return KV_OK;
     unsigned *thr = variant != 3 && g->use_thr ? g->thr : NULL;
+    const int *bnd = variant != 3 && g->use_bnd ? g->bnd : NULL;
     cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
                                                         g->wb, g->nu, thr);
     KV_LAUNCH_CHECK();
+    if (bnd) {
+        const long long warps = (long long)R * m * (*nt + 1);
+        cs_bounds<<<(int)((warps + 3) / 4), 128, 0, g->st>>>(g->vidx, g->vcnt, g->VL, g->jl, R, m, lo, hi, tk, *nt + 1,
+                                                              g->bnd);
+        KV_LAUNCH_CHECK();
+    }
     const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, c.L, m, lo, hi, missing,
-                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T, tk, thr};
-    if (variant == 3) cs_tile<<<dim3(*nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
-    else if (g->tth == 256) cs_pipe<256><<<dim3(R, *nt), 256, cs_pipe_smem(tk, missing), g->st>>>(a);
-    else cs_pipe<512><<<dim3(R, *nt), 512, cs_pipe_smem(tk, missing), g->st>>>(a);
+                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T, tk, thr, bnd, *nt + 1};
+    if (variant == 3) {
+        cs_tile<<<dim3(*nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
+    const dim3 grid(R, *nt);
+    const size_t sm = cs_pipe_smem(tk, missing, g->ring);
+    if (g->tth == 256) cs_pipe<256, 1024, 4><<<grid, 256, sm, g->st>>>(a);
+    else if (g->ring == 1) cs_pipe<512, 2048, 3><<<grid, 512, sm, g->st>>>(a);
+    else if (g->ring == 2) cs_pipe<512, 512, 6><<<grid, 512, sm, g->st>>>(a);
+    else cs_pipe<512, 1024, 4><<<grid, 512, sm, g->st>>>(a);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }

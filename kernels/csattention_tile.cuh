@@ -117,6 +117,8 @@ struct cs_tile_args {
     long long uld;
     int tk;        /* cs_pipe's tile (the staged kernel's is CS_TK) */
     unsigned *thr; /* cs_pipe: per row, a lower bound of the k-th best key (kv_f2key), or NULL */
+    const int *bnd; /* cs_pipe: the tiles' ranges from cs_bounds [R][m][nt1], or NULL (searched) */
+    int nt1;
 };
 
 __global__ void __launch_bounds__(CS_TTH, 3) cs_tile(cs_tile_args a) {
