@@ -320,6 +320,7 @@ struct kv_cs_gpu {
     int use_thr;
     int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
     int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
+    size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
     int *spay;
     void *stmp;
@@ -403,7 +404,10 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4>, 0));
     KV_TRY(cs_pipe_attr(cs_pipe<512, 2048, 3>, 1));
     KV_TRY(cs_pipe_attr(cs_pipe<512, 512, 6>, 2));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, g->dev.smem_optin));
+    cudaFuncAttributes fa;
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa, cs_merge)); /* static + dynamic shared memory <= the opt-in limit */
+    g->merge_smax = (size_t)g->dev.smem_optin - fa.sharedSizeBytes;
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->merge_smax));
     const char *env = getenv("KVBENCH_CS_REDUCE");
     g->reduce = !env || !*env || !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1 : !strcmp(env, "sort") ? 2
               : !strcmp(env, "staged") ? 3 : -1;

@@ -5,33 +5,48 @@
  * block and candidate layout it shares).
  *
  * Why: the staged tile kernel (csattention_tile.cuh, KVBENCH_CS_REDUCE=
- * staged) copied each tile's list entries through registers into a 48 KB
- * window, four 4-B loads per thread in flight, so a block spent most of its
- * life waiting on a chain of dependent phases and only 3 blocks of ~66 KB
- * fitted an SM: 378 us for the tiles at 1M tokens (22% of the copy rate).
- * Here the entries move by cp.async (16 B per instruction, global to shared
- * memory, no registers), through a ring of NB buffers of CAP
- * entries: while the block accumulates piece j, pieces j + 1 .. j + NBUF - 1
- * are in flight (24 KB a block), and the smaller footprint (32 KB ring + the
- * 16 KB accumulator at CS_TK = 4096) lets 4 blocks of 512 threads share an
- * SM. A piece is a 4-entry-aligned slice of one list's range (the range of
- * list b = positions [p0, p1) of keys in [t0, t1), rounded out to 16 B
- * boundaries; the rounded-in entries are never read back, their copies stay
- * inside the list's row as VL is a multiple of 4). Pieces are consumed in
- * subspace order with a barrier before each, so every key still gets the
- * CPU's additions in the CPU's order (keys are distinct within a list: no
- * atomics); missing=min first marks the union (an index-only pass over the
- * same pieces), then per subspace stamps the values and adds w_b (v or the
- * list's minimum) to every union key, as in the staged kernel. The tile's
- * count, optional key listing and top min(k, tile) (kv_block_topk, position
- * order = key order) are the staged kernel's. The candidates' top k is one
- * block per row (cs_merge: the row's nt x k candidates in shared memory,
+ * staged) copies each tile's list entries through registers into a 48 KB
+ * window, four 4-B loads per thread in flight, so a block spends most of its
+ * life on a chain of dependent phases, and only 3 blocks of ~66 KB fit an
+ * SM: 380 us for the tiles at 1M tokens on the H100, 24% of the copy rate,
+ * plus 30 us for the shared cooperative top-k over the candidates.
+ * Here the entries move by cp.async (16 B an instruction, global to shared
+ * memory, no registers) through a ring of NB buffers of CAP entries (index
+ * + score; 1024 x 4 by default, KVBENCH_CS_RING=2048x3|512x6): while the
+ * block accumulates piece j, pieces j + 1 .. j + NB - 1 are in flight (24 KB
+ * a block), and the smaller footprint (32 KB ring + the 16 KB accumulator at
+ * 4096 keys) lets 4 blocks of 512 threads share an SM. The pieces cut the
+ * flattened sequence of the m list ranges (range b = the positions [p0, p1)
+ * of keys in [t0, t1), rounded out to 16 B; the rounded-in entries are never
+ * read back and their copies stay inside the list's row, VL being a multiple
+ * of 4). Entries are accumulated in subspace order with a barrier after
+ * each subspace, so every key gets the CPU's additions in the CPU's order
+ * (keys are distinct within a list: no atomics); missing=min first marks the
+ * union (an index-only pass), then per subspace stamps the values and adds
+ * w_b (v or the list's minimum) to every union key, as the staged kernel.
+ * The ranges are searched by each block (cs_lower, ~4 dependent loads), or
+ * precomputed for every tile by one launch (cs_bounds, KVBENCH_CS_BOUNDS=1).
+ * Candidates: a per-row bound (thr, kv_f2key, zeroed by cs_nearest,
+ * KVBENCH_CS_THR=0 turns it off) of the row's k-th best: a tile that runs
+ * the full selection (kv_block_topk, the staged kernel's) publishes its
+ * k-th best by atomicMax, since k keys of the row reach it; a later tile
+ * with at most k keys at or above the bound emits exactly those (a key
+ * below it has k keys above it, so it is in no top k) in key order, and
+ * skips the selection; tiles run row-fastest (grid (rows, tiles)) so every
+ * row has finished tiles early. Exact whatever the timing: the bound only
+ * ever rises and is always a true lower bound. The candidates' top k is one
+ * block per row (cs_merge: the row's nt x k slots in shared memory,
  * kv_block_topk ranked, ties to the smaller position = the smaller key),
- * which replaces the shared cooperative top-k (20-30 us, mostly fixed cost,
- * at these sizes) while the row fits in shared memory. Bytes: as the staged
- * kernel, m x L x 8 B per row plus up to 2 x 12 B of rounding per tile and
- * list. Tile size and block size: KVBENCH_CS_TK (2048 | 4096 | 8192) and
- * KVBENCH_CS_TH (256 | 512), bench knobs, defaults from the H100 run. */
+ * instead of the shared cooperative top-k, while the row fits in shared
+ * memory. Tile and block size: KVBENCH_CS_TK (2048 | 4096 | 8192 keys) and
+ * KVBENCH_CS_TH (256 | 512). Bytes per row: the staged kernel's, m x L x 8 B
+ * (16 B per region key at m = 8, alpha = 0.25), plus at most 24 B of
+ * rounding per list and tile (0.05 B per key at 4096 keys), the k x 8 B
+ * candidate slots per tile written and read (0.4 B per key at k = 100), and
+ * missing=min's second read of the indices (+4 B per entry). The defaults
+ * (4096 x 512, ring 1024 x 4, bound on, ranges searched) are the design's
+ * guess: KVBENCH_CS_SWEEP=1 (csattention_bench.cuh) times every variant
+ * against the dense path, and no GPU run of this file has been made yet. */
 
 constexpr int CS_KCAP = 2048, CS_MTH = 1024;
 /* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4 (default), 2048x3, 512x6. */

@@ -146,7 +146,7 @@ kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int 
  * shared memory and variant != 3, else the shared top-k over the candidate rows and cs_map. */
 kv_status cs_cand_launch(kv_cs_gpu *g, int variant, int R, int nt, int k, int kk) {
     const long long nc = (long long)nt * k;
-    if (variant != 3 && cs_merge_smem(nc, kk) <= (size_t)g->dev.smem_optin) {
+    if (variant != 3 && cs_merge_smem(nc, kk) <= g->merge_smax) {
         cs_merge<<<R, CS_MTH, cs_merge_smem(nc, kk), g->st>>>(g->cv, g->ci, g->cld, (int)nc, kk, g->oidx);
         KV_LAUNCH_CHECK();
         return KV_OK;
