@@ -58,6 +58,9 @@
 namespace {
 
 constexpr int CS_CHUNK = 16; /* centroids whose score rows are built at once */
+/* The search without KVBENCH_CS_REDUCE: 0 the pipelined tiles (csattention_pipe.cuh, the default), 3 the
+ * staged tiles (csattention_tile.cuh, the previous default, verified on the H100; the one-line fallback). */
+constexpr int CS_DEFAULT_REDUCE = 0;
 
 __device__ __forceinline__ float cs_tof(__half h) { return __half2float(h); }
 __device__ __forceinline__ float cs_tof(float f) { return f; }
@@ -409,8 +412,8 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     g->merge_smax = (size_t)g->dev.smem_optin - fa.sharedSizeBytes;
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->merge_smax));
     const char *env = getenv("KVBENCH_CS_REDUCE");
-    g->reduce = !env || !*env || !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1 : !strcmp(env, "sort") ? 2
-              : !strcmp(env, "staged") ? 3 : -1;
+    g->reduce = !env || !*env ? CS_DEFAULT_REDUCE : !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1
+              : !strcmp(env, "sort") ? 2 : !strcmp(env, "staged") ? 3 : -1;
     if (g->reduce < 0)
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_REDUCE: expected tiled, dense, sort or staged, found '%s'", env);
     return KV_OK;
