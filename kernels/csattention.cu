@@ -18,11 +18,14 @@
  * Search: per row (a query head, or a kv head with pool=mean: the group
  * mean in the CPU's head order) and subspace the nearest centroid (one warp,
  * the CPU loop's first maximum) and the weight; then the reduce-by-key in
- * one of three variants, all the CPU's additions in the CPU's subspace order
- * (bitwise): DEFAULT the tiled shared-memory accumulator over the lists'
- * by-key views (csattention_tile.cuh: reads the m gathered lists once, 8 B
- * per entry = m x L x 8 B per row, the floor; per-tile candidates, then the
- * shared top-k); KVBENCH_CS_REDUCE=dense the dense global accumulator row
+ * one of four variants, all the CPU's additions in the CPU's subspace order
+ * (bitwise): DEFAULT the pipelined tiled shared-memory accumulator over the
+ * lists' by-key views (csattention_pipe.cuh: reads the m gathered lists
+ * once, 8 B per entry = m x L x 8 B per row, the floor, through a cp.async
+ * ring; per-tile candidates above a per-row bound, then one block per row
+ * for the top k); KVBENCH_CS_REDUCE=staged the same tiles with the entries
+ * staged through registers (csattention_tile.cuh, the previous default);
+ * KVBENCH_CS_REDUCE=dense the dense global accumulator row
  * over the region, -inf = not gathered (missing=zero: one launch per
  * subspace adds w_b * v, first time from 0; missing=min: the union marked,
  * then per subspace a stamp launch and an add launch of w_b * (v or the
@@ -30,9 +33,9 @@
  * the shared top-k over the row; 3 x 4 B per region key more);
  * KVBENCH_CS_REDUCE=sort a stable radix sort of (key, subspace) pairs and
  * one sum per run into the same dense rows (csattention_sort.cuh). The
- * bench times all three (csattention_bench.cuh); the tiled one is the
- * default as the expected fastest (it alone reads no more than the lists;
- * to be confirmed by the GPU run: the default is g->reduce in create).
+ * bench times the dense, sort and default ones (csattention_bench.cuh;
+ * KVBENCH_CS_SWEEP=1 adds every tiling, each checked against the dense
+ * path); the measured H100 numbers behind the default are in its header.
  * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
  * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
  * distances in the CPU's order, the running total and the walk by a block
@@ -55,6 +58,9 @@
 namespace {
 
 constexpr int CS_CHUNK = 16; /* centroids whose score rows are built at once */
+/* The search without KVBENCH_CS_REDUCE: 0 the pipelined tiles (csattention_pipe.cuh, the default), 3 the
+ * staged tiles (csattention_tile.cuh, the previous default, verified on the H100; the one-line fallback). */
+constexpr int CS_DEFAULT_REDUCE = 0;
 
 __device__ __forceinline__ float cs_tof(__half h) { return __half2float(h); }
 __device__ __forceinline__ float cs_tof(float f) { return f; }
@@ -89,6 +95,7 @@ __device__ void cs_heap_down(int32_t *hi, float *hv, int n, int i) {
 #include "csattention_kmeans.cuh"
 #include "csattention_sort.cuh"
 #include "csattention_tile.cuh"
+#include "csattention_pipe.cuh"
 
 /* S[c*ld + i] = <cent_c, K_g[lo + i] sub-vector b> for c < nc, i < n. */
 template <typename TK>
@@ -179,10 +186,11 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
 constexpr int CS_NEAR_TH = 128;
 __global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
                                                          int m, int C, int ds, const float *cent, int *jl, float *wb,
-                                                         int *nu0) {
+                                                         int *nu0, unsigned *thr0) {
     __shared__ float sq[CS_NEAR_TH / 32][128];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
     if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
     if (t >= R * m) return; /* whole warps */
     const int r = t / m, b = t % m, g = pool ? r : r / G;
     float *qv = sq[w];
@@ -308,7 +316,14 @@ struct kv_cs_gpu {
     int32_t *ci, *opos;
     long long cld;
     int kcap;             /* k the tiled search's candidate rows hold */
-    int reduce;           /* 0 tiled (default), 1 dense global accumulator, 2 radix sort (KVBENCH_CS_REDUCE=dense|sort) */
+    int reduce;           /* 0 pipelined tiles (default), 1 dense global accumulator, 2 radix sort, 3 staged tiles
+                             (KVBENCH_CS_REDUCE=dense|sort|staged) */
+    int tkeys, tth;        /* the pipelined tiles' keys and threads (KVBENCH_CS_TK, KVBENCH_CS_TH) */
+    unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
+    int use_thr;
+    int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
+    int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
+    size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
     int *spay;
     void *stmp;
@@ -317,6 +332,13 @@ struct kv_cs_gpu {
 };
 
 namespace {
+
+/* The largest shared memory a pipelined kernel of ring geometry `ring` asks for (8192 keys, missing=min). */
+kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
+    KV_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_pipe_smem(8192, 1, ring)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
+    return KV_OK;
+}
 
 kv_status cs_create_go(kv_cs_gpu *g) {
     const kv_cs_gpu_config &c = g->c;
@@ -356,18 +378,44 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->vval, NL * g->VL * sizeof(float), 0, "csattention list scores by key");
     KV_CUDA_ALLOC(g->vcnt, NL * sizeof(int), 0, "csattention list-by-key counts");
     KV_CUDA_TRY(cudaMemset(g->vcnt, 0, NL * sizeof(int)));
-    g->kcap = c.k_max > 0 && c.k_max <= CS_SCAP / 2 ? c.k_max : 1024;
-    const long long nt = (c.T + CS_TK - 1) / CS_TK;
+    const char *etk = getenv("KVBENCH_CS_TK"), *eth = getenv("KVBENCH_CS_TH");
+    g->tkeys = etk ? atoi(etk) : 4096;
+    g->tth = eth ? atoi(eth) : 512;
+    if (g->tkeys != 2048 && g->tkeys != 4096 && g->tkeys != 8192)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TK: expected 2048, 4096 or 8192, found '%s'", etk);
+    if (g->tth != 256 && g->tth != 512)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TH: expected 256 or 512, found '%s'", eth);
+    const char *ethr = getenv("KVBENCH_CS_THR"), *ebnd = getenv("KVBENCH_CS_BOUNDS"), *ering = getenv("KVBENCH_CS_RING");
+    g->use_thr = !ethr || strcmp(ethr, "0");
+    g->use_bnd = ebnd && !strcmp(ebnd, "1");
+    g->ring = !ering || !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
+    if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
+    if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
+    KV_CUDA_ALLOC(g->thr, Hq * sizeof(unsigned), 0, "csattention row bounds");
+    g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
+    const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
     g->cld = nt * g->kcap;
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
     KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
     KV_CUDA_ALLOC(g->opos, Hq * (size_t)g->kcap * sizeof(int32_t), 0, "csattention candidate top-k");
+    KV_CUDA_ALLOC(g->bnd, Hq * (size_t)c.m * (nt + 1) * sizeof(int), 0, "csattention tile ranges");
     KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
+    KV_TRY(cs_pipe_attr(cs_pipe<256, 1024, 4>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 2048, 3>, 1));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 512, 6>, 2));
+    cudaFuncAttributes fa;
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa, cs_merge)); /* static + dynamic shared memory <= the opt-in limit */
+    g->merge_smax = (size_t)g->dev.smem_optin - fa.sharedSizeBytes;
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->merge_smax));
     const char *env = getenv("KVBENCH_CS_REDUCE");
-    g->reduce = env && !strcmp(env, "dense") ? 1 : env && !strcmp(env, "sort") ? 2 : 0;
+    g->reduce = !env || !*env ? CS_DEFAULT_REDUCE : !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1
+              : !strcmp(env, "sort") ? 2 : !strcmp(env, "staged") ? 3 : -1;
+    if (g->reduce < 0)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_REDUCE: expected tiled, dense, sort or staged, found '%s'", env);
     return KV_OK;
 }
 
@@ -378,7 +426,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
-    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -577,7 +625,7 @@ kv_status cs_append(void *p, int t, const float *key) {
 #include "csattention_search.cuh"
 
 /* The tiled path serves this search (else the dense one). */
-bool cs_tiled(const kv_cs_gpu *g, int k) { return g->reduce == 0 && k <= g->kcap && g->c.m <= CS_MMAX; }
+bool cs_tiled(const kv_cs_gpu *g, int k) { return (g->reduce == 0 || g->reduce == 3) && k <= g->kcap && g->c.m <= CS_MMAX; }
 
 kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
                     int *count, int32_t *cand, int cand_ld, int *ncand) {
@@ -589,7 +637,7 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     const int kk = k < n ? k : n;
-    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, pool, missing, weight, hi, k, cand != NULL));
+    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, cand != NULL));
     else {
         if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
         else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));

@@ -1,11 +1,77 @@
 /* csattention_bench.cuh: `kvbench bench --method csattention` (the hook of
  * kernels/csattention.h), included at the end of csattention.cu inside its
  * anonymous namespace. Stages: the list build; the dense global accumulator
- * (reduce_dense, topk_dense, search_dense); the tiled shared-memory
- * accumulator (reduce_tiled, topk_tiled) and the radix-sort variant
- * (search_sort); then `search`, the default (tiled) search whole. The bytes
+ * (reduce_dense, topk_dense, search_dense); the tiles (reduce_tiled) and
+ * their candidates' top k (topk_tiled); the radix-sort variant
+ * (search_sort); then `search`, the tiled search whole: the pipelined tiles
+ * (the default), or the staged ones under KVBENCH_CS_REDUCE=staged. The bytes
  * each stage must move are printed under the table (bytes_note): the floor
  * of a search is the m gathered lists, L entries of 8 B, per row. */
+
+/* KVBENCH_CS_SWEEP=1 (a development aid): after the bench's rows, time the tiled search whole in each
+ * variant (staged; pipelined at 2048/4096/8192 keys x 256/512 threads, ring geometries, row bound on/off,
+ * ranges searched per tile or precomputed by cs_bounds) and check each
+ * one's top k and union counts against the dense path's, printed to stderr. */
+kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int k, int R,
+                         int kk) {
+    const size_t no = (size_t)R * kk;
+    int32_t *ref = (int32_t *)malloc(2 * no * sizeof(int32_t) + 2 * (size_t)R * sizeof(int));
+    if (!ref) return kv_fail(KV_ERR_NOMEM, "csattention sweep");
+    int32_t *got = ref + no;
+    int *rnu = (int *)(got + no), *gnu = rnu + R;
+    /* the reference: the dense path once more (the bench's reduce_dense + topk_dense) */
+    kv_status st = cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n);
+    if (st == KV_OK) st = kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
+    cudaError_t e0 = st == KV_OK ? cudaStreamSynchronize(g->st) : cudaSuccess;
+    if (e0 == cudaSuccess && st == KV_OK) e0 = cudaMemcpy(ref, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (e0 == cudaSuccess && st == KV_OK) e0 = cudaMemcpy(rnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
+    if (e0 != cudaSuccess) st = kv_cuda_error(e0, "csattention sweep", __FILE__, __LINE__);
+    const int tk0 = g->tkeys, th0 = g->tth, thr0 = g->use_thr, bnd0 = g->use_bnd, ring0 = g->ring;
+    /* variant (3 staged, 0 pipelined), keys, threads, ring, row bound, precomputed ranges */
+    static const int cf[][6] = {{3, 4096, 512, 0, 0, 0}, {0, 4096, 512, 0, 1, 0}, {0, 4096, 512, 0, 0, 0},
+                                {0, 4096, 512, 0, 1, 1}, {0, 4096, 256, 0, 1, 0}, {0, 4096, 512, 1, 1, 0},
+                                {0, 4096, 512, 2, 1, 0}, {0, 4096, 512, 1, 1, 1}, {0, 2048, 512, 0, 1, 0},
+                                {0, 2048, 512, 0, 1, 1}, {0, 2048, 256, 0, 1, 1}, {0, 8192, 512, 0, 1, 0},
+                                {0, 8192, 512, 1, 1, 1}, {0, 8192, 512, 0, 0, 0}};
+    for (int c = 0; c < (int)(sizeof cf / sizeof cf[0]) && st == KV_OK; c++) {
+        g->tkeys = cf[c][1];
+        g->tth = cf[c][2];
+        g->ring = cf[c][3];
+        g->use_thr = cf[c][4];
+        g->use_bnd = cf[c][5];
+        const int v = cf[c][0], nt = (n + (v == 3 ? CS_TK : g->tkeys) - 1) / (v == 3 ? CS_TK : g->tkeys);
+        kv_gpu_timing a, b, w;
+        int ntl;
+        st = x.time([&]() { return cs_tiles_launch(g, v, bp->pool, bp->missing, bp->weight, n, k, 0, &ntl); }, &a);
+        if (st == KV_OK) st = x.time([&]() { return cs_cand_launch(g, v, R, nt, k, kk); }, &b);
+        if (st == KV_OK) st = x.time([&]() { return cs_tile_launch(g, v, bp->pool, bp->missing, bp->weight, n, k, 0); }, &w);
+        if (st != KV_OK) break;
+        cudaError_t e = cudaStreamSynchronize(g->st);
+        if (e == cudaSuccess) e = cudaMemcpy(got, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(gnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) { st = kv_cuda_error(e, "csattention sweep", __FILE__, __LINE__); break; }
+        long bad = -1;
+        for (size_t i = 0; i < no && bad < 0; i++)
+            if (got[i] != ref[i]) bad = (long)i;
+        int badnu = -1;
+        for (int r = 0; r < R && badnu < 0; r++)
+            if (gnu[r] != rnu[r]) badnu = r;
+        fprintf(stderr, "cs sweep n=%d %s tk=%d th=%d ring=%dx%d bound=%d ranges=%d: tiles %.1f us, merge %.1f us, "
+                        "search %.1f us (p90 %.1f); top-k %s, union %s\n", n, v == 3 ? "staged" : "pipelined",
+                v == 3 ? CS_TK : g->tkeys, v == 3 ? CS_TTH : g->tth, CS_RINGS[g->ring][0], CS_RINGS[g->ring][1],
+                v == 3 ? 0 : g->use_thr, v == 3 ? 0 : g->use_bnd, a.med_us, b.med_us, w.med_us, w.p90_us,
+                bad < 0 ? "= dense" : "DIFFERS from dense", badnu < 0 ? "= dense" : "DIFFERS from dense");
+        if (bad >= 0) fprintf(stderr, "  first difference: row %ld rank %ld: %d vs dense %d\n", bad / kk, bad % kk,
+                              got[bad], ref[bad]);
+    }
+    g->tkeys = tk0;
+    g->tth = th0;
+    g->use_thr = thr0;
+    g->use_bnd = bnd0;
+    g->ring = ring0;
+    free(ref);
+    return st;
+}
 
 /* ---- kvbench bench --method csattention ---- */
 kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const kv_cs_bench_params *bp,
@@ -30,27 +96,15 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_TRY(x.time([&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
     KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + CS_TK - 1) / CS_TK;
+    const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + g->tkeys - 1) / g->tkeys;
     if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);
-    /* the tiled accumulator (default): nearest + tiles, then the candidates' top-k; the dense global
+    /* the pipelined tiles (default): nearest + tiles, then the candidates' top-k; the dense global
      * accumulator (KVBENCH_CS_REDUCE=dense): reduce_dense, then the top-k over the dense rows */
-    auto tiles = [&]() -> kv_status {
-        const int m = bp->m;
-        cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, bp->pool, bp->weight, g->G, R, s->D, m, bp->C, g->ds,
-                                                            g->cent, g->jl, g->wb, g->nu);
-        KV_LAUNCH_CHECK();
-        const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, L, m, 0, n,
-                                bp->missing, s->k, g->cv, g->ci, g->cld, g->nu, NULL, n};
-        cs_tile<<<dim3(nt, R), CS_TTH, cs_tile_smem(bp->missing), g->st>>>(a);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
-    auto cand_topk = [&]() -> kv_status {
-        KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, nt * s->k, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
-        cs_map<<<(R * kk + 127) / 128, 128, 0, g->st>>>(g->opos, g->ci, g->cld, kk, R, g->oidx);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
-    };
+    const int var = g->reduce == 3 ? 3 : 0; /* the tiles timed: pipelined, or staged when KVBENCH_CS_REDUCE=staged */
+    const int ntv = var == 3 ? (n + CS_TK - 1) / CS_TK : nt;
+    int ntl = ntv;
+    auto tiles = [&]() { return cs_tiles_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0, &ntl); };
+    auto cand_topk = [&]() { return cs_cand_launch(g, var, R, ntv, s->k, kk); };
     auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
     auto topk = [&]() {
         return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
@@ -62,14 +116,20 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_TRY(x.time(cand_topk, &t[5]));
     KV_TRY(x.time([&]() -> kv_status { KV_TRY(cs_sort_launch(g, bp->pool, bp->missing, bp->weight, n)); return topk(); },
                   &t[7]));
-    KV_TRY(x.time([&]() { return cs_tile_launch(g, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
+    KV_TRY(x.time([&]() { return cs_tile_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nu[64];
     KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
     double su = 0;
     for (int r = 0; r < R && r < 64; r++) su += nu[r];
+    if (getenv("KVBENCH_CS_SWEEP")) { /* after the rows are timed: a failure here costs only the sweep */
+        const kv_status ss = cs_bench_sweep(x, g, bp, n, s->k, R, kk);
+        if (ss != KV_OK) fprintf(stderr, "cs sweep n=%d stopped: %s\n", n, kv_last_error());
+        (void)cudaGetLastError();
+        KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    }
     const double es = K->a.half ? 2 : 4, lists = (double)R * bp->m * L * 8, dense = (double)R * n * 4,
-                 cand = (double)R * nt * s->k * 8, out_b = (double)R * kk * 4,
+                 cand = (double)R * ntv * s->k * 8, out_b = (double)R * kk * 4,
                  build = (double)s->Hkv * bp->m *
                          ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
                           (double)bp->C * L * 8);
@@ -83,13 +143,14 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     out->stage[6] = kv_gpu_stage{"search_sort", t[7], lists + out_b};
     out->stage[7] = kv_gpu_stage{"search", t[6], lists + out_b};
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at evenly spaced positions; "
+             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at even positions; "
              "union %.0f/row; floor = m lists x L x 8 B (int32 + f32) per row = %.1f B per region key; "
-             "reduce_dense adds 3 x 4 B/key (global accumulator), topk_dense reads it; reduce_tiled = shared-memory "
-             "tiles of %d keys + k x 8 B candidates per tile; search_sort = radix sort by key + run sums + dense top-k; "
-             "search = tiled (default), candidates counted not listed",
+             "reduce_dense: + 3 x 4 B/key global accumulator, topk_dense reads it; search_sort: radix sort + run sums; "
+             "reduce_tiled: %s tiles of %d keys x %d threads, row bound %s, k x 8 B candidates a tile; topk_tiled: "
+             "their top k; search = the tiles whole, candidates counted",
              bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R,
-             (double)bp->m * L * 8 / n, CS_TK);
+             (double)bp->m * L * 8 / n, var == 3 ? "staged" : "pipelined", var == 3 ? CS_TK : g->tkeys,
+             var == 3 ? CS_TTH : g->tth, var == 0 && g->use_thr ? "on" : "off");
     return KV_OK;
 }
 

@@ -11,7 +11,7 @@ kv_status cs_nearest_fill(kv_cs_gpu *g, int pool, int weight, int hi) {
     const kv_cs_gpu_config &c = g->c;
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m;
     cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb, NULL);
+                                                        g->wb, NULL, NULL);
     KV_LAUNCH_CHECK();
     const long long fill = (long long)(hi - lo) * R;
     cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
@@ -105,22 +105,64 @@ kv_status cs_sort_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     return KV_OK;
 }
 
-/* The tiled search (csattention_tile.cuh) on g->st, q on the device: nearest lists, the tiles, the
- * candidates' top kk = min(k, hi - sink) to oidx [R][kk]; nu, and u when want_u. */
-kv_status cs_tile_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
+/* The tiles on g->st, q on the device: the nearest lists (nu zeroed), then per tile its accumulation, count
+ * (and listing, when want_u) and top min(k, tile) into the candidate rows; variant 3 the staged kernel
+ * (csattention_tile.cuh), otherwise the pipelined one (csattention_pipe.cuh). *nt gets the tiles per row. */
+kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int weight, int hi, int k, int want_u,
+                          int *nt) {
     const kv_cs_gpu_config &c = g->c;
-    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo, kk = k < n ? k : n;
-    const int nt = (n + CS_TK - 1) / CS_TK;
-    if (n <= 0 || kk <= 0) return KV_OK;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m, n = hi - lo, tk = variant == 3 ? CS_TK : g->tkeys;
+    *nt = (n + tk - 1) / tk;
+    if (n <= 0) return KV_OK;
+    unsigned *thr = variant != 3 && g->use_thr ? g->thr : NULL;
+    const int *bnd = variant != 3 && g->use_bnd ? g->bnd : NULL;
     cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb, g->nu);
+                                                        g->wb, g->nu, thr);
     KV_LAUNCH_CHECK();
+    if (bnd) {
+        const long long warps = (long long)R * m * (*nt + 1);
+        cs_bounds<<<(int)((warps + 3) / 4), 128, 0, g->st>>>(g->vidx, g->vcnt, g->VL, g->jl, R, m, lo, hi, tk, *nt + 1,
+                                                              g->bnd);
+        KV_LAUNCH_CHECK();
+    }
     const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, c.L, m, lo, hi, missing,
-                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T};
-    cs_tile<<<dim3(nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
+                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T, tk, thr, bnd, *nt + 1};
+    if (variant == 3) {
+        cs_tile<<<dim3(*nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
+    const dim3 grid(R, *nt);
+    const size_t sm = cs_pipe_smem(tk, missing, g->ring);
+    if (g->tth == 256) cs_pipe<256, 1024, 4><<<grid, 256, sm, g->st>>>(a);
+    else if (g->ring == 1) cs_pipe<512, 2048, 3><<<grid, 512, sm, g->st>>>(a);
+    else if (g->ring == 2) cs_pipe<512, 512, 6><<<grid, 512, sm, g->st>>>(a);
+    else cs_pipe<512, 1024, 4><<<grid, 512, sm, g->st>>>(a);
     KV_LAUNCH_CHECK();
-    KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, nt * k, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
+    return KV_OK;
+}
+
+/* The top kk of the rows' nt x k candidates to oidx [R][kk]: one block per row (cs_merge) when the row fits in
+ * shared memory and variant != 3, else the shared top-k over the candidate rows and cs_map. */
+kv_status cs_cand_launch(kv_cs_gpu *g, int variant, int R, int nt, int k, int kk) {
+    const long long nc = (long long)nt * k;
+    if (variant != 3 && cs_merge_smem(nc, kk) <= g->merge_smax) {
+        cs_merge<<<R, CS_MTH, cs_merge_smem(nc, kk), g->st>>>(g->cv, g->ci, g->cld, (int)nc, kk, g->oidx);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
+    KV_TRY(kv_topk_launch(&g->tkc, g->cv, g->cld, 0, (int)nc, R, kk, 0, NULL, 1, g->opos, NULL, kk, NULL, g->st));
     cs_map<<<(R * kk + 127) / 128, 128, 0, g->st>>>(g->opos, g->ci, g->cld, kk, R, g->oidx);
     KV_LAUNCH_CHECK();
     return KV_OK;
+}
+
+/* The tiled search whole (variant 0 pipelined, 3 staged) on g->st, q on the device: the candidates' top
+ * kk = min(k, hi - sink) to oidx [R][kk]; nu, and u when want_u. */
+kv_status cs_tile_launch(kv_cs_gpu *g, int variant, int pool, int missing, int weight, int hi, int k, int want_u) {
+    const int R = pool ? g->c.Hkv : g->c.Hq, n = hi - g->c.sink, kk = k < n ? k : n;
+    if (n <= 0 || kk <= 0) return KV_OK;
+    int nt;
+    KV_TRY(cs_tiles_launch(g, variant, pool, missing, weight, hi, k, want_u, &nt));
+    return cs_cand_launch(g, variant, R, nt, k, kk);
 }

@@ -37,7 +37,8 @@
 
 constexpr int CS_TK = 4096, CS_SCAP = 6144, CS_TTH = 512, CS_MMAX = 32;
 
-inline long long cs_view_ld(int L) { return (long long)L + L / 16 + 34; }
+/* Row stride of the by-key views: a multiple of 4 entries, so every row starts on 16 B (cs_pipe's copies). */
+inline long long cs_view_ld(int L) { return ((long long)L + L / 16 + 34 + 3) & ~3LL; }
 /* Dynamic shared memory: acc [CS_TK], val [CS_TK] (missing=min only), the staging window, the histogram. */
 inline size_t cs_tile_smem(int missing) { return (size_t)CS_TK * (missing == 1 ? 8 : 4) + (size_t)CS_SCAP * 8 + 260 * 4; }
 
@@ -114,6 +115,10 @@ struct cs_tile_args {
     int *nu;
     int32_t *u; /* nullable */
     long long uld;
+    int tk;        /* cs_pipe's tile (the staged kernel's is CS_TK) */
+    unsigned *thr; /* cs_pipe: per row, a lower bound of the k-th best key (kv_f2key), or NULL */
+    const int *bnd; /* cs_pipe: the tiles' ranges from cs_bounds [R][m][nt1], or NULL (searched) */
+    int nt1;
 };
 
 __global__ void __launch_bounds__(CS_TTH, 3) cs_tile(cs_tile_args a) {

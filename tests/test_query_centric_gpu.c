@@ -9,6 +9,7 @@
  * last bit: on the synthetic layers used here none does (a failure names
  * the step, head and rank). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,19 +64,34 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
     return KV_TEST_PASS;
 }
 
+/* Set (val != NULL) or unset each NAME=VALUE of the comma-separated list env. */
+static void cs_env(const char *env, int set) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", env ? env : "");
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        char *eq = strchr(tok, '=');
+        if (!eq) continue;
+        *eq = 0;
+        if (set) setenv(tok, eq + 1, 1);
+        else unsetenv(tok);
+    }
+}
+
 /* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
- * stride-th step; reduce: NULL the default (the tiled accumulator, kernels/csattention_tile.cuh), or
- * KVBENCH_CS_REDUCE's "dense" (global accumulator) or "sort" (radix sort, csattention_sort.cuh). */
-static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
+ * stride-th step; env: NULL the default (the pipelined tiles, kernels/csattention_pipe.cuh), or settings for
+ * the GPU's open such as KVBENCH_CS_REDUCE=dense (global accumulator), =sort (radix sort,
+ * csattention_sort.cuh), =staged (the staged tiles, csattention_tile.cuh), or the pipelined tiles' knobs
+ * KVBENCH_CS_TK, _TH, _RING, _BOUNDS, _THR. */
+static int cs_gpu_matches_cpu_at(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *env) {
     int sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 41, &L));
     for (int s = 0; s < nsets; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
-        if (reduce) setenv("KVBENCH_CS_REDUCE", reduce, 1);
+        cs_env(env, 1);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
-        unsetenv("KVBENCH_CS_REDUCE");
+        cs_env(env, 0);
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
@@ -96,6 +112,12 @@ static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], 
     return KV_TEST_PASS;
 }
 
+static int cs_gpu_matches_cpu(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *reduce) {
+    char env[64];
+    snprintf(env, sizeof env, "KVBENCH_CS_REDUCE=%s", reduce ? reduce : "");
+    return cs_gpu_matches_cpu_at(T, P, stride, sets, nsets, reduce ? env : NULL);
+}
+
 /* kmeans=host: both paths share the centroids, so everything after is bitwise */
 static const char *cs_sets[][7] = {
     {"m=4", "C=8", "alpha=0.1", "iters=3", "missing=zero", "pool=none", "kmeans=host"},
@@ -108,14 +130,30 @@ int test_csattention_gpu_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400,
 int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "dense"); }
 int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "sort"); }
 
-/* Several tiles of 4096 keys, a tile's entries above the 6144-entry staging window (m = 8, alpha = 0.25:
- * ~8000 per tile), and enough decode keys that lists evict past their view's slack (compaction). */
-int test_csattention_gpu_tiles_match_cpu(void) {
-    static const char *big[][7] = {
-        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
-        {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+/* Several tiles of 4096 keys, a tile's entries above the staged kernel's 6144-entry window and above the
+ * pipelined kernel's 1024-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
+ * enough decode keys that lists evict past their view's slack (compaction). */
+static const char *cs_big[][7] = {
+    {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
+    {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+};
+int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
+
+/* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads with the ranges from
+ * cs_bounds, 8192 x 512 with the 2048 x 3 ring, 4096 x 512 with the 512 x 6 ring and no row bound. */
+int test_csattention_gpu_tile_variants_match_cpu(void) {
+    static const char *envs[] = {
+        "KVBENCH_CS_REDUCE=staged",
+        "KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256,KVBENCH_CS_BOUNDS=1",
+        "KVBENCH_CS_TK=8192,KVBENCH_CS_RING=2048x3",
+        "KVBENCH_CS_RING=512x6,KVBENCH_CS_THR=0",
     };
-    return cs_gpu_matches_cpu(12800, 9000, 200, big, 2, NULL);
+    for (int e = 0; e < 4; e++)
+        if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, envs[e]) != KV_TEST_PASS) {
+            fprintf(stderr, "    with %s\n", envs[e]);
+            return KV_TEST_FAIL;
+        }
+    return KV_TEST_PASS;
 }
 
 /* staged 0: the default device path (the one-launch fused search of
