@@ -227,6 +227,7 @@ struct kv_ct_gpu {
     int fused_v1;           /* KVBENCH_CTKVR_FUSED=1: the one-launch search's version 1 (ctkvr_fused.cuh) */
     size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
     size_t search_smem_max; /* the same for cts_search (ctkvr_search.cuh) */
+    unsigned long long *ts; /* the bench's phase stamps of cts_search when tracing, else NULL */
 };
 
 namespace {
@@ -457,7 +458,7 @@ kv_status ct_search2(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, i
     if (smem > g->search_smem_max) return KV_OK;
     cts_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, G, c.Hq, c.D, cpe, spb, nb, cpb, g->ckey, g->ctr, g->cslot,
                   g->lsrt, g->lcnt, c.rho, c.sink, gen_lo, hi, nmax, kmax, g->K->p, g->K->T, c.scale, g->top,
-                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu};
+                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts};
     if (g->K->half) cts_search<__half><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     else cts_search<float><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     KV_LAUNCH_CHECK();
@@ -575,6 +576,36 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
 }
 
 /* ---- kvbench bench --method ctkvr ---- */
+/* KVBENCH_CTKVR_TRACE=1: 5 more searches (L2 flushed before each) with cts_search's phase stamps, printed to
+ * stderr in microseconds from the first block's start (where the time of one launch goes). */
+kv_status ct_trace_one(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, int nmax, unsigned long long *h) {
+    for (int i = 0; i < CTS_NT; i++) h[i] = i == 0 ? ~0ull : 0ull;
+    KV_TRY(kv_bench_flush(&x.tm));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->ts, h, CTS_NT * sizeof *h, cudaMemcpyHostToDevice, g->st));
+    KV_TRY(ct_search_launch(g, cp, k, n, n, 0, nmax, n));
+    KV_CUDA_TRY(cudaMemcpyAsync(h, g->ts, CTS_NT * sizeof *h, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+kv_status ct_trace(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, int nmax) {
+    static const char *name[CTS_NT] = {"start", "arrive", "top_cp", "gather", "merge", "set", "scores", "lse",
+                                       "topk", "end"};
+    KV_CUDA_ALLOC(g->ts, CTS_NT * sizeof(unsigned long long), 0, "ctkvr trace stamps");
+    kv_status st = KV_OK;
+    for (int r = 0; r < 5 && st == KV_OK; r++) {
+        unsigned long long h[CTS_NT];
+        st = ct_trace_one(x, g, cp, k, n, nmax, h);
+        if (st != KV_OK) break;
+        fprintf(stderr, "ctkvr trace n=%d rep %d (us from the first block's start):", n, r);
+        for (int i = 1; i < CTS_NT; i++) fprintf(stderr, " %s %.2f", name[i], h[i] ? (h[i] - h[0]) * 1e-3 : -1.0);
+        fprintf(stderr, "\n");
+    }
+    cudaFree(g->ts);
+    g->ts = NULL;
+    return st;
+}
+
 kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
                       const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     const int n = s->n, C = bp->C < n ? bp->C : n, cp = bp->cp < C ? bp->cp : C;
@@ -622,6 +653,8 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     const kv_status sv1 = x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[6]);
     g->fused_v1 = v1;
     KV_TRY(sv1);
+    const char *tr = getenv("KVBENCH_CTKVR_TRACE");
+    if (tr && tr[0] == '1') KV_TRY(ct_trace(x, g, cp, k, n, nmax));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));

@@ -52,7 +52,22 @@ struct cts_args {
     int *nset;
     int k, krho;
     int32_t *oidx, *odcu;
+    unsigned long long *ts; /* nullable: the bench's phase stamps (KVBENCH_CTKVR_TRACE=1), cts_stamp */
 };
+
+/* The bench's phase stamps (%globaltimer, ns): ts[0] = the first block's start (atomicMin; the host sets
+ * ~0), ts[1] = the last block's arrival, ts[2..8] = kv head 0's tail after each step, ts[9] = the last
+ * tail's end (atomicMax). Thread 0 only. */
+enum { CTS_T_START, CTS_T_ARRIVE, CTS_T_TOPC, CTS_T_GATHER, CTS_T_MERGE, CTS_T_SET, CTS_T_SCORES, CTS_T_LSE,
+       CTS_T_TOPK, CTS_T_END, CTS_NT };
+__device__ __forceinline__ void cts_stamp(unsigned long long *ts, int what, int g) {
+    if (!ts || threadIdx.x) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (what == CTS_T_START) atomicMin(ts, t);
+    else if (what == CTS_T_ARRIVE || what == CTS_T_END) atomicMax(ts + what, t);
+    else if (g == 0) ts[what] = t;
+}
 
 /* Shared memory of one launch (bytes); the kernel carves it in this order. */
 inline size_t cts_smem(int G, int D, int spb, int nc, int cpe, int rho, int ncap, int kmax) {
@@ -239,6 +254,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     float *smx = (float *)(slse + G);
     int *sslot = (int *)(smx + G), *slen = sslot + a.cpe;
     float *U = (float *)(slen + a.cpe); /* phase 1's arrays, then the tail's */
+    cts_stamp(a.ts, CTS_T_START, g);
     const int nq = G * D;
     const float qv = tid < nq ? __ldg(a.q + (size_t)g * nq + tid) : 0.f; /* to sq once the slot loads are out */
     /* ---- phase 1: the cosines of the block's slots, its top cpb ---- */
@@ -283,6 +299,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         }
     });
     if (tid >= ns && tid < a.cpb) { a.ckey[cbase + tid] = 0u; a.cslot[cbase + tid] = 0x7fffffff; } /* ranks < ns */
+    cts_stamp(a.ts, CTS_T_ARRIVE, g);
     if (!kv_arrives_last(&a.ctr[g], a.nb)) return;
     if (tid == 0) a.ctr[g] = 0;
     /* ---- the exact top C' of the kv head from the blocks' candidates ---- */
@@ -301,6 +318,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         if (r < a.cpe) sslot[r] = ms[i];
     });
     __syncthreads();
+    cts_stamp(a.ts, CTS_T_TOPC, g);
     /* ---- gather: the C' sorted lists (one round of loads), their lengths ---- */
     for (int e = tid; e < tcap; e += CTS_TH) {
         const int r = e / a.rho, x = e - r * a.rho;
@@ -312,6 +330,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         a.top[(size_t)g * a.cpe + tid] = slot;
     }
     __syncthreads();
+    cts_stamp(a.ts, CTS_T_GATHER, g);
     /* merge: entry x of list r goes to x + (entries of earlier lists <= it) + (of later lists < it); the
      * keys the rerank will read are asked for (L2) on the way */
     const TK *Kg = (const TK *)a.K + (size_t)g * a.T * D;
@@ -334,6 +353,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         M[pos] = v;
     }
     __syncthreads();
+    cts_stamp(a.ts, CTS_T_MERGE, g);
     /* distinct entries in [lo, gen_lo), in order, then [gen_lo, hi) */
     const int per = (total + CTS_TH - 1) / CTS_TH, i0 = tid * per < total ? tid * per : total,
               i1 = i0 + per < total ? i0 + per : total;
@@ -354,6 +374,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     int32_t *out = a.set + (size_t)g * a.setld;
     for (int i = tid; i < n; i += CTS_TH) out[i] = sset[i];
     if (tid == 0) a.nset[g] = n;
+    cts_stamp(a.ts, CTS_T_SET, g);
     /* ---- rerank: the set's scores (kv_dot_ref, bitwise), per head max and double sum of exp ---- */
     for (int i = tid; i < n; i += CTS_TH) {
         const TK *kr = Kg + (size_t)sset[i] * D;
@@ -367,6 +388,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         }
     }
     __syncthreads();
+    cts_stamp(a.ts, CTS_T_SCORES, g);
     const int lane = tid & 31, w = tid >> 5;
     for (int hh = 0; hh < G; hh++) {
         float mx = -INFINITY;
@@ -404,9 +426,12 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         f[i] = best;
     }
     __syncthreads();
+    cts_stamp(a.ts, CTS_T_LSE, g);
     /* ---- top k (positions in the set), then DCU's top rho ---- */
     kv_block_topk(f, n, a.k < n ? a.k : n, a.oidx + (size_t)g * KV_GPU_TOPK_MAX, sel, hist, sw);
+    cts_stamp(a.ts, CTS_T_TOPK, g);
     if (a.krho > 0) kv_block_topk(f, n, a.krho < n ? a.krho : n, a.odcu + (size_t)g * a.rho, sel, hist, sw);
+    cts_stamp(a.ts, CTS_T_END, g);
 }
 
 /* lsrt[g][slot] = lidx[g][slot]'s first lcnt entries in ascending order, for the slots slot0 + blockIdx.x
