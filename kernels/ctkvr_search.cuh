@@ -1,35 +1,39 @@
 /* ctkvr_search.cuh: CTKVR's whole search as one launch, version 2 (issue 9,
  * point 4: < 40 us at every length). Included by ctkvr.cu inside its
  * anonymous namespace after ctkvr_fused.cuh (version 1, kept selectable by
- * KVBENCH_CTKVR_FUSED=1 for comparison), whose design it keeps: phase 1 over
- * a grid (nb, Hkv), then the kv head's last block to arrive (threadfence
- * reduction) does the rest alone. Version 1 spent its time in latency:
- * scalar loads of the slot queries a few at a time, a 1024-wide bitonic
- * sort (55 barrier stages), one sequential rank count per selected key.
- * What version 2 changes, with the same numbers (bitwise where version 1
- * was):
+ * KVBENCH_CTKVR_FUSED=1 for comparison; bench stage search_v1), whose frame
+ * it keeps: phase 1 over a grid (nb, Hkv), then the kv head's last block to
+ * arrive (threadfence reduction) does the rest alone. Version 1 spent its
+ * time in latency: scalar loads of the slot queries a few at a time, a
+ * 1024-wide bitonic sort (55 barrier stages), one sequential rank count per
+ * selected key. What version 2 changes, with the same numbers (bitwise
+ * where version 1 was):
  * - Phase 1: 512 threads, spb = 256 / G slots a block; a (slot, query head)
  *   pair is two lanes, lane h summing kv_dot_ref's partial sums 4h..4h+3
  *   from 16-byte loads, all of a lane's loads issued before the first add
- *   (the whole 17 MB is in flight at once); the same lanes sum the query's
- *   norm; the partner's four partials come by one shuffle and are combined
- *   in kv_dot_ref's tree, so the cosines are bitwise ct_cos's.
+ *   and before the block's first barrier (the whole 17 MB is in flight at
+ *   once); the same lanes sum the query's norm; the partner's four partials
+ *   come by one shuffle and are combined in kv_dot_ref's tree, so the
+ *   cosines are bitwise ct_cos's. Each block's best cpb slots have their
+ *   sorted lists and lengths prefetched to L2 (the final C' are among them).
  * - Rank counts (block top C', the merge of the blocks' candidates, the
  *   top-k's final order) share each item's count among up to 32 lanes.
  * - Gather: the lists are also kept sorted by position (lsrt, written at the
  *   build and at each DCU commit by ct_sort_lists), so the union is a merge
  *   of C' sorted lists: every entry finds its place by binary searches in
- *   the other lists (stable: ties by list order), then adjacent duplicates
- *   and entries outside [lo, gen_lo) drop out by one block scan. The list
- *   loads, lengths and flags are one round of loads; ~6 barriers instead of
- *   ~60.
+ *   the other lists (stable: ties by list order; 4 lists in lockstep), then
+ *   adjacent duplicates and entries outside [lo, gen_lo) drop out by one
+ *   block scan: ~6 barriers instead of ~60. The keys the rerank will read
+ *   are prefetched to L2 on the way.
  * - Rerank: one thread per key reads the key once (16-byte loads, all in
  *   flight) for two query heads at a time; the G maxima and the G double
  *   sums are each one block reduction (fixed order: the documented tie with
  *   the CPU's sequential sum stays, the result is deterministic).
  * - Top k and DCU's top rho: kv_block_topk (block_topk.cuh).
- * Limits (else the staged path): D % 8 == 0, G <= 256, the shared memory
- * within the device's opt-in. */
+ * Limits (else the staged path): D % 8 == 0, G <= 256, 16-byte aligned
+ * keys, the shared memory (about (G + 4) x 4 B per entry of the set bound) within the
+ * device's opt-in. KVBENCH_CTKVR_TRACE=1 makes the bench print where one
+ * launch's time goes (cts_stamp). */
 
 constexpr int CTS_TH = 512;  /* threads a block */
 constexpr int CTS_VEC = 16;  /* 16-byte loads a thread has in flight */
@@ -233,16 +237,25 @@ template <class F> __device__ __forceinline__ void cts_rank(const unsigned *key,
     }
 }
 
-/* Entries of the sorted s[0..n) below v (upper: at most v), by binary lifting from pw (a power of 2 with
- * 2 pw > n: the largest power of 2 <= the lists' capacity). */
-__device__ __forceinline__ int cts_count_below(const int32_t *s, int n, int v, bool upper, int pw) {
-    int pos = 0;
-    for (int step = pw; step > 0; step >>= 1)
-        if (pos + step <= n) {
-            const int x = s[pos + step - 1];
-            if (x < v || (upper && x == v)) pos += step;
-        }
-    return pos;
+/* The place of entry v of sorted list r among the entries of the other sorted lists j < cpe (list j at
+ * L + j * rho, len[j] entries): those < v, and those == v in lists j < r (a stable merge). Binary lifting
+ * from pw (the largest power of 2 <= rho), 4 lists in lockstep (independent shared loads in flight). */
+__device__ __forceinline__ int cts_place(const int *L, const int *len, int cpe, int rho, int r, int v, int pw) {
+    int total = 0;
+    for (int j0 = 0; j0 < cpe; j0 += 4) {
+        int p[4] = {0, 0, 0, 0};
+        for (int step = pw; step > 0; step >>= 1)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int j = j0 + u;
+                if (j < cpe && j != r && p[u] + step <= len[j]) {
+                    const int x = L[j * rho + p[u] + step - 1];
+                    if (x < v || (j < r && x == v)) p[u] += step;
+                }
+            }
+        total += p[0] + p[1] + p[2] + p[3];
+    }
+    return total;
 }
 
 template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_args a) {
@@ -347,10 +360,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         const int v = L[e];
         if (v >= a.lo && v < a.gen_lo)
             for (int b = 0; b < rowb; b += 128) cts_prefetch((const char *)(Kg + (size_t)v * D) + b);
-        int pos = x;
-        for (int j = 0; j < a.cpe; j++)
-            if (j != r) pos += cts_count_below(L + j * a.rho, slen[j], v, j < r, pw);
-        M[pos] = v;
+        M[x + cts_place(L, slen, a.cpe, a.rho, r, v, pw)] = v;
     }
     __syncthreads();
     cts_stamp(a.ts, CTS_T_MERGE, g);
