@@ -12,8 +12,9 @@
  * (version 2; its header has the design; the same numbers as the staged
  * path below) within its shared-memory limit; KVBENCH_CTKVR_FUSED=1 runs
  * version 1 (ctkvr_fused.cuh, the set <= 4096 keys) instead, and
- * KVBENCH_CTKVR_STAGED=1 or a search outside those limits the staged path. Staged search: cosines of the query to every slot (one thread per (kv head,
- * slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
+ * KVBENCH_CTKVR_STAGED=1 or a search outside those limits the staged path.
+ * Staged search: cosines of the query to every slot (one thread per (kv
+ * head, slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
  * top C' by the shared top-k, then one block per kv head gathers the C'
  * lists into shared memory, bitonic-sorts them and keeps the distinct
  * positions (ascending, as the CPU's qsort) below gen_lo, then appends
@@ -289,8 +290,9 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_CUDA_TRY(cudaFuncGetAttributes(&fa_f, cts_search<float>));
     const size_t st2 = fa_h.sharedSizeBytes > fa_f.sharedSizeBytes ? fa_h.sharedSizeBytes : fa_f.sharedSizeBytes;
     g->search_smem_max = (size_t)g->dev.smem_optin > st2 ? (size_t)g->dev.smem_optin - st2 : 0;
-    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->search_smem_max));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->search_smem_max));
+    const int smx = (int)g->search_smem_max;
+    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
     const char *env = getenv("KVBENCH_CTKVR_STAGED");
     g->staged = env && env[0] == '1';
     env = getenv("KVBENCH_CTKVR_FUSED");
@@ -303,7 +305,8 @@ void ct_destroy(void *p) {
     if (!g) return;
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->own);
-    cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lsrt); cudaFree(g->lcnt); cudaFree(g->q);
+    cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lsrt); cudaFree(g->lcnt);
+    cudaFree(g->q);
     cudaFree(g->cosv); cudaFree(g->top); cudaFree(g->S); cudaFree(g->rank); cudaFree(g->lse); cudaFree(g->set);
     cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu); cudaFree(g->ckey); cudaFree(g->cslot); cudaFree(g->ctr);
     cudaFreeHost(g->h_set); cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_odcu); cudaFreeHost(g->h_nset);
@@ -355,8 +358,9 @@ kv_status ct_build_lists(kv_ct_gpu *g, int nc, int idx_hi) {
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     free(h);
     KV_CUDA_TRY(e);
-    if (nc > 0) ct_sort_lists<<<dim3(nc, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho, 0,
-                                                                                     g->lsrt);
+    if (nc > 0)
+        ct_sort_lists<<<dim3(nc, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho,
+                                                                                        0, g->lsrt);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
@@ -606,6 +610,53 @@ kv_status ct_trace(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, 
     return st;
 }
 
+/* The bench's own check of the one-launch searches on its data (float16 keys, D = 128 by default; the
+ * tests run float32 keys): path 0 = staged, 1 = version 2, 2 = version 1; per path the sets and the top k
+ * (positions in the set) of every kv head into hs / ho, the set sizes into hn. */
+kv_status ct_check_run(kv_ct_gpu *g, int path, int cp, int k, int n, int nmax, int32_t *hs, int32_t *ho, int *hn) {
+    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax, v1 = g->fused_v1;
+    g->fused_v1 = path == 2;
+    const kv_status st =
+        path == 0 ? ct_staged_launch(g, cp, k, n, n, nmax) : ct_search_launch(g, cp, k, n, n, 0, nmax, n);
+    g->fused_v1 = v1;
+    KV_TRY(st);
+    KV_CUDA_TRY(cudaMemcpyAsync(hn, g->nset, Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(hs, nmax * sizeof(int32_t), g->set, g->sld * sizeof(int32_t), nmax * sizeof(int32_t),
+                                  Hkv, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(ho, kk * sizeof(int32_t), g->oidx, KV_GPU_TOPK_MAX * sizeof(int32_t),
+                                  kk * sizeof(int32_t), Hkv, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+/* Prints (stderr) whether versions 2 and 1 give the staged path's sets and top k (the lse's summation order
+ * differs between the three, so a top-k entry may differ only at a tie to the last bit). */
+kv_status ct_bench_check(kv_ct_gpu *g, int cp, int k, int n, int nmax) {
+    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax;
+    const size_t ns = (size_t)Hkv * nmax, no = (size_t)Hkv * (kk > 0 ? kk : 1);
+    int32_t *hs = (int32_t *)malloc(3 * ns * sizeof(int32_t)), *ho = (int32_t *)malloc(3 * no * sizeof(int32_t));
+    int *hn = (int *)malloc(3 * (size_t)Hkv * sizeof(int));
+    kv_status st = hs && ho && hn ? KV_OK : kv_fail(KV_ERR_NOMEM, "ctkvr bench check buffers");
+    for (int p = 0; p < 3 && st == KV_OK; p++)
+        st = ct_check_run(g, p, cp, k, n, nmax, hs + p * ns, ho + p * no, hn + p * Hkv);
+    for (int p = 1; p < 3 && st == KV_OK; p++) {
+        int sets = 0, same = 0, all = 0;
+        for (int r = 0; r < Hkv; r++) {
+            const int m = hn[r];
+            const int32_t *s0 = hs + (size_t)r * nmax, *s1 = hs + p * ns + (size_t)r * nmax;
+            sets += hn[p * Hkv + r] == m && !memcmp(s1, s0, m * sizeof(int32_t));
+            for (int j = 0; j < kk && j < m && j < hn[p * Hkv + r]; j++, all++) {
+                const int a = ho[(size_t)r * kk + j], b = ho[p * no + (size_t)r * kk + j];
+                same += a >= 0 && a < m && b >= 0 && b < hn[p * Hkv + r] && s0[a] == s1[b];
+            }
+        }
+        fprintf(stderr, "ctkvr bench check n=%d: %s vs staged: %d of %d sets equal, %d of %d top-k entries equal\n", n,
+                p == 1 ? "search (version 2)" : "search_v1", sets, Hkv, same, all);
+    }
+    free(hs); free(ho); free(hn);
+    return st;
+}
+
 kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
                       const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     const int n = s->n, C = bp->C < n ? bp->C : n, cp = bp->cp < C ? bp->cp : C;
@@ -653,6 +704,7 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     const kv_status sv1 = x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[6]);
     g->fused_v1 = v1;
     KV_TRY(sv1);
+    KV_TRY(ct_bench_check(g, cp, k, n, nmax));
     const char *tr = getenv("KVBENCH_CTKVR_TRACE");
     if (tr && tr[0] == '1') KV_TRY(ct_trace(x, g, cp, k, n, nmax));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));

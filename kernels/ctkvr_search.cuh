@@ -86,7 +86,8 @@ inline size_t cts_smem(int G, int D, int spb, int nc, int cpe, int rho, int ncap
  * partials 4h..4h+3 (d % 8 == 0, a and b 16-byte aligned, a in shared memory). Has one barrier, after the
  * first loads of b are issued: fill() (which writes a) runs just before it. Call from every thread of the
  * block with the same d. */
-template <class F> __device__ __forceinline__ float2 cts_dot_pair(const float *a, const float *b, int d, int h, F &&fill) {
+template <class F>
+__device__ __forceinline__ float2 cts_dot_pair(const float *a, const float *b, int d, int h, F &&fill) {
     float x[4] = {0.f, 0.f, 0.f, 0.f}, y[4] = {0.f, 0.f, 0.f, 0.f};
     const float4 *a4 = (const float4 *)a + h, *b4 = (const float4 *)b + h;
     const int ng = d / 8;

@@ -22,8 +22,10 @@ if [ -z "${S4CT_NO_PEER:-}" ]; then
     (cd scripts/torch_ref && timeout 20 python3 ctkvr.py --tokens "$TOKENS" --reps 20 --warmup 5) > "$O/peer.log" 2>&1
     echo "peer rc=$?" >> "$O/peer.log"
 fi
-echo "== s4-ct summary ($(cat "$O/commit.txt" 2>/dev/null); $(cat "$O/smi.txt" 2>/dev/null))"
-grep -E "^ctkvr_gpu|passed|rc=" "$O/tests.log" | head -5
-grep -E "ctkvr +[0-9]+ +(search|search_v1|search_staged) |rc=" "$O/bench.log" | head -7
-grep "ctkvr trace" "$O/bench.err" | awk 'NR % 5 == 3' | cut -c1-250 | head -3
-grep -E "search|rc=" "$O/peer.log" 2>/dev/null | head -3
+rcs=$(grep -ho "^[a-z]* rc=[0-9]*" "$O/tests.log" "$O/bench.log" "$O/peer.log" 2>/dev/null | tr '\n' ' ')
+echo "== s4-ct summary: $rcs| $(cat "$O/commit.txt" 2>/dev/null) | $(cat "$O/smi.txt" 2>/dev/null)"
+grep -E "^ctkvr_gpu|passed" "$O/tests.log" | head -4
+grep -E "ctkvr +[0-9]+ +(search|search_v1|search_staged) " "$O/bench.log" | head -6
+grep "bench check" "$O/bench.err" | head -4
+grep "ctkvr trace" "$O/bench.err" | awk 'NR % 5 == 3' | cut -c1-250 | head -2
+grep -E " search " "$O/peer.log" 2>/dev/null | head -2
