@@ -674,7 +674,11 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     kv_gpu_timing t[7];
-    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    /* the build is long: 3 runs, or KVBENCH_CTKVR_BUILD_REPS (1..3: a short device check) */
+    const char *brs = getenv("KVBENCH_CTKVR_BUILD_REPS");
+    int br = brs ? atoi(brs) : 3;
+    br = br < 1 ? 1 : br > 3 ? 3 : br;
+    KV_TRY(x.begin(s->reps < br ? s->reps : br, 0));
     KV_TRY(x.time([&]() { return ct_build_lists(g, C, n); }, &t[0]));
     KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
