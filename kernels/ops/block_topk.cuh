@@ -107,7 +107,7 @@ static __device__ __noinline__ void kv_block_topk(const float *val, int n, int k
                 r += k2 > kj || (k2 == kj && p2 < p);
             }
         }
-        for (int o = 1; o < P; o <<= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+        for (int m = 1; m < P; m <<= 1) r += __shfl_xor_sync(0xffffffffu, r, m);
         if (j < kk && part == 0) out[r] = p;
     }
     __syncthreads();
