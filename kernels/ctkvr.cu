@@ -6,11 +6,15 @@
  * exp of each row (max in float, sum of exp in double, one block per row),
  * the ranking value max over the group of float(s - lse), and the top rho
  * per kv head by the shared top-k (kv_topk_launch: kv_topk_ref's order).
- * Search (default): the whole search as ONE launch, ctkvr_fused.cuh (its
- * header has the design; the same numbers as the staged path below), when
- * the set fits its 4096 keys; KVBENCH_CTKVR_STAGED=1 or a larger set runs
- * the staged path. Staged search: cosines of the query to every slot (one thread per (kv head,
- * slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
+ * The lists are also kept sorted by position (lsrt: ct_sort_lists after the
+ * build and after each DCU commit) for the one-launch search's merge.
+ * Search (default): the whole search as ONE launch, ctkvr_search.cuh
+ * (version 2; its header has the design; the same numbers as the staged
+ * path below) within its shared-memory limit; KVBENCH_CTKVR_FUSED=1 runs
+ * version 1 (ctkvr_fused.cuh, the set <= 4096 keys) instead, and
+ * KVBENCH_CTKVR_STAGED=1 or a search outside those limits the staged path.
+ * Staged search: cosines of the query to every slot (one thread per (kv
+ * head, slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
  * top C' by the shared top-k, then one block per kv head gathers the C'
  * lists into shared memory, bitonic-sorts them and keeps the distinct
  * positions (ascending, as the CPU's qsort) below gen_lo, then appends
@@ -198,6 +202,7 @@ __global__ void ct_slots_from_keys(const TK *K, int T, int D, int G, int Hq, int
 }
 
 #include "ctkvr_fused.cuh"
+#include "ctkvr_search.cuh"
 
 }  // namespace
 
@@ -211,7 +216,7 @@ struct kv_ct_gpu {
     float *cq, *cnorm, *q, *cosv, *S, *rank;
     double *lse;
     int *valid, *lcnt, *nset;
-    int32_t *lidx, *top, *set, *oidx, *odcu;
+    int32_t *lidx, *lsrt, *top, *set, *oidx, *odcu; /* lsrt: the lists sorted by position (cts_search) */
     int32_t *h_set, *h_oidx, *h_odcu;  /* pinned */
     int *h_nset;
     float *h_q;
@@ -220,7 +225,10 @@ struct kv_ct_gpu {
     unsigned *ckey, *ctr;   /* the fused search's per-block candidates and arrival counters */
     int *cslot;
     int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
+    int fused_v1;           /* KVBENCH_CTKVR_FUSED=1: the one-launch search's version 1 (ctkvr_fused.cuh) */
     size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
+    size_t search_smem_max; /* the same for cts_search (ctkvr_search.cuh) */
+    unsigned long long *ts; /* the bench's phase stamps of cts_search when tracing, else NULL */
 };
 
 namespace {
@@ -243,6 +251,8 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_CUDA_ALLOC(g->valid, C * sizeof(int), 0, "ctkvr slot flags");
     KV_CUDA_TRY(cudaMemset(g->valid, 0, C * sizeof(int)));
     KV_CUDA_ALLOC(g->lidx, Hkv * C * R * sizeof(int32_t), 0, "ctkvr lists");
+    KV_CUDA_ALLOC(g->lsrt, Hkv * C * R * sizeof(int32_t), 0, "ctkvr sorted lists");
+    KV_CUDA_TRY(cudaMemset(g->lsrt, 0, Hkv * C * R * sizeof(int32_t))); /* cts_search reads whole rows */
     KV_CUDA_ALLOC(g->lcnt, Hkv * C * sizeof(int), 0, "ctkvr list counts");
     KV_CUDA_TRY(cudaMemset(g->lcnt, 0, Hkv * C * sizeof(int)));
     KV_CUDA_ALLOC(g->q, Hq * D * sizeof(float), 0, "ctkvr query");
@@ -263,9 +273,9 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     KV_TRY(kv_topk_ws_create(&g->tk, (int)Hkv, (int)L, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(ct_gather, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      CT_GATHER_CAP * (int)sizeof(int)));
-    const size_t NB = (C + CTF_SPB - 1) / CTF_SPB;
-    KV_CUDA_ALLOC(g->ckey, Hkv * NB * CTF_SPB * sizeof(unsigned), 0, "ctkvr fused candidates");
-    KV_CUDA_ALLOC(g->cslot, Hkv * NB * CTF_SPB * sizeof(int), 0, "ctkvr fused candidate slots");
+    /* per kv head nb x cpb <= nb x spb < C + spb candidates, spb <= 256 (both versions) */
+    KV_CUDA_ALLOC(g->ckey, Hkv * (C + 256) * sizeof(unsigned), 0, "ctkvr fused candidates");
+    KV_CUDA_ALLOC(g->cslot, Hkv * (C + 256) * sizeof(int), 0, "ctkvr fused candidate slots");
     KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
     KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
     /* the opt-in limit covers static + dynamic shared memory: ask for what is left after the static arrays */
@@ -276,8 +286,17 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     g->fused_smem_max = (size_t)g->dev.smem_optin > st_max ? (size_t)g->dev.smem_optin - st_max : 0;
     KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->fused_smem_max));
     KV_CUDA_TRY(cudaFuncSetAttribute(ctf_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->fused_smem_max));
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa_h, cts_search<__half>));
+    KV_CUDA_TRY(cudaFuncGetAttributes(&fa_f, cts_search<float>));
+    const size_t st2 = fa_h.sharedSizeBytes > fa_f.sharedSizeBytes ? fa_h.sharedSizeBytes : fa_f.sharedSizeBytes;
+    g->search_smem_max = (size_t)g->dev.smem_optin > st2 ? (size_t)g->dev.smem_optin - st2 : 0;
+    const int smx = (int)g->search_smem_max;
+    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
     const char *env = getenv("KVBENCH_CTKVR_STAGED");
     g->staged = env && env[0] == '1';
+    env = getenv("KVBENCH_CTKVR_FUSED");
+    g->fused_v1 = env && env[0] == '1';
     return KV_OK;
 }
 
@@ -286,7 +305,8 @@ void ct_destroy(void *p) {
     if (!g) return;
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->own);
-    cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lcnt); cudaFree(g->q);
+    cudaFree(g->cq); cudaFree(g->cnorm); cudaFree(g->valid); cudaFree(g->lidx); cudaFree(g->lsrt); cudaFree(g->lcnt);
+    cudaFree(g->q);
     cudaFree(g->cosv); cudaFree(g->top); cudaFree(g->S); cudaFree(g->rank); cudaFree(g->lse); cudaFree(g->set);
     cudaFree(g->nset); cudaFree(g->oidx); cudaFree(g->odcu); cudaFree(g->ckey); cudaFree(g->cslot); cudaFree(g->ctr);
     cudaFreeHost(g->h_set); cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_odcu); cudaFreeHost(g->h_nset);
@@ -338,6 +358,10 @@ kv_status ct_build_lists(kv_ct_gpu *g, int nc, int idx_hi) {
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     free(h);
     KV_CUDA_TRY(e);
+    if (nc > 0)
+        ct_sort_lists<<<dim3(nc, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho,
+                                                                                        0, g->lsrt);
+    KV_LAUNCH_CHECK();
     return KV_OK;
 }
 
@@ -426,7 +450,27 @@ kv_status ct_oracle(kv_ct_gpu *g, int ohi) {
     return KV_OK;
 }
 
-/* The fused search (ctkvr_fused.cuh) when its limits hold; *done = 0 otherwise (nothing launched). */
+/* The one-launch search, version 2 (ctkvr_search.cuh), when its limits hold; *done = 0 otherwise. */
+kv_status ct_search2(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int *done) {
+    const kv_ctkvr_gpu_config &c = g->c;
+    *done = 0;
+    const int G = g->G, cpe = cp < c.C ? cp : c.C, spb = G <= 256 ? 256 / G : 0;
+    if (g->staged || cpe < 1 || spb < 1 || c.D % 8 || ((uintptr_t)g->K->p & 15)) return KV_OK;
+    const int nb = (c.C + spb - 1) / spb, cpb = cpe < spb ? cpe : spb, krho = dcu == 1 ? c.rho : 0,
+              kmax = k > krho ? k : krho;
+    const size_t smem = cts_smem(G, c.D, spb, nb * cpb, cpe, c.rho, nmax, kmax);
+    if (smem > g->search_smem_max) return KV_OK;
+    cts_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, G, c.Hq, c.D, cpe, spb, nb, cpb, g->ckey, g->ctr, g->cslot,
+                  g->lsrt, g->lcnt, c.rho, c.sink, gen_lo, hi, nmax, kmax, g->K->p, g->K->T, c.scale, g->top,
+                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts};
+    if (g->K->half) cts_search<__half><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
+    else cts_search<float><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
+    KV_LAUNCH_CHECK();
+    *done = 1;
+    return KV_OK;
+}
+
+/* The fused search, version 1 (ctkvr_fused.cuh), when its limits hold; *done = 0 otherwise (nothing launched). */
 kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int *done) {
     const kv_ctkvr_gpu_config &c = g->c;
     *done = 0;
@@ -450,7 +494,8 @@ kv_status ct_fused(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int
 /* The device part of one search, all on g->st; nmax = the bound on the set size. dcu 2 also scores [lo, hi). */
 kv_status ct_search_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, int nmax, int oracle_hi) {
     int done = 0;
-    KV_TRY(ct_fused(g, cp, k, hi, gen_lo, dcu, nmax, &done));
+    if (g->fused_v1) KV_TRY(ct_fused(g, cp, k, hi, gen_lo, dcu, nmax, &done));
+    else KV_TRY(ct_search2(g, cp, k, hi, gen_lo, dcu, nmax, &done));
     if (!done) {
         KV_TRY(ct_front(g, cp, hi, gen_lo));
         KV_TRY(ct_back(g, k, dcu, nmax));
@@ -527,11 +572,91 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
                                   cudaMemcpyHostToDevice, g->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(g->lcnt + slot, (size_t)c.C * sizeof(int), g->h_nset, sizeof(int), sizeof(int), c.Hkv,
                                   cudaMemcpyHostToDevice, g->st));
+    ct_sort_lists<<<dim3(1, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho, slot,
+                                                                                    g->lsrt);
+    KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     return KV_OK;
 }
 
 /* ---- kvbench bench --method ctkvr ---- */
+/* KVBENCH_CTKVR_TRACE=1: 5 more searches (L2 flushed before each) with cts_search's phase stamps, printed to
+ * stderr in microseconds from the first block's start (where the time of one launch goes). */
+kv_status ct_trace_one(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, int nmax, unsigned long long *h) {
+    for (int i = 0; i < CTS_NT; i++) h[i] = i == 0 ? ~0ull : 0ull;
+    KV_TRY(kv_bench_flush(&x.tm));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->ts, h, CTS_NT * sizeof *h, cudaMemcpyHostToDevice, g->st));
+    KV_TRY(ct_search_launch(g, cp, k, n, n, 0, nmax, n));
+    KV_CUDA_TRY(cudaMemcpyAsync(h, g->ts, CTS_NT * sizeof *h, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+kv_status ct_trace(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, int nmax) {
+    static const char *name[CTS_NT] = {"start", "arrive", "top_cp", "gather", "merge", "set", "scores", "lse",
+                                       "topk", "end"};
+    KV_CUDA_ALLOC(g->ts, CTS_NT * sizeof(unsigned long long), 0, "ctkvr trace stamps");
+    kv_status st = KV_OK;
+    for (int r = 0; r < 5 && st == KV_OK; r++) {
+        unsigned long long h[CTS_NT];
+        st = ct_trace_one(x, g, cp, k, n, nmax, h);
+        if (st != KV_OK) break;
+        fprintf(stderr, "ctkvr trace n=%d rep %d (us from the first block's start):", n, r);
+        for (int i = 1; i < CTS_NT; i++) fprintf(stderr, " %s %.2f", name[i], h[i] ? (h[i] - h[0]) * 1e-3 : -1.0);
+        fprintf(stderr, "\n");
+    }
+    cudaFree(g->ts);
+    g->ts = NULL;
+    return st;
+}
+
+/* The bench's own check of the one-launch searches on its data (float16 keys, D = 128 by default; the
+ * tests run float32 keys): path 0 = staged, 1 = version 2, 2 = version 1; per path the sets and the top k
+ * (positions in the set) of every kv head into hs / ho, the set sizes into hn. */
+kv_status ct_check_run(kv_ct_gpu *g, int path, int cp, int k, int n, int nmax, int32_t *hs, int32_t *ho, int *hn) {
+    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax, v1 = g->fused_v1;
+    g->fused_v1 = path == 2;
+    const kv_status st =
+        path == 0 ? ct_staged_launch(g, cp, k, n, n, nmax) : ct_search_launch(g, cp, k, n, n, 0, nmax, n);
+    g->fused_v1 = v1;
+    KV_TRY(st);
+    KV_CUDA_TRY(cudaMemcpyAsync(hn, g->nset, Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(hs, nmax * sizeof(int32_t), g->set, g->sld * sizeof(int32_t), nmax * sizeof(int32_t),
+                                  Hkv, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(ho, kk * sizeof(int32_t), g->oidx, KV_GPU_TOPK_MAX * sizeof(int32_t),
+                                  kk * sizeof(int32_t), Hkv, cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+/* Prints (stderr) whether versions 2 and 1 give the staged path's sets and top k (the lse's summation order
+ * differs between the three, so a top-k entry may differ only at a tie to the last bit). */
+kv_status ct_bench_check(kv_ct_gpu *g, int cp, int k, int n, int nmax) {
+    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax;
+    const size_t ns = (size_t)Hkv * nmax, no = (size_t)Hkv * (kk > 0 ? kk : 1);
+    int32_t *hs = (int32_t *)malloc(3 * ns * sizeof(int32_t)), *ho = (int32_t *)malloc(3 * no * sizeof(int32_t));
+    int *hn = (int *)malloc(3 * (size_t)Hkv * sizeof(int));
+    kv_status st = hs && ho && hn ? KV_OK : kv_fail(KV_ERR_NOMEM, "ctkvr bench check buffers");
+    for (int p = 0; p < 3 && st == KV_OK; p++)
+        st = ct_check_run(g, p, cp, k, n, nmax, hs + p * ns, ho + p * no, hn + p * Hkv);
+    for (int p = 1; p < 3 && st == KV_OK; p++) {
+        int sets = 0, same = 0, all = 0;
+        for (int r = 0; r < Hkv; r++) {
+            const int m = hn[r];
+            const int32_t *s0 = hs + (size_t)r * nmax, *s1 = hs + p * ns + (size_t)r * nmax;
+            sets += hn[p * Hkv + r] == m && !memcmp(s1, s0, m * sizeof(int32_t));
+            for (int j = 0; j < kk && j < m && j < hn[p * Hkv + r]; j++, all++) {
+                const int a = ho[(size_t)r * kk + j], b = ho[p * no + (size_t)r * kk + j];
+                same += a >= 0 && a < m && b >= 0 && b < hn[p * Hkv + r] && s0[a] == s1[b];
+            }
+        }
+        fprintf(stderr, "ctkvr bench check n=%d: %s vs staged: %d of %d sets equal, %d of %d top-k entries equal\n", n,
+                p == 1 ? "search (version 2)" : "search_v1", sets, Hkv, same, all);
+    }
+    free(hs); free(ho); free(hn);
+    return st;
+}
+
 kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp,
                       const kv_gpu_keys *K, const float *q, kv_gpu_stages *out) {
     const int n = s->n, C = bp->C < n ? bp->C : n, cp = bp->cp < C ? bp->cp : C;
@@ -548,14 +673,18 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
                                                                               s->Hq, C, n, g->cq, g->cnorm, g->valid);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    kv_gpu_timing t[6];
-    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    kv_gpu_timing t[7];
+    /* the build is long: 3 runs, or KVBENCH_CTKVR_BUILD_REPS (1..3: a short device check) */
+    const char *brs = getenv("KVBENCH_CTKVR_BUILD_REPS");
+    int br = brs ? atoi(brs) : 3;
+    br = br < 1 ? 1 : br > 3 ? 3 : br;
+    KV_TRY(x.begin(s->reps < br ? s->reps : br, 0));
     KV_TRY(x.time([&]() { return ct_build_lists(g, C, n); }, &t[0]));
     KV_TRY(x.begin(s->reps, s->warmup));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int nmax = cp * bp->rho < n ? cp * bp->rho : n, k = s->k;
     /* the staged path stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking +
-     * top-k); then the staged path whole, then the default (fused) search */
+     * top-k); then the staged path whole, the default one-launch search (version 2) and its version 1 */
     auto recall = [&]() -> kv_status {
         ct_cos<<<(C * s->Hkv + 127) / 128, 128, 0, g->st>>>(g->q, g->cq, g->cnorm, g->valid, C, g->G, s->Hq, s->Hkv,
                                                              s->D, g->cosv);
@@ -573,7 +702,15 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_TRY(x.time(gather, &t[2]));
     KV_TRY(x.time([&]() { return ct_back(g, k, 0, nmax); }, &t[3]));
     KV_TRY(x.time([&]() { return ct_staged_launch(g, cp, k, n, n, nmax); }, &t[4]));
+    const int v1 = g->fused_v1;
+    g->fused_v1 = 1; /* the one-launch search's version 1 first (a fault in the default would not hide it) */
+    const kv_status sv1 = x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[6]);
+    g->fused_v1 = v1;
+    KV_TRY(sv1);
     KV_TRY(x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
+    KV_TRY(ct_bench_check(g, cp, k, n, nmax));
+    const char *tr = getenv("KVBENCH_CTKVR_TRACE");
+    if (tr && tr[0] == '1') KV_TRY(ct_trace(x, g, cp, k, n, nmax));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nset[64];
     KV_CUDA_TRY(cudaMemcpy(nset, g->nset, (size_t)(s->Hkv < 64 ? s->Hkv : 64) * sizeof(int), cudaMemcpyDeviceToHost));
@@ -583,19 +720,20 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
                  lists = (double)s->Hkv * cp * bp->rho * 4, keys = u * s->D * es,
                  build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4),
                  all = slots + qb + lists + keys + s->Hkv * (double)k * 4;
-    out->n = 6;
+    out->n = 7;
     out->stage[0] = kv_gpu_stage{"build", t[0], build};
     out->stage[1] = kv_gpu_stage{"recall", t[1], slots + qb + s->Hkv * (double)cp * 4};
     out->stage[2] = kv_gpu_stage{"gather", t[2], lists + u * 4};
     out->stage[3] = kv_gpu_stage{"rerank", t[3], keys + u * 4 + s->Hkv * (double)k * 4};
     out->stage[4] = kv_gpu_stage{"search_staged", t[4], all};
     out->stage[5] = kv_gpu_stage{"search", t[5], all};
+    out->stage[6] = kv_gpu_stage{"search_v1", t[6], all};
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "ctkvr C=%d C'=%d rho=%d, slot queries = keys at C evenly spaced positions (no prefill queries in the "
              "bench); union %.0f keys/kv head; recall = slot queries (f32, Hq x D x 4 B each) + q; gather = C' lists "
              "(4 B/entry) + union; rerank = union keys (%.0f B/elem) + ids + top-k; search_staged = those 3 stages; "
-             "search = one fused launch (ctkvr_fused.cuh; staged when the set > %d), same bytes",
-             C, cp, bp->rho, u / s->Hkv, es, CTF_CAP);
+             "search = one launch (ctkvr_search.cuh), search_v1 = its version 1 (ctkvr_fused.cuh), same bytes",
+             C, cp, bp->rho, u / s->Hkv, es);
     return KV_OK;
 }
 

@@ -156,10 +156,12 @@ int test_csattention_gpu_tile_variants_match_cpu(void) {
     return KV_TEST_PASS;
 }
 
-/* staged 0: the default device path (the one-launch fused search of
- * kernels/ctkvr_fused.cuh, whose limits these shapes are within);
- * staged 1: KVBENCH_CTKVR_STAGED=1, the staged kernels of kernels/ctkvr.cu. */
-static int ctkvr_gpu_matches_cpu(int staged) {
+/* path 0: the default device path (the one-launch search of
+ * kernels/ctkvr_search.cuh, whose limits these shapes are within);
+ * 1: KVBENCH_CTKVR_STAGED=1, the staged kernels of kernels/ctkvr.cu;
+ * 2: KVBENCH_CTKVR_FUSED=1, the one-launch search's version 1
+ * (kernels/ctkvr_fused.cuh). */
+static int ctkvr_gpu_matches_cpu(int path) {
     int T = 640, P = 400, sink = 4, local = 16, k = 24;
     kv_layer L;
     CHECK_OK(kv_test_synth_layer(T, P, 4, 2, 32, 43, &L));
@@ -173,9 +175,10 @@ static int ctkvr_gpu_matches_cpu(int staged) {
     for (int s = 0; s < 5; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "ctkvr", sets[s], 5, &L, P, sink, local, k));
-        if (staged) setenv("KVBENCH_CTKVR_STAGED", "1", 1);
+        const char *env = path == 1 ? "KVBENCH_CTKVR_STAGED" : path == 2 ? "KVBENCH_CTKVR_FUSED" : NULL;
+        if (env) setenv(env, "1", 1);
         kv_status st = kv_test_driver_open_gpu(&g, "ctkvr", sets[s], 5, &L, P, sink, local, k);
-        unsetenv("KVBENCH_CTKVR_STAGED");
+        if (env) unsetenv(env);
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         for (int t = P; t < T; t += 8) {
             kv_ctkvr_view vc, vg;
@@ -200,6 +203,7 @@ static int ctkvr_gpu_matches_cpu(int staged) {
 
 int test_ctkvr_gpu_matches_cpu(void) { return ctkvr_gpu_matches_cpu(0); }
 int test_ctkvr_gpu_staged_matches_cpu(void) { return ctkvr_gpu_matches_cpu(1); }
+int test_ctkvr_gpu_fused_v1_matches_cpu(void) { return ctkvr_gpu_matches_cpu(2); }
 
 /* kmeans=gpu: the device's k-means from the same points and uniforms; its
  * centroid sums add in another order, so a coordinate may differ in its

@@ -7,8 +7,8 @@
  * order-preserving key (kv_f2key: -0 == +0) in 4 digits of 8 bits with a
  * 257-bin shared histogram, an ordered collection (block scans) of the keys
  * above it and of the first ties in position order, then each selected
- * one's rank counted directly (kk^2 compares: meant for kk of a few
- * hundred). */
+ * one's rank counted directly (kk^2 compares shared by up to 32 lanes per
+ * selected one: meant for kk of a few hundred). */
 #ifndef KV_BLOCK_TOPK_CUH
 #define KV_BLOCK_TOPK_CUH
 
@@ -91,16 +91,24 @@ static __device__ __noinline__ void kv_block_topk(const float *val, int n, int k
         __syncthreads();
         return;
     }
-    for (int j = tid; j < kk; j += bd) {
-        const int p = sel[j];
-        const unsigned kj = kv_f2key(val[p]);
-        int r = 0;
-        for (int j2 = 0; j2 < kk; j2++) {
-            const int p2 = sel[j2];
-            const unsigned k2 = kv_f2key(val[p2]);
-            r += k2 > kj || (k2 == kj && p2 < p);
+    /* each selected one's rank: P lanes (a power of 2, adjacent) count over a 1/P share each, then add by
+     * shuffles; the loop's trip count is the same in every thread (the shuffles need whole warps) */
+    int P = 1;
+    while (P < 32 && 2 * P * kk <= bd) P <<= 1;
+    for (int t0 = 0; t0 < kk * P; t0 += bd) {
+        const int t = t0 + tid, j = t / P, part = t % P;
+        int r = 0, p = 0;
+        if (j < kk) {
+            p = sel[j];
+            const unsigned kj = kv_f2key(val[p]);
+            for (int j2 = part; j2 < kk; j2 += P) {
+                const int p2 = sel[j2];
+                const unsigned k2 = kv_f2key(val[p2]);
+                r += k2 > kj || (k2 == kj && p2 < p);
+            }
         }
-        out[r] = p;
+        for (int m = 1; m < P; m <<= 1) r += __shfl_xor_sync(0xffffffffu, r, m);
+        if (j < kk && part == 0) out[r] = p;
     }
     __syncthreads();
 }
