@@ -12,6 +12,11 @@ extern "C" {
 #endif
 
 typedef struct kv_quest_gpu kv_quest_gpu;
+/* Called by bench_with after its stages, with g's summaries built and its
+ * launches on the timer's stream (timer: a kv_bench_timer, kernels/ops/kv_cuda.h);
+ * np pages, kp selected per kv head; appends its stages to out. */
+typedef kv_status (*kv_quest_bench_hook)(void *ctx, kv_quest_gpu *g, void *timer, int np, int kp,
+                                         kv_gpu_stages *out);
 
 /* The launchers: one table, defined by kernels/quest.cu; in a build
  * without nvcc the table is absent (&kv_quest_cuda == NULL, see
@@ -41,6 +46,14 @@ typedef struct {
      * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
         kv_gpu_stages *out);
+    /* bench, then hook (nullable) while the state lives (FreeKV's correction stages). */
+    kv_status (*bench_with)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
+        kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out);
+    /* pool=mean selection with device queries qd [Hq][D] of the kv heads whose
+     * device flag[g] != 0 only, pages kept on the device (the kv heads not
+     * flagged keep their old pages), on the state's stream, no sync: FreeKV's
+     * correction without a host round trip. Groups of 1, 2, 4, 8, kp <= 16. */
+    kv_status (*select_flagged)(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp, const int *flag);
 } kv_quest_cuda_ops;
 extern const kv_quest_cuda_ops kv_quest_cuda KV_GPU_TABLE;
 
