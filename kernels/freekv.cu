@@ -23,7 +23,6 @@
 
 #include "freekv.h"
 #include "ops/kv_cuda.h"
-#include "pages_mean.cuh"
 #include "quest.h"
 
 struct kv_freekv_gpu {
@@ -124,6 +123,27 @@ static kv_status kv_freekv_gpu_cosine(kv_freekv_gpu *g, const float *q, const fl
     return KV_OK;
 }
 
+/* The correction in one step on the device: the test, then the flagged
+ * re-selection with q_t (only the kv heads that fire run; no host round
+ * trip between them); where the flagged path is not available (older pages
+ * path, other shapes) the flags come back first and, if any fired, a full
+ * pool=mean search runs. */
+static kv_status kv_freekv_gpu_correct(kv_freekv_gpu *g, kv_quest_gpu *qg, const float *q, const float *qprev,
+                                       double tau, float scale, int ncand, int kp, int *flag, int32_t *pages) {
+    const size_t n = (size_t)g->Hq * g->D * sizeof(float);
+    KV_CUDA_TRY(cudaMemcpyAsync(g->q, q, n, cudaMemcpyHostToDevice, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->q + (size_t)g->Hq * g->D, qprev, n, cudaMemcpyHostToDevice, g->st));
+    KV_TRY(freekv_cos_launch(g, tau, g->st));
+    const bool one = kp > 0 && ncand > 0 && kv_quest_cuda.flagged_ok(qg, kp);
+    if (one) KV_TRY(kv_quest_cuda.select_flagged(qg, g->q, scale, ncand, kp, g->flag, g->st, pages));
+    KV_CUDA_TRY(cudaMemcpyAsync(flag, g->flag, (size_t)g->Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    if (one || kp <= 0 || ncand <= 0) return KV_OK;
+    int any = 0;
+    for (int k = 0; k < g->Hkv; k++) any |= flag[k];
+    return any ? kv_quest_cuda.search(qg, q, scale, 1, ncand, kp, pages, NULL) : KV_OK;
+}
+
 /* ---- kvbench bench --method freekv ---- */
 namespace {
 struct freekv_bench_ctx {
@@ -150,7 +170,7 @@ kv_status freekv_bench_stages(freekv_bench_ctx *c, kv_quest_gpu *qg, kv_bench_ti
     /* the test alone (no kv head fires), then test + flagged re-selection with 0, 1 and all kv heads firing */
     static const struct { const char *name; int fire; } st_[] = {
         {"cosine_test", -1}, {"correct_none", 0}, {"correct_one", 1}, {"correct_all", 1 << 30}};
-    const bool flagged = !pm_old_path() && pm_supported(s->Hq / s->Hkv, kp);
+    const bool flagged = kv_quest_cuda.flagged_ok(qg, kp);
     for (int i = 0; i < 4; i++) {
         if (i > 0 && !flagged) break; /* the older pages path (KVBENCH_PAGES_PIPE=0) has no flagged selection */
         const int fire = st_[i].fire < 0 ? 0 : st_[i].fire < s->Hkv ? st_[i].fire : s->Hkv;
@@ -158,7 +178,7 @@ kv_status freekv_bench_stages(freekv_bench_ctx *c, kv_quest_gpu *qg, kv_bench_ti
         kv_gpu_timing t = {};
         KV_TRY(kv_bench_time(tm, [&]() -> kv_status {
             KV_TRY(freekv_cos_launch(g, 0.9, tm->st));
-            return i ? kv_quest_cuda.select_flagged(qg, g->q, s->scale, np, kp, g->flag) : KV_OK;
+            return i ? kv_quest_cuda.select_flagged(qg, g->q, s->scale, np, kp, g->flag, tm->st, NULL) : KV_OK;
         }, &t));
         int *fl = (int *)tmp; /* the flags the last repetition left: exactly the first `fire` kv heads */
         KV_CUDA_TRY(cudaMemcpy(fl, g->flag, s->Hkv * sizeof(int), cudaMemcpyDeviceToHost));
@@ -202,6 +222,7 @@ static kv_status kv_freekv_gpu_bench(const kv_gpu_bench_spec *s, int page, const
 extern "C" const kv_freekv_cuda_ops kv_freekv_cuda = {
     .create = kv_freekv_gpu_create,
     .cosine = kv_freekv_gpu_cosine,
+    .correct = kv_freekv_gpu_correct,
     .destroy = kv_freekv_gpu_destroy,
     .bench = kv_freekv_gpu_bench,
 };

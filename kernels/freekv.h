@@ -8,6 +8,7 @@
 #define KV_FREEKV_H
 
 #include "ops/kv_gpu.h"
+#include "quest.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,12 @@ typedef struct {
      * in double as kv_freekv_group_cosine (bitwise its decision); q, qprev
      * host [Hq][D]. */
     kv_status (*cosine)(kv_freekv_gpu *g, const float *q, const float *qprev, double tau, int *flag);
+    /* The test and the re-selection in one device step: flag as cosine, and
+     * for the kv heads that fire the pool=mean pages of q over pages
+     * [0, ncand) of Quest's state qg into host pages [Hkv][kp] (kv_topk_ref
+     * order; the rows of heads that do not fire are unspecified). */
+    kv_status (*correct)(kv_freekv_gpu *g, kv_quest_gpu *qg, const float *q, const float *qprev, double tau,
+        float scale, int ncand, int kp, int *flag, int32_t *pages);
     void (*destroy)(kv_freekv_gpu *g);
     /* kvbench bench --method freekv: Quest's pool=mean stages over float16
      * summaries of K (the speculative selection, off the critical path),

@@ -582,15 +582,21 @@ static kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int po
 }
 
 /* FreeKV's correction: pool=mean pages of the flagged kv heads only, all on the device. */
+static int kv_quest_gpu_flagged_ok(const kv_quest_gpu *g, int kp) { return pm_supported(g->G, kp) && !pm_old_path(); }
+
 static kv_status kv_quest_gpu_select_flagged(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp,
-                                             const int *flag) {
+                                             const int *flag, void *st, int32_t *pages) {
     if (ncand <= 0 || kp <= 0) return KV_OK;
-    if (kp > ncand || ncand > g->P || !pm_supported(g->G, kp) || pm_old_path())
+    if (kp > ncand || ncand > g->P || !kv_quest_gpu_flagged_ok(g, kp))
         return kv_fail(KV_ERR_INPUT, "quest GPU: flagged selection of %d pages of %d (group %d) needs the pipelined "
                        "pool=mean path", kp, ncand, g->G);
+    cudaStream_t s = st ? (cudaStream_t)st : g->st;
     const pm_args a = {g->kmin, g->kmax, g->half, g->PS, qd, g->Hkv, g->G, g->D, ncand, kp, scale,
                        g->bound, g->bmax, g->zpart, g->cv, g->cj, g->ctr, g->pages, flag};
-    return pm2_launch(&a, -1, g->st);
+    KV_TRY(pm2_launch(&a, -1, s));
+    if (pages)
+        KV_CUDA_TRY(cudaMemcpyAsync(pages, g->pages, (size_t)g->Hkv * kp * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    return KV_OK;
 }
 
 extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
@@ -603,4 +609,5 @@ extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
     .bench = kv_quest_gpu_bench,
     .bench_with = kv_quest_gpu_bench_with,
     .select_flagged = kv_quest_gpu_select_flagged,
+    .flagged_ok = kv_quest_gpu_flagged_ok,
 };

@@ -49,11 +49,16 @@ typedef struct {
     /* bench, then hook (nullable) while the state lives (FreeKV's correction stages). */
     kv_status (*bench_with)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
         kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out);
-    /* pool=mean selection with device queries qd [Hq][D] of the kv heads whose
-     * device flag[g] != 0 only, pages kept on the device (the kv heads not
-     * flagged keep their old pages), on the state's stream, no sync: FreeKV's
-     * correction without a host round trip. Groups of 1, 2, 4, 8, kp <= 16. */
-    kv_status (*select_flagged)(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp, const int *flag);
+    /* pool=mean selection with device queries qd [Hq][D] of only the kv heads
+     * whose device flag[g] != 0 (FreeKV's correction without a host round
+     * trip), on stream st (NULL: the state's), no sync; pages (host, nullable)
+     * gets the [Hkv][kp] page ids by an async copy on st, valid for the
+     * flagged kv heads. Groups of 1, 2, 4, 8, kp <= 16, the pipelined path
+     * (see flagged_ok); else an error. */
+    kv_status (*select_flagged)(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp, const int *flag,
+        void *st, int32_t *pages);
+    /* 1 when select_flagged handles kp pages per kv head for this state. */
+    int (*flagged_ok)(const kv_quest_gpu *g, int kp);
 } kv_quest_cuda_ops;
 extern const kv_quest_cuda_ops kv_quest_cuda KV_GPU_TABLE;
 
