@@ -5,7 +5,8 @@
  *
  * 1. p2_scan: one block per tile of TP = 128 or 256 consecutive pages of
  *    one kv head (1024 blocks at 1M tokens, page 32, 8 kv heads, against
- *    512 for the older scan): the tile's channel rows of min and max stream
+ *    512 for the older scan; KVBENCH_PAGES_PPT=1|2|4 forces 128, 256 or 512
+ *    pages, to measure the choice): the tile's channel rows of min and max stream
  *    through a ring of P2_ST shared-memory stages of 8 KB by cp.async
  *    (P2_ST - 1 stages in flight per block all the time, ~4 blocks per SM,
  *    ~20 MB in flight on an H100 where ~4 MB keeps HBM busy; the older scan
@@ -40,6 +41,8 @@
  * out to L2 and come back from it. */
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/kv_cuda.h"
 #include "pages_mean.cuh"
@@ -78,10 +81,19 @@ template <> __device__ __forceinline__ void p2_lds<__half, 2>(const unsigned cha
     const __half2 v = *(const __half2 *)p;
     o[0] = __low2float(v); o[1] = __high2float(v);
 }
+template <> __device__ __forceinline__ void p2_lds<__half, 4>(const unsigned char *p, float *o) {
+    const uint2 u = *(const uint2 *)p;
+    const __half2 a = *(const __half2 *)&u.x, b = *(const __half2 *)&u.y;
+    o[0] = __low2float(a); o[1] = __high2float(a); o[2] = __low2float(b); o[3] = __high2float(b);
+}
 template <> __device__ __forceinline__ void p2_lds<float, 1>(const unsigned char *p, float *o) { o[0] = *(const float *)p; }
 template <> __device__ __forceinline__ void p2_lds<float, 2>(const unsigned char *p, float *o) {
     const float2 v = *(const float2 *)p;
     o[0] = v.x; o[1] = v.y;
+}
+template <> __device__ __forceinline__ void p2_lds<float, 4>(const unsigned char *p, float *o) {
+    const float4 v = *(const float4 *)p;
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
 }
 
 /* acc[h][p] += max(q_h[i] * mx[p], q_h[i] * mn[p]), rounded as the CPU (kv_pages_bound). */
@@ -375,6 +387,18 @@ template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile,
     }
 }
 
+/* Pages per scan thread: KVBENCH_PAGES_PPT=1|2|4 (an experiment knob, read once), else 2 when that still
+ * gives >= 512 blocks (1M tokens, page 32, 8 kv heads: 1024 blocks of 256 pages), else 1. */
+int p2_ppt(int ncand, int Hkv) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_PPT");
+        env = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 0;
+    }
+    if (env) return env;
+    return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
+}
+
 }  // namespace
 
 kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
@@ -382,14 +406,16 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
     if (a->PS % 8) return kv_fail(KV_ERR_INTERNAL, "pages GPU: page stride %lld not a multiple of 8", a->PS);
     if ((size_t)G * a->D * sizeof(float) > 48 * 1024)
         return kv_fail(KV_ERR_INPUT, "pages GPU: group x head_dim too large (%d x %d)", G, a->D);
-    /* two pages per thread when that still gives >= 512 blocks (1M tokens, page 32, 8 kv heads: 1024) */
-    const bool two = (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * a->Hkv >= 512;
-    const int ntile = two ? (ncand + 2 * P2_TH - 1) / (2 * P2_TH) : (ncand + P2_TH - 1) / P2_TH,
-              nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
+    const int ppt = p2_ppt(ncand, a->Hkv), tp = P2_TH * ppt;
+    const int ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
     if (which <= 0) {
         kv_status s;
-        if (a->half) s = two ? p2_scan_g<__half, 2>(a, ntile, st) : p2_scan_g<__half, 1>(a, ntile, st);
-        else s = two ? p2_scan_g<float, 2>(a, ntile, st) : p2_scan_g<float, 1>(a, ntile, st);
+        if (a->half)
+            s = ppt == 4 ? p2_scan_g<__half, 4>(a, ntile, st)
+                : ppt == 2 ? p2_scan_g<__half, 2>(a, ntile, st) : p2_scan_g<__half, 1>(a, ntile, st);
+        else
+            s = ppt == 4 ? p2_scan_g<float, 4>(a, ntile, st)
+                : ppt == 2 ? p2_scan_g<float, 2>(a, ntile, st) : p2_scan_g<float, 1>(a, ntile, st);
         KV_TRY(s);
     }
     if (which != 0) {
