@@ -4,21 +4,29 @@
  * reached through Quest's launcher table (kernels/quest.h), so one copy of
  * the page code serves both methods; chosen over moving them into a shared
  * kernels/ops/pages.cu because Quest's table already exposes exactly the
- * operations FreeKV needs (create/build/append/search with pool=mean) and a
- * move would duplicate nothing less while touching Quest's file. The
- * group-mean selection itself (pool=mean: bound scan once per kv head for
- * the whole group, softmax partial sums, pooled scores and the page top-k
- * fused, merged by the last block of each kv head) is kernels/pages_mean.cu,
- * which quest.cu dispatches to; the bench reports its stages as
- * bound_scan, pool_topk and select_spec (= both).
+ * operations FreeKV needs (create/build/append/search with pool=mean, and
+ * select_flagged for the correction) and a move would duplicate nothing
+ * less while touching Quest's file. The group-mean selection itself is
+ * kernels/pages_pipe.cu (pipelined bound scan once per kv head for the
+ * whole group, softmax partial sums, pooled scores and the page top-k,
+ * merged by the last block of each kv head; kernels/pages_mean.cu is the
+ * older path under KVBENCH_PAGES_PIPE=0), which quest.cu dispatches to.
  *
- * Here: the correction test. One thread per query head computes
- * cos(q_h, qprev_h) in double in channel order (__dmul_rn/__dadd_rn, no
- * contraction, IEEE sqrt and division), then one thread per kv head takes
- * the group mean in head order and compares with tau: the same operations
- * in the same order as kv_freekv_group_cosine, so the decision is bitwise
- * the CPU's. The bench times Quest's pool=mean selection (the speculative
- * selection, off the critical path) and this test (on it). */
+ * Here: the correction. The test: one block reads q_t and q_{t-1} into
+ * shared memory, one thread per query head computes cos(q_h, qprev_h) in
+ * double in channel order (__dmul_rn/__dadd_rn, no contraction, IEEE sqrt
+ * and division), then one thread per kv head takes the group mean in head
+ * order and compares with tau: the same operations in the same order as
+ * kv_freekv_group_cosine, so the decision is bitwise the CPU's. The flags
+ * stay on the device, and the re-selection with q_t follows in the same
+ * stream for the kv heads that fire only (correct: Quest's select_flagged,
+ * whose blocks of other kv heads return at once).
+ * The bench (kvbench bench --method freekv) reports summary, bound_scan,
+ * pool_topk and select_spec (= bound_scan + pool_topk: the speculative
+ * selection with q_{t-1}, off the critical path), then what is on it:
+ * cosine_test (the test alone), correct_none / correct_one / correct_all
+ * (test + flagged re-selection with 0, 1 or all kv heads firing; every
+ * repetition checks that exactly those heads fired). */
 #include <string.h>
 
 #include "freekv.h"

@@ -1,9 +1,9 @@
 /* freekv.h: the C face of kernels/freekv.cu, FreeKV's own CUDA pieces (the
- * per-kv-head cosine test of the correction, and the bench hook); the page
- * summaries, bounds, group-mean softmax and top-k over pages are Quest's
- * launchers (kernels/quest.h), which retrievers/freekv.c calls directly:
- * one copy of the page kernels serves both methods. One table of launchers
- * (kv_freekv_cuda; absent without nvcc). */
+ * per-kv-head cosine test, the correction in one device step, and the bench
+ * hook); the page summaries, bounds, group-mean softmax and top-k over pages
+ * are Quest's launchers (kernels/quest.h), which retrievers/freekv.c calls
+ * directly: one copy of the page kernels serves both methods. One table of
+ * launchers (kv_freekv_cuda; absent without nvcc). */
 #ifndef KV_FREEKV_H
 #define KV_FREEKV_H
 
@@ -31,8 +31,8 @@ typedef struct {
     void (*destroy)(kv_freekv_gpu *g);
     /* kvbench bench --method freekv: Quest's pool=mean stages over float16
      * summaries of K (the speculative selection, off the critical path),
-     * then the cosine test, and the correction (test + one selection) that a
-     * firing head puts on the critical path. */
+     * then the cosine test and the correction (test + flagged re-selection
+     * with 0, 1 or all kv heads firing) that is on the critical path. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, int page, const kv_gpu_keys *K, const float *q,
         kv_gpu_stages *out);
 } kv_freekv_cuda_ops;
