@@ -31,6 +31,10 @@
  *    memory once and selects the head's kp from them. The older path read
  *    the partials in one thread's serial loop and the candidates again in
  *    every round, a chain of dependent L2 round trips.
+ * 2 and 3 are launched with programmatic dependent launch (their blocks
+ * are scheduled while the previous kernel drains and wait for its data in
+ * griddepcontrol.wait; KVBENCH_PAGES_PDL=0 launches them plainly), which
+ * hides most of the two launch gaps.
  * With flag non-NULL (the correction) the blocks of a kv head whose flag
  * is 0 return at once: only the corrected heads are re-selected, in the
  * same launches. Numerics as the older path (pages_mean.cu): bounds bitwise
@@ -71,6 +75,10 @@ __device__ __forceinline__ void p2_cp16(void *dst, const void *src, int n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void p2_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Programmatic dependent launch (sm_90): let the next kernel's blocks be scheduled now (they wait in
+ * p2_dep_wait), and wait for the previous kernel's completion and memory; both no-ops without PDL. */
+__device__ __forceinline__ void p2_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void p2_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void p2_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <typename TS, int PPT> __device__ __forceinline__ void p2_lds(const unsigned char *p, float *o);
@@ -119,6 +127,7 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
     extern __shared__ __align__(16) unsigned char p2_sm[];
     __shared__ float swm[GT][P2_TH / 32];
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * C::TP, t = threadIdx.x;
+    p2_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
     if (flag && !flag[g]) return; /* the whole block: this kv head is not corrected */
     float *sqv = (float *)(p2_sm + P2_ST * P2_SB);
     for (int e = t; e < GT * D; e += P2_TH) sqv[e] = q[(long long)g * GT * D + e];
@@ -232,6 +241,8 @@ __global__ void __launch_bounds__(P2_RT) p2_zpart(const float *bound, long long 
     __shared__ float sw[P2_RT / 32];
     __shared__ double sd[P2_RT / 32];
     const int h = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
+    p2_dep_launch();
+    p2_dep_wait(); /* the scan's bounds and tile maxima */
     if (flag && !flag[h / G]) return;
     float b[P2_PPT];
 #pragma unroll
@@ -286,6 +297,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
     __shared__ p2_item sbest[P2_RT / 32];
     __shared__ p2_item scand[P2_CCAP];
     const int g = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
+    p2_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
     if (flag && !flag[g]) return;
     /* every load this block needs before its first reduction: bounds, tile maxima, softmax partials */
     float b[GT][P2_PPT], mp[GT];
@@ -387,6 +399,36 @@ template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile,
     }
 }
 
+/* Launch with programmatic stream serialization (PDL) unless KVBENCH_PAGES_PDL=0 (read once): the
+ * kernel's launch and block scheduling overlap the previous kernel's tail, p2_dep_wait orders the
+ * data. A launch the driver refuses with the attribute is retried plainly. */
+template <typename... A, typename... B>
+kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args) {
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("KVBENCH_PAGES_PDL");
+        pdl = !(e && !strcmp(e, "0"));
+    }
+    if (pdl) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(P2_RT);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (cudaLaunchKernelEx(&cfg, k, args...) == cudaSuccess) return KV_OK;
+        (void)cudaGetLastError(); /* not sticky: fall back to a plain launch */
+        pdl = 0;
+    }
+    k<<<grid, P2_RT, 0, st>>>(args...);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
 /* Pages per scan thread: KVBENCH_PAGES_PPT=1|2|4 (an experiment knob, read once), else 2 when that still
  * gives >= 512 blocks (1M tokens, page 32, 8 kv heads: 1024 blocks of 256 pages), else 1. */
 int p2_ppt(int ncand, int Hkv) {
@@ -419,21 +461,21 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
         KV_TRY(s);
     }
     if (which != 0) {
-        p2_zpart<<<dim3(nbz, a->Hkv * G), P2_RT, 0, st>>>(a->bound, a->PS, ncand, a->scale, a->flag, G, a->bmax, ntile,
-                                                          a->zpart, nbz);
-        KV_LAUNCH_CHECK();
+        const float *bound = a->bound, *tmax = a->bmax;
+        const double *zp = a->zpart;
+        KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * G), st, bound, a->PS, ncand, a->scale, a->flag, G, tmax,
+                             ntile, a->zpart, nbz));
         const dim3 grid(nbz, a->Hkv);
         switch (G) {
 #define P2_T(GT)                                                                                                    \
     case GT:                                                                                                        \
-        p2_pool_topk<GT><<<grid, P2_RT, 0, st>>>(a->bound, a->PS, ncand, a->scale, a->flag, a->bmax, ntile, a->zpart, \
-                                                 nbz, a->kp, a->cv, a->cj, a->ctr, a->pages);                      \
+        KV_TRY(p2_launch_pdl(p2_pool_topk<GT>, grid, st, bound, a->PS, ncand, a->scale, a->flag, tmax, ntile, zp,   \
+                             nbz, a->kp, a->cv, a->cj, a->ctr, a->pages));                                          \
         break;
             P2_T(1) P2_T(2) P2_T(4) P2_T(8)
 #undef P2_T
         default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", G);
         }
-        KV_LAUNCH_CHECK();
     }
     return KV_OK;
 }
