@@ -3,7 +3,8 @@
 # build, the FreeKV and Quest GPU tests on the pipelined group-mean selection
 # (kernels/pages_pipe.cu), `kvbench bench` for freekv and quest, the same
 # freekv bench on the older path (KVBENCH_PAGES_PIPE=0, kernels/pages_mean.cu)
-# and with 128- and 512-page scan tiles (KVBENCH_PAGES_PPT=1, 4), the PyTorch
+# with 128- and 512-page scan tiles (KVBENCH_PAGES_PPT=1, 4) and without
+# programmatic dependent launch (KVBENCH_PAGES_PDL=0) at 1M, the PyTorch
 # peers, the GPU tests on the older path, and an ncu pass over the selection's
 # kernels at 1M tokens. Logs and CSVs under $OUT; the key lines on stdout.
 #   OUT=/tmp/out scripts/pages_compare.sh
@@ -28,11 +29,11 @@ step "bench freekv (older path, KVBENCH_PAGES_PIPE=0)"
 KVBENCH_PAGES_PIPE=0 timeout 40 ./kvbench bench --method freekv --tokens $L --csv "$OUT/bench_old.csv" \
     >"$OUT/bench_old.log" 2>&1
 grep -E "^freekv " "$OUT/bench_old.log" | cut -c1-120
-for p in 1 4; do
-    step "bench freekv 1M, KVBENCH_PAGES_PPT=$p"
-    KVBENCH_PAGES_PPT=$p timeout 30 ./kvbench bench --method freekv --tokens 1048576 --csv "$OUT/bench_ppt$p.csv" \
-        >"$OUT/bench_ppt$p.log" 2>&1
-    grep -E "bound_scan|select_spec" "$OUT/bench_ppt$p.log" | cut -c1-120
+for v in PPT=1 PPT=4 PDL=0; do
+    step "bench freekv 1M, KVBENCH_PAGES_$v"
+    env KVBENCH_PAGES_$v timeout 30 ./kvbench bench --method freekv --tokens 1048576 --csv "$OUT/bench_$v.csv" \
+        >"$OUT/bench_$v.log" 2>&1
+    grep -E "bound_scan|pool_topk|select_spec" "$OUT/bench_$v.log" | cut -c1-120
 done
 for m in freekv quest; do
     step "PyTorch peer $m"
