@@ -605,9 +605,9 @@ extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
     .append = kv_quest_gpu_append,
     .summaries = kv_quest_gpu_summaries,
     .search = kv_quest_gpu_search,
-    .destroy = kv_quest_gpu_destroy,
-    .bench = kv_quest_gpu_bench,
-    .bench_with = kv_quest_gpu_bench_with,
     .select_flagged = kv_quest_gpu_select_flagged,
     .flagged_ok = kv_quest_gpu_flagged_ok,
+    .bench_with = kv_quest_gpu_bench_with,
+    .destroy = kv_quest_gpu_destroy,
+    .bench = kv_quest_gpu_bench,
 };

@@ -41,14 +41,6 @@ typedef struct {
      * [Hq][ncand] of the raw bounds. 1 <= kp <= min(ncand, KV_GPU_TOPK_MAX). */
     kv_status (*search)(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
         int32_t *pages, float *bound);
-    void (*destroy)(kv_quest_gpu *g);
-    /* kvbench bench --method quest: summaries of the float16 keys K
-     * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */
-    kv_status (*bench)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
-        kv_gpu_stages *out);
-    /* bench, then hook (nullable) while the state lives (FreeKV's correction stages). */
-    kv_status (*bench_with)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
-        kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out);
     /* pool=mean selection with device queries qd [Hq][D] of only the kv heads
      * whose device flag[g] != 0 (FreeKV's correction without a host round
      * trip), on stream st (NULL: the state's), no sync; pages (host, nullable)
@@ -59,6 +51,14 @@ typedef struct {
         void *st, int32_t *pages);
     /* 1 when select_flagged handles kp pages per kv head for this state. */
     int (*flagged_ok)(const kv_quest_gpu *g, int kp);
+    /* bench (below), then hook (nullable) while the state lives (FreeKV's correction stages). */
+    kv_status (*bench_with)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
+        kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out);
+    void (*destroy)(kv_quest_gpu *g);
+    /* kvbench bench --method quest: summaries of the float16 keys K
+     * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */
+    kv_status (*bench)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
+        kv_gpu_stages *out);
 } kv_quest_cuda_ops;
 extern const kv_quest_cuda_ops kv_quest_cuda KV_GPU_TABLE;
 
