@@ -2,7 +2,9 @@
  * FreeKV's speculative selection; issue 10) as three launches with the page
  * top-k fused in, called by kernels/quest.cu for groups of 1, 2, 4 or 8
  * query heads and at most PM_KMAX pages per kv head (other shapes keep
- * quest.cu's bounds + softmax + pooling + shared top-k path).
+ * quest.cu's bounds + softmax + pooling + shared top-k path). Since
+ * session 4 this is the older path, kept for comparison under
+ * KVBENCH_PAGES_PIPE=0; the default is kernels/pages_pipe.cu.
  *
  * 1. pm_bounds: one thread per 1 or 4 pages of one kv head reads each
  *    page's min/max ONCE for all the group's query heads (channel-major
@@ -30,6 +32,8 @@
  * bounds (4 B per page and query head) go out and come back through L2. */
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/kv_cuda.h"
 #include "pages_mean.cuh"
@@ -318,7 +322,18 @@ void pm_sizes(int max_pages, int Hkv, int *nba, int *nbz) {
     (void)Hkv;
 }
 
+int pm_old_path(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KVBENCH_PAGES_PIPE");
+        v = e && !strcmp(e, "0");
+    }
+    return v;
+}
+
 kv_status pm_launch(const pm_args *a, int which, cudaStream_t st) {
+    if (!pm_old_path()) return pm2_launch(a, which, st);
+    if (a->flag) return kv_fail(KV_ERR_INTERNAL, "pages GPU: per-kv-head flags need the pipelined path");
     const int G = a->G, ncand = a->ncand;
     /* short contexts: one page per thread (more threads in flight); long ones: 4 (vector loads) */
     const bool small = (long long)(ncand / 4) * a->Hkv < PM_SMALL;

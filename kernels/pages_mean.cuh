@@ -1,8 +1,10 @@
 /* pages_mean.cuh: device-side interface between kernels/quest.cu (Quest's
- * and FreeKV's launcher table) and kernels/pages_mean.cu (the group-mean
- * page selection with the top-k fused in, and the older softmax + pooling
- * kernels quest.cu falls back to; its header comment has the design).
- * Internal to kernels/. */
+ * and FreeKV's launcher table) and the group-mean page selection with the
+ * top-k fused in: kernels/pages_pipe.cu (the default: pipelined bound scan,
+ * latency-trimmed pooling and top-k, per-kv-head flags for the correction)
+ * and kernels/pages_mean.cu (the older path, KVBENCH_PAGES_PIPE=0, and the
+ * softmax + pooling kernels quest.cu falls back to for other shapes); their
+ * header comments have the designs. Internal to kernels/. */
 #ifndef KV_PAGES_MEAN_CUH
 #define KV_PAGES_MEAN_CUH
 
@@ -25,6 +27,7 @@ typedef struct {
     int *cj;                 /* [Hkv][nbz * kp] scratch */
     unsigned *ctr;           /* [Hkv], zero between launches (the kernel leaves it so) */
     int32_t *pages;          /* [Hkv][kp] out, kv_topk_ref order */
+    const int *flag;         /* device [Hkv] or NULL: only kv heads with flag != 0 are selected (pages_pipe.cu) */
 } pm_args;
 
 /* 1 when the fused path handles this group size and page count. */
@@ -33,8 +36,13 @@ int pm_supported(int G, int kp);
  * cv/cj [Hkv][nbz * PM_KMAX]. */
 void pm_sizes(int max_pages, int Hkv, int *nba, int *nbz);
 /* which: 0 = the bound scan only, 1 = the rest (softmax sums, pooling,
- * top-k; the bounds of an earlier which = 0 launch), -1 = all. */
+ * top-k; the bounds of an earlier which = 0 launch), -1 = all. The
+ * pipelined path (pm2_launch) unless KVBENCH_PAGES_PIPE=0 (then a non-NULL
+ * flag is an error); PS must be a multiple of 8 for it. */
 kv_status pm_launch(const pm_args *a, int which, cudaStream_t st);
+kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st);
+/* 1 when KVBENCH_PAGES_PIPE=0 picked the older path (read once). */
+int pm_old_path(void);
 /* The older pool=mean path: per-head softmax constants mz [Hq][2] then the
  * pooled scores pooled [Hkv][PS] from the bounds [Hq][PS]. */
 kv_status pm_softmax_pool_launch(const float *bound, long long PS, int ncand, float scale, int Hq, int Hkv, float *mz,

@@ -2,7 +2,7 @@
  * paper's facts are in retrievers/quest.c).
  *
  * Page summaries are stored channel-major, kmin/kmax[g][i][j] (kv head g,
- * channel i, page j; the page axis padded to a multiple of 4), so the bound
+ * channel i, page j; the page axis padded to a multiple of 8), so the bound
  * scan, one thread per 4 consecutive pages (one page for short contexts,
  * for more threads in flight) summing over the channels in order, reads
  * them fully coalesced (8- or 16-byte loads) and still adds in
@@ -400,7 +400,7 @@ static kv_status kv_quest_gpu_create(int Hq, int Hkv, int T, int D, int page, in
     if (!g) return KV_ERR_NOMEM;
     g->Hq = Hq; g->Hkv = Hkv; g->T = T; g->D = D; g->page = page; g->sink = sink; g->P = max_pages; g->half = half;
     g->G = Hq / Hkv;
-    g->PS = ((long long)max_pages + 3) & ~3LL;
+    g->PS = ((long long)max_pages + 7) & ~7LL; /* 16-byte rows for pages_pipe.cu's cp.async */
     kv_status st = quest_create_go(g);
     if (st != KV_OK) { kv_quest_gpu_destroy(g); return st; }
     *out = g;
@@ -505,7 +505,7 @@ struct quest_bench_ctx {
 };
 
 kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
-                         const float *q, kv_gpu_stages *out) {
+                         const float *q, kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out) {
     const int n = s->n, np = n / page;
     if (np < 1) return kv_fail(KV_ERR_INPUT, "quest GPU bench: %d tokens make no page of %d", n, page);
     int kp = s->k / page;
@@ -528,6 +528,7 @@ kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int pag
     KV_TRY(kv_bench_time(&c->tm, [&]() { return quest_search_launch(g, s->scale, pool, np, kp, 0, 1); }, &t[2]));
     KV_TRY(kv_bench_time(&c->tm, [&]() { return quest_search_launch(g, s->scale, pool, np, kp, 0, -1); }, &t[3]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    kv_status hs = KV_OK; /* the hook's stages go after these four */
     g->st = c->own;
     c->own = NULL;
     const double es = K->a.half ? 2 : 4, summ_b = (double)s->Hkv * np * 2 * s->D * es,
@@ -550,21 +551,52 @@ kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int pag
              fused ? "pool_topk (fused softmax sums, group mean and page top-k, kernels/pages_mean.cu)" : "topk");
     out->l2_bytes = c->tm.dev.l2_bytes;
     out->flush_bytes = c->tm.flush_n * sizeof(uint4);
-    return KV_OK;
+    if (hook) { /* the hook's launches on the timer's stream, as the stages above */
+        c->own = g->st;
+        g->st = c->tm.st;
+        hs = hook(ctx, g, &c->tm, np, kp, out);
+        KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+        g->st = c->own;
+        c->own = NULL;
+    }
+    return hs;
 }
 }  // namespace
 
-static kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
-                                        const float *q, kv_gpu_stages *out) {
+static kv_status kv_quest_gpu_bench_with(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
+                                         const float *q, kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out) {
     memset(out, 0, sizeof *out);
     if (s->n < 1 || s->n > K->a.T || K->a.H != s->Hkv || K->a.D != s->D)
         return kv_fail(KV_ERR_INPUT, "quest GPU bench: inconsistent spec (n=%d)", s->n);
     quest_bench_ctx c = {};
-    kv_status st = quest_bench_go(&c, s, page, pool, K, q, out);
+    kv_status st = quest_bench_go(&c, s, page, pool, K, q, hook, ctx, out);
     if (c.g && c.own) c.g->st = c.own;
     kv_quest_gpu_destroy(c.g);
     kv_bench_timer_free(&c.tm);
     return st;
+}
+
+static kv_status kv_quest_gpu_bench(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K,
+                                    const float *q, kv_gpu_stages *out) {
+    return kv_quest_gpu_bench_with(s, page, pool, K, q, NULL, NULL, out);
+}
+
+/* FreeKV's correction: pool=mean pages of the flagged kv heads only, all on the device. */
+static int kv_quest_gpu_flagged_ok(const kv_quest_gpu *g, int kp) { return pm_supported(g->G, kp) && !pm_old_path(); }
+
+static kv_status kv_quest_gpu_select_flagged(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp,
+                                             const int *flag, void *st, int32_t *pages) {
+    if (ncand <= 0 || kp <= 0) return KV_OK;
+    if (kp > ncand || ncand > g->P || !kv_quest_gpu_flagged_ok(g, kp))
+        return kv_fail(KV_ERR_INPUT, "quest GPU: flagged selection of %d pages of %d (group %d) needs the pipelined "
+                       "pool=mean path", kp, ncand, g->G);
+    cudaStream_t s = st ? (cudaStream_t)st : g->st;
+    const pm_args a = {g->kmin, g->kmax, g->half, g->PS, qd, g->Hkv, g->G, g->D, ncand, kp, scale,
+                       g->bound, g->bmax, g->zpart, g->cv, g->cj, g->ctr, g->pages, flag};
+    KV_TRY(pm2_launch(&a, -1, s));
+    if (pages)
+        KV_CUDA_TRY(cudaMemcpyAsync(pages, g->pages, (size_t)g->Hkv * kp * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    return KV_OK;
 }
 
 extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
@@ -573,6 +605,9 @@ extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
     .append = kv_quest_gpu_append,
     .summaries = kv_quest_gpu_summaries,
     .search = kv_quest_gpu_search,
+    .select_flagged = kv_quest_gpu_select_flagged,
+    .flagged_ok = kv_quest_gpu_flagged_ok,
+    .bench_with = kv_quest_gpu_bench_with,
     .destroy = kv_quest_gpu_destroy,
     .bench = kv_quest_gpu_bench,
 };

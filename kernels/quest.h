@@ -12,6 +12,11 @@ extern "C" {
 #endif
 
 typedef struct kv_quest_gpu kv_quest_gpu;
+/* Called by bench_with after its stages, with g's summaries built and its
+ * launches on the timer's stream (timer: a kv_bench_timer, kernels/ops/kv_cuda.h);
+ * np pages, kp selected per kv head; appends its stages to out. */
+typedef kv_status (*kv_quest_bench_hook)(void *ctx, kv_quest_gpu *g, void *timer, int np, int kp,
+                                         kv_gpu_stages *out);
 
 /* The launchers: one table, defined by kernels/quest.cu; in a build
  * without nvcc the table is absent (&kv_quest_cuda == NULL, see
@@ -36,6 +41,19 @@ typedef struct {
      * [Hq][ncand] of the raw bounds. 1 <= kp <= min(ncand, KV_GPU_TOPK_MAX). */
     kv_status (*search)(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
         int32_t *pages, float *bound);
+    /* pool=mean selection with device queries qd [Hq][D] of only the kv heads
+     * whose device flag[g] != 0 (FreeKV's correction without a host round
+     * trip), on stream st (NULL: the state's), no sync; pages (host, nullable)
+     * gets the [Hkv][kp] page ids by an async copy on st, valid for the
+     * flagged kv heads. Groups of 1, 2, 4, 8, kp <= 16, the pipelined path
+     * (see flagged_ok); else an error. */
+    kv_status (*select_flagged)(kv_quest_gpu *g, const float *qd, float scale, int ncand, int kp, const int *flag,
+        void *st, int32_t *pages);
+    /* 1 when select_flagged handles kp pages per kv head for this state. */
+    int (*flagged_ok)(const kv_quest_gpu *g, int kp);
+    /* bench (below), then hook (nullable) while the state lives (FreeKV's correction stages). */
+    kv_status (*bench_with)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
+        kv_quest_bench_hook hook, void *ctx, kv_gpu_stages *out);
     void (*destroy)(kv_quest_gpu *g);
     /* kvbench bench --method quest: summaries of the float16 keys K
      * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */

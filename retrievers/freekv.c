@@ -37,8 +37,11 @@
  *   Quest's launcher table (kernels/quest.h: summaries, bounds, group-mean
  *   softmax, top-k over pages), the cosine test runs on the device
  *   (kernels/freekv.cu, the same double arithmetic, bitwise the CPU's
- *   decision) and the re-selection with q_t is launched only when a head
- *   needs it; pages come back to the host and are expanded by the same code.
+ *   decision) and, with correct=1, the re-selection with q_t follows in the
+ *   same device step for only the kv heads that fire (kv_freekv_cuda.correct:
+ *   the flagged blocks run, the others return at once; no host round trip
+ *   between test and selection); pages come back to the host and are
+ *   expanded by the same code.
  *   CUDA's expf may differ from glibc's by an ulp, so near-equal pooled page
  *   scores may order differently (as Quest's pool=mean). */
 #include <math.h>
@@ -194,8 +197,13 @@ static kv_status freekv_search(void *st, int t, const float *q, int k, kv_select
     for (int g = 0; g < Hkv; g++)
         sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
     /* which kv heads need the correction */
-    int any = 0, ncorr = 0, have_prev = s->nq >= 2;
-    if (s->gpu && have_prev) KV_TRY(kv_freekv_cuda.cosine(s->cgpu, q, s->q_prev, s->tau, s->flag));
+    int any = 0, ncorr = 0, have_prev = s->nq >= 2, done = 0;
+    if (s->gpu && have_prev && s->correct && kp > 0) { /* test + re-selection of the heads that fire, one device step */
+        KV_TRY(kv_freekv_cuda.correct(s->cgpu, s->gpu, q, s->q_prev, s->tau, sh->softmax_scale, ncand, kp, s->flag,
+                                      s->corr));
+        done = 1;
+    } else if (s->gpu && have_prev)
+        KV_TRY(kv_freekv_cuda.cosine(s->cgpu, q, s->q_prev, s->tau, s->flag));
     for (int g = 0; g < Hkv; g++) {
         if (!have_prev) s->flag[g] = 1;
         else if (!s->gpu)
@@ -209,7 +217,8 @@ static kv_status freekv_search(void *st, int t, const float *q, int k, kv_select
     if (s->gpu) {
         if (kp1 > 0 && have_prev)
             KV_TRY(kv_quest_cuda.search(s->gpu, s->q_prev, sh->softmax_scale, 1, ncand1, kp1, s->spec, NULL));
-        if (kp > 0 && any) KV_TRY(kv_quest_cuda.search(s->gpu, q, sh->softmax_scale, 1, ncand, kp, s->corr, NULL));
+        if (kp > 0 && any && !done)
+            KV_TRY(kv_quest_cuda.search(s->gpu, q, sh->softmax_scale, 1, ncand, kp, s->corr, NULL));
     }
     int failed = 0;
     for (int g = 0; g < Hkv; g++) {

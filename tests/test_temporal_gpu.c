@@ -179,10 +179,11 @@ int test_racc_gpu_matches_cpu(void) {
  * kp of kv_pages_pool_mean by kv_topk_ref, except that two pages may swap
  * where their CPU pooled scores agree within 1e-6 relative (CUDA's expf is
  * within 2 ulp of glibc's). The shapes cover the fused path
- * (kernels/pages_mean.cu: groups of 1, 2, 4, 8; one page per thread and
- * four; one chunk and many, so the last-block merge; a head dimension with
- * a channel tail) and the older path (kp 17 > PM_KMAX, group of 3). */
-typedef struct { int Hq, Hkv, D, page, npages, kp; } pm_case;
+ * (kernels/pages_pipe.cu, or pages_mean.cu under KVBENCH_PAGES_PIPE=0:
+ * groups of 1, 2, 4, 8; one page per thread and more; one chunk and many,
+ * so the last-block merge; a head dimension with a channel tail; float32
+ * and float16 summaries) and the unfused path (kp 17 > PM_KMAX, group of 3). */
+typedef struct { int Hq, Hkv, D, page, npages, kp, half; } pm_case; /* half: float16 keys and summaries (the bench's) */
 
 static int pool_mean_case(const pm_case *c, uint64_t seed) {
     const int Hq = c->Hq, Hkv = c->Hkv, D = c->D, G = Hq / Hkv, page = c->page, T = page * c->npages, P = c->npages;
@@ -193,7 +194,10 @@ static int pool_mean_case(const pm_case *c, uint64_t seed) {
     float *pool = malloc((size_t)P * 4);
     int32_t *pages = malloc((size_t)Hkv * c->kp * 4), *ri = malloc((size_t)c->kp * 4);
     CHECK(k && q && gb && mn && mx && cb && pool && pages && ri, "out of memory");
-    for (size_t e = 0; e < (size_t)Hkv * T * D; e++) k[e] = (float)kv_rng_normal(&r);
+    for (size_t e = 0; e < (size_t)Hkv * T * D; e++) {
+        k[e] = (float)kv_rng_normal(&r);
+        if (c->half) k[e] = kv_half_to_float(kv_float_to_half(k[e])); /* the float16 summaries are then exact */
+    }
     for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = 2.0f * (float)kv_rng_normal(&r);
     for (int g = 0; g < Hkv; g++)
         for (int j = 0; j < P; j++)
@@ -209,7 +213,7 @@ static int pool_mean_case(const pm_case *c, uint64_t seed) {
             }
     const float scale = 1.0f / sqrtf((float)D);
     kv_quest_gpu *gq;
-    CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, 0, P, 0, &gq));
+    CHECK_OK(kv_quest_cuda.create(Hq, Hkv, T, D, page, 0, P, c->half, &gq));
     CHECK_OK(kv_quest_cuda.build(gq, k, T));
     CHECK_OK(kv_quest_cuda.search(gq, q, scale, 1, P, c->kp, pages, gb));
     int swaps = 0;
@@ -242,13 +246,15 @@ int test_freekv_gpu_group_mean_pages(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
     CHECK(&kv_quest_cuda, "built without CUDA");
     static const pm_case cs[] = {
-        {8, 2, 64, 16, 700, 7},     /* G 4, one page per thread, one chunk */
-        {16, 8, 32, 1, 40000, 16},  /* G 2, four pages per thread, 20 chunks merged */
-        {8, 8, 44, 4, 5000, 5},     /* G 1, channel tail (44 = 5 x 8 + 4) */
-        {16, 2, 64, 8, 3000, 16},   /* G 8 */
-        {16, 8, 128, 32, 9000, 3},  /* the bench's shape, FreeKV's defaults */
-        {8, 2, 64, 16, 700, 17},    /* kp > PM_KMAX: the older path */
-        {12, 4, 32, 16, 600, 6},    /* G 3: the older path */
+        {8, 2, 64, 16, 700, 7, 0},     /* G 4, one page per thread, one chunk */
+        {16, 8, 32, 1, 40000, 16, 0},  /* G 2, four pages per thread, 20 chunks merged */
+        {8, 8, 44, 4, 5000, 5, 0},     /* G 1, channel tail (44 = 5 x 8 + 4) */
+        {16, 2, 64, 8, 3000, 16, 0},   /* G 8 */
+        {16, 8, 128, 32, 9000, 3, 0},  /* the bench's shape, FreeKV's defaults */
+        {8, 2, 64, 16, 700, 17, 0},    /* kp > PM_KMAX: the older path */
+        {12, 4, 32, 16, 600, 6, 0},    /* G 3: the older path */
+        {16, 8, 128, 32, 700, 3, 1},  /* float16 summaries, one page per thread (pages_pipe.cu) */
+        {16, 8, 64, 1, 16400, 5, 1},  /* float16, two pages per thread (>= 512 tiles), a partial tile, 9 chunks */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         int rc = pool_mean_case(&cs[i], 31 + i);

@@ -1,0 +1,481 @@
+/* pages_pipe.cu: the group-mean page selection (Quest's pool=mean, which is
+ * FreeKV's speculative selection and its correction; issue 10, point 4) as
+ * three short launches; the default path of pm_launch (kernels/pages_mean.cu
+ * keeps the older one, KVBENCH_PAGES_PIPE=0 selects it).
+ *
+ * 1. p2_scan: one block per tile of TP = 128 or 256 consecutive pages of
+ *    one kv head (1024 blocks at 1M tokens, page 32, 8 kv heads, against
+ *    512 for the older scan; KVBENCH_PAGES_PPT=1|2|4 forces 128, 256 or 512
+ *    pages, to measure the choice): the tile's channel rows of min and max stream
+ *    through a ring of P2_ST shared-memory stages of 8 KB by cp.async
+ *    (P2_ST - 1 stages in flight per block all the time, ~4 blocks per SM,
+ *    ~20 MB in flight on an H100 where ~4 MB keeps HBM busy; the older scan
+ *    kept one batch of 8 channels per thread in flight and idled between
+ *    batches: 61% of copy bandwidth at 1M). Each thread sums its 1 or 2
+ *    pages over the channels in order for all the group's query heads (one
+ *    read of the summaries per kv head), products and sums rounded as on
+ *    the CPU (bitwise kv_pages_bound), then writes the bounds and the
+ *    tile's max of scale * bound per query head. Pages past ncand are
+ *    zero-filled, never read; channels past D are not summed.
+ * 2. p2_zpart: per query head and chunk of P2_CHUNK pages, the chunk's sum
+ *    of exp(scale * b - m_h) in double, m_h the max of the tile maxima; the
+ *    bounds are loaded before m_h is reduced, so the two L2 round trips
+ *    overlap.
+ * 3. p2_pool_topk: per kv head and chunk, m_h, then Z_h = the sum of the
+ *    chunk partials (every block of a head sums them in the same fixed
+ *    order, so all use the same weight w_h = 1 / (G * Z_h)), the pooled
+ *    score sum over h in head order of expf(scale * b - m_h) * w_h (as
+ *    kv_pages_pool_mean), the chunk's top kp by rounds of block argmax
+ *    (larger first, earlier page among equals: kv_topk_ref's order); the
+ *    last block of the kv head copies the chunks' candidates to shared
+ *    memory once and selects the head's kp from them. The older path read
+ *    the partials in one thread's serial loop and the candidates again in
+ *    every round, a chain of dependent L2 round trips.
+ * 2 and 3 are launched with programmatic dependent launch (their blocks
+ * are scheduled while the previous kernel drains and wait for its data in
+ * griddepcontrol.wait; KVBENCH_PAGES_PDL=0 launches them plainly), which
+ * hides most of the two launch gaps.
+ * With flag non-NULL (the correction) the blocks of a kv head whose flag
+ * is 0 return at once: only the corrected heads are re-selected, in the
+ * same launches. Numerics as the older path (pages_mean.cu): bounds bitwise
+ * the CPU's; CUDA's expf within 2 ulp of glibc's and the order of the
+ * double sums may swap pages whose pooled scores agree to ~1e-7. Byte
+ * floor of the whole: the summaries (2 x D x 2 B per page and kv head for
+ * float16) + q + the page ids; the bounds (4 B per page and query head) go
+ * out to L2 and come back from it. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/kv_cuda.h"
+#include "pages_mean.cuh"
+
+namespace {
+
+constexpr int P2_TH = 128;        /* p2_scan threads per block */
+constexpr int P2_ST = 5;          /* ring stages (P2_ST - 1 in flight) */
+constexpr int P2_SB = 8192;       /* bytes per stage: CS channels x (min, max) x TP pages */
+constexpr int P2_RT = 256;        /* p2_zpart / p2_pool_topk threads per block */
+constexpr int P2_PPT = 8;         /* pages per thread there */
+constexpr int P2_CHUNK = P2_RT * P2_PPT;
+constexpr int P2_CCAP = 2048;     /* candidates the last block holds in shared memory */
+
+template <typename TS, int PPT> struct p2_cfg {
+    static constexpr int TP = P2_TH * PPT;               /* pages per tile */
+    static constexpr int ROWB = TP * (int)sizeof(TS);    /* bytes of one channel row of the tile */
+    static constexpr int CS = P2_SB / (2 * ROWB);        /* channels per stage */
+    static constexpr int CPR = ROWB / 16;                /* 16-byte chunks per row */
+    static constexpr int EPC = 16 / (int)sizeof(TS);     /* pages per chunk */
+    static_assert(CS >= 1 && (P2_SB / 16) % P2_TH == 0, "stage shape");
+};
+
+__device__ __forceinline__ void p2_cp16(void *dst, const void *src, int n) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void p2_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Programmatic dependent launch (sm_90): let the next kernel's blocks be scheduled now (they wait in
+ * p2_dep_wait), and wait for the previous kernel's completion and memory; both no-ops without PDL. */
+__device__ __forceinline__ void p2_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void p2_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void p2_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <typename TS, int PPT> __device__ __forceinline__ void p2_lds(const unsigned char *p, float *o);
+template <> __device__ __forceinline__ void p2_lds<__half, 1>(const unsigned char *p, float *o) {
+    o[0] = __half2float(*(const __half *)p);
+}
+template <> __device__ __forceinline__ void p2_lds<__half, 2>(const unsigned char *p, float *o) {
+    const __half2 v = *(const __half2 *)p;
+    o[0] = __low2float(v); o[1] = __high2float(v);
+}
+template <> __device__ __forceinline__ void p2_lds<__half, 4>(const unsigned char *p, float *o) {
+    const uint2 u = *(const uint2 *)p;
+    const __half2 a = *(const __half2 *)&u.x, b = *(const __half2 *)&u.y;
+    o[0] = __low2float(a); o[1] = __high2float(a); o[2] = __low2float(b); o[3] = __high2float(b);
+}
+template <> __device__ __forceinline__ void p2_lds<float, 1>(const unsigned char *p, float *o) { o[0] = *(const float *)p; }
+template <> __device__ __forceinline__ void p2_lds<float, 2>(const unsigned char *p, float *o) {
+    const float2 v = *(const float2 *)p;
+    o[0] = v.x; o[1] = v.y;
+}
+template <> __device__ __forceinline__ void p2_lds<float, 4>(const unsigned char *p, float *o) {
+    const float4 v = *(const float4 *)p;
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+
+/* acc[h][p] += max(q_h[i] * mx[p], q_h[i] * mn[p]), rounded as the CPU (kv_pages_bound). */
+template <int GT, int PPT>
+__device__ __forceinline__ void p2_acc(float (&acc)[GT][PPT], const float *sqv, int D, int i, const float *mn,
+                                       const float *mx) {
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        const float qi = sqv[h * D + i];
+#pragma unroll
+        for (int p = 0; p < PPT; p++) {
+            const float a = __fmul_rn(qi, mx[p]), b = __fmul_rn(qi, mn[p]);
+            acc[h][p] = __fadd_rn(acc[h][p], a > b ? a : b);
+        }
+    }
+}
+
+template <typename TS, int GT, int PPT>
+__global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax, long long PS, const float *q, int D,
+                                                 int ncand, float scale, const int *flag, float *bound, float *tmax,
+                                                 int ntile) {
+    using C = p2_cfg<TS, PPT>;
+    extern __shared__ __align__(16) unsigned char p2_sm[];
+    __shared__ float swm[GT][P2_TH / 32];
+    const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * C::TP, t = threadIdx.x;
+    p2_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
+    if (flag && !flag[g]) return; /* the whole block: this kv head is not corrected */
+    float *sqv = (float *)(p2_sm + P2_ST * P2_SB);
+    for (int e = t; e < GT * D; e += P2_TH) sqv[e] = q[(long long)g * GT * D + e];
+    const TS *mn0 = kmin + (long long)g * D * PS + j0, *mx0 = kmax + (long long)g * D * PS + j0;
+    const int nst = (D + C::CS - 1) / C::CS;
+    auto issue = [&](int s) {
+        unsigned char *dst = p2_sm + (s % P2_ST) * P2_SB;
+        const int i0 = s * C::CS;
+#pragma unroll
+        for (int k = 0; k < P2_SB / 16 / P2_TH; k++) {
+            const int c = t + k * P2_TH, r = c / C::CPR, col = c % C::CPR;
+            const int ch = r % C::CS, i = i0 + ch, jj = col * C::EPC;
+            const bool ok = i < D && j0 + jj < ncand; /* PS is a multiple of 8 pages: no chunk crosses it */
+            const TS *src = (r < C::CS ? mn0 : mx0) + (ok ? (long long)i * PS + jj : 0);
+            p2_cp16(dst + r * C::ROWB + col * 16, src, ok ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < P2_ST - 1; s++) {
+        if (s < nst) issue(s);
+        p2_commit();
+    }
+    float acc[GT][PPT];
+#pragma unroll
+    for (int h = 0; h < GT; h++)
+#pragma unroll
+        for (int p = 0; p < PPT; p++) acc[h][p] = 0.f;
+    const int off = t * PPT * (int)sizeof(TS);
+    for (int s = 0; s < nst; s++) {
+        p2_wait<P2_ST - 2>(); /* stage s has landed (this thread's copies) */
+        __syncthreads();      /* everyone's copies of stage s, and everyone is done with stage s - 1 */
+        if (s + P2_ST - 1 < nst) issue(s + P2_ST - 1); /* into stage s - 1's buffer */
+        p2_commit();
+        const unsigned char *sb = p2_sm + (s % P2_ST) * P2_SB + off;
+        const int i0 = s * C::CS;
+        if (i0 + C::CS <= D) {
+#pragma unroll
+            for (int ch = 0; ch < C::CS; ch++) {
+                float mn[PPT], mx[PPT];
+                p2_lds<TS, PPT>(sb + ch * C::ROWB, mn);
+                p2_lds<TS, PPT>(sb + (C::CS + ch) * C::ROWB, mx);
+                p2_acc<GT, PPT>(acc, sqv, D, i0 + ch, mn, mx);
+            }
+        } else {
+            for (int ch = 0; ch < D - i0; ch++) {
+                float mn[PPT], mx[PPT];
+                p2_lds<TS, PPT>(sb + ch * C::ROWB, mn);
+                p2_lds<TS, PPT>(sb + (C::CS + ch) * C::ROWB, mx);
+                p2_acc<GT, PPT>(acc, sqv, D, i0 + ch, mn, mx);
+            }
+        }
+    }
+    const int lane = t & 31, w = t >> 5, jt = j0 + t * PPT;
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int p = 0; p < PPT; p++)
+            if (jt + p < ncand) {
+                bound[(long long)(g * GT + h) * PS + jt + p] = acc[h][p];
+                m = fmaxf(m, __fmul_rn(scale, acc[h][p]));
+            }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) swm[h][w] = m;
+    }
+    __syncthreads();
+    if (t < GT) {
+        float m = swm[t][0];
+#pragma unroll
+        for (int k = 1; k < P2_TH / 32; k++) m = fmaxf(m, swm[t][k]);
+        tmax[(long long)(g * GT + t) * ntile + tile] = m;
+    }
+}
+
+/* Block-wide max of v (every thread gets it). */
+__device__ __forceinline__ float p2_bmax(float v, float *sw) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sw[0];
+#pragma unroll
+    for (int k = 1; k < P2_RT / 32; k++) v = fmaxf(v, sw[k]);
+    __syncthreads();
+    return v;
+}
+/* Block-wide sum of v in a fixed order (every thread gets it; the same inputs give the same bits). */
+__device__ __forceinline__ double p2_bsum(double v, double *sw) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sw[0];
+#pragma unroll
+    for (int k = 1; k < P2_RT / 32; k++) v += sw[k];
+    __syncthreads();
+    return v;
+}
+
+/* Max of the ntile tile maxima of head h: this thread's share (strided). */
+__device__ __forceinline__ float p2_tmax_part(const float *tmax, int ntile, int h) {
+    float m = -INFINITY;
+    for (int b = threadIdx.x; b < ntile; b += P2_RT) m = fmaxf(m, __ldcg(tmax + (long long)h * ntile + b));
+    return m;
+}
+
+__global__ void __launch_bounds__(P2_RT) p2_zpart(const float *bound, long long PS, int ncand, float scale,
+                                                  const int *flag, int G, const float *tmax, int ntile, double *zpart,
+                                                  int nbz) {
+    __shared__ float sw[P2_RT / 32];
+    __shared__ double sd[P2_RT / 32];
+    const int h = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
+    p2_dep_launch();
+    p2_dep_wait(); /* the scan's bounds and tile maxima */
+    if (flag && !flag[h / G]) return;
+    float b[P2_PPT];
+#pragma unroll
+    for (int p = 0; p < P2_PPT; p++) { /* issued before the max is known: both round trips at once */
+        const int j = j0 + p * P2_RT + threadIdx.x;
+        b[p] = j < ncand ? __ldcg(bound + (long long)h * PS + j) : 0.f;
+    }
+    const float m = p2_bmax(p2_tmax_part(tmax, ntile, h), sw);
+    double z = 0;
+#pragma unroll
+    for (int p = 0; p < P2_PPT; p++)
+        if (j0 + p * P2_RT + (int)threadIdx.x < ncand) z += (double)expf(__fmul_rn(scale, b[p]) - m);
+    z = p2_bsum(z, sd);
+    if (threadIdx.x == 0) zpart[(long long)h * nbz + blockIdx.x] = z;
+}
+
+struct p2_item {
+    float v;
+    int j; /* page; INT_MAX: none */
+};
+__device__ __forceinline__ bool p2_beats(p2_item a, p2_item b) { return a.v > b.v || (a.v == b.v && a.j < b.j); }
+/* a comes after prev in the selection order (prev already taken). */
+__device__ __forceinline__ bool p2_after(p2_item a, p2_item prev) {
+    return a.j != INT_MAX && (a.v < prev.v || (a.v == prev.v && a.j > prev.j));
+}
+/* The block's best item (every thread gets it). */
+__device__ __forceinline__ p2_item p2_block_best(p2_item b, p2_item *sw) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        p2_item x;
+        x.v = __shfl_xor_sync(0xffffffffu, b.v, o);
+        x.j = __shfl_xor_sync(0xffffffffu, b.j, o);
+        if (p2_beats(x, b)) b = x;
+    }
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = b;
+    __syncthreads();
+    b = sw[0];
+#pragma unroll
+    for (int k = 1; k < P2_RT / 32; k++)
+        if (p2_beats(sw[k], b)) b = sw[k];
+    __syncthreads();
+    return b;
+}
+
+template <int GT>
+__global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long long PS, int ncand, float scale,
+                                                      const int *flag, const float *tmax, int ntile,
+                                                      const double *zpart, int nbz, int kp, float *cv, int *cj,
+                                                      unsigned *ctr, int32_t *pages) {
+    __shared__ float swf[P2_RT / 32];
+    __shared__ double swd[P2_RT / 32];
+    __shared__ p2_item sbest[P2_RT / 32];
+    __shared__ p2_item scand[P2_CCAP];
+    const int g = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
+    p2_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
+    if (flag && !flag[g]) return;
+    /* every load this block needs before its first reduction: bounds, tile maxima, softmax partials */
+    float b[GT][P2_PPT], mp[GT];
+    double zp[GT];
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        const long long hr = (long long)(g * GT + h);
+#pragma unroll
+        for (int p = 0; p < P2_PPT; p++) {
+            const int j = j0 + p * P2_RT + threadIdx.x;
+            b[h][p] = j < ncand ? __ldcg(bound + hr * PS + j) : 0.f;
+        }
+        mp[h] = p2_tmax_part(tmax, ntile, g * GT + h);
+        double z = 0;
+        for (int c = threadIdx.x; c < nbz; c += P2_RT) z += __ldcg(zpart + hr * nbz + c);
+        zp[h] = z;
+    }
+    float m[GT], w[GT];
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        m[h] = p2_bmax(mp[h], swf);
+        w[h] = (float)(1.0 / (p2_bsum(zp[h], swd) * GT));
+    }
+    p2_item it[P2_PPT];
+#pragma unroll
+    for (int p = 0; p < P2_PPT; p++) {
+        const int j = j0 + p * P2_RT + threadIdx.x;
+        it[p].v = -INFINITY;
+        it[p].j = INT_MAX;
+        if (j < ncand) {
+            float acc = 0.f;
+#pragma unroll
+            for (int h = 0; h < GT; h++) {
+                const float e = expf(__fmul_rn(scale, b[h][p]) - m[h]);
+                acc = __fadd_rn(acc, __fmul_rn(e, w[h]));
+            }
+            it[p].v = acc;
+            it[p].j = j;
+        }
+    }
+    p2_item prev = {INFINITY, -1};
+    const long long cb = ((long long)g * gridDim.x + blockIdx.x) * kp;
+    for (int r = 0; r < kp; r++) {
+        p2_item x = {-INFINITY, INT_MAX};
+#pragma unroll
+        for (int p = 0; p < P2_PPT; p++)
+            if (p2_after(it[p], prev) && (x.j == INT_MAX || p2_beats(it[p], x))) x = it[p];
+        x = p2_block_best(x, sbest);
+        if (threadIdx.x == 0) { cv[cb + r] = x.v; cj[cb + r] = x.j; }
+        prev = x;
+    }
+    if (!kv_arrives_last(ctr + g, gridDim.x)) return;
+    /* the last block of kv head g: the kp best of the chunks' candidates, read once */
+    const int nc = gridDim.x * kp;
+    const float *gv = cv + (long long)g * nc;
+    const int *gj = cj + (long long)g * nc;
+    const bool insm = nc <= P2_CCAP;
+    if (insm)
+        for (int c = threadIdx.x; c < nc; c += P2_RT) scand[c] = p2_item{__ldcg(gv + c), __ldcg(gj + c)};
+    __syncthreads();
+    prev = p2_item{INFINITY, -1};
+    for (int r = 0; r < kp; r++) {
+        p2_item x = {-INFINITY, INT_MAX};
+        for (int c = threadIdx.x; c < nc; c += P2_RT) {
+            const p2_item y = insm ? scand[c] : p2_item{__ldcg(gv + c), __ldcg(gj + c)};
+            if (p2_after(y, prev) && (x.j == INT_MAX || p2_beats(y, x))) x = y;
+        }
+        x = p2_block_best(x, sbest);
+        if (threadIdx.x == 0) pages[(long long)g * kp + r] = x.j;
+        prev = x;
+    }
+    if (threadIdx.x == 0) ctr[g] = 0; /* ready for the next launch */
+}
+
+template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, int ntile, cudaStream_t st) {
+    const size_t sm = (size_t)P2_ST * P2_SB + (size_t)GT * a->D * sizeof(float);
+    static bool attr = false; /* one instantiation, one device: set once */
+    if (!attr) {
+        KV_CUDA_TRY(cudaFuncSetAttribute(p2_scan<TS, GT, PPT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         P2_ST * P2_SB + 48 * 1024));
+        KV_CUDA_TRY(cudaFuncSetAttribute(p2_scan<TS, GT, PPT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         (int)cudaSharedmemCarveoutMaxShared));
+        attr = true;
+    }
+    p2_scan<TS, GT, PPT><<<dim3(ntile, a->Hkv), P2_TH, sm, st>>>((const TS *)a->kmin, (const TS *)a->kmax, a->PS, a->q,
+                                                                  a->D, a->ncand, a->scale, a->flag, a->bound, a->bmax,
+                                                                  ntile);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile, cudaStream_t st) {
+    switch (a->G) {
+    case 1: return p2_scan_go<TS, 1, PPT>(a, ntile, st);
+    case 2: return p2_scan_go<TS, 2, PPT>(a, ntile, st);
+    case 4: return p2_scan_go<TS, 4, PPT>(a, ntile, st);
+    case 8: return p2_scan_go<TS, 8, PPT>(a, ntile, st);
+    default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", a->G);
+    }
+}
+
+/* Launch with programmatic stream serialization (PDL) unless KVBENCH_PAGES_PDL=0 (read once): the
+ * kernel's launch and block scheduling overlap the previous kernel's tail, p2_dep_wait orders the
+ * data. A launch the driver refuses with the attribute is retried plainly. */
+template <typename... A, typename... B>
+kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args) {
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("KVBENCH_PAGES_PDL");
+        pdl = !(e && !strcmp(e, "0"));
+    }
+    if (pdl) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(P2_RT);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (cudaLaunchKernelEx(&cfg, k, args...) == cudaSuccess) return KV_OK;
+        (void)cudaGetLastError(); /* not sticky: fall back to a plain launch */
+        pdl = 0;
+    }
+    k<<<grid, P2_RT, 0, st>>>(args...);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* Pages per scan thread: KVBENCH_PAGES_PPT=1|2|4 (an experiment knob, read once), else 2 when that still
+ * gives >= 512 blocks (1M tokens, page 32, 8 kv heads: 1024 blocks of 256 pages), else 1. */
+int p2_ppt(int ncand, int Hkv) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_PPT");
+        env = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 0;
+    }
+    if (env) return env;
+    return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
+}
+
+}  // namespace
+
+kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
+    const int G = a->G, ncand = a->ncand;
+    if (a->PS % 8) return kv_fail(KV_ERR_INTERNAL, "pages GPU: page stride %lld not a multiple of 8", a->PS);
+    if ((size_t)G * a->D * sizeof(float) > 48 * 1024)
+        return kv_fail(KV_ERR_INPUT, "pages GPU: group x head_dim too large (%d x %d)", G, a->D);
+    const int ppt = p2_ppt(ncand, a->Hkv), tp = P2_TH * ppt;
+    const int ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
+    if (which <= 0) {
+        kv_status s;
+        if (a->half)
+            s = ppt == 4 ? p2_scan_g<__half, 4>(a, ntile, st)
+                : ppt == 2 ? p2_scan_g<__half, 2>(a, ntile, st) : p2_scan_g<__half, 1>(a, ntile, st);
+        else
+            s = ppt == 4 ? p2_scan_g<float, 4>(a, ntile, st)
+                : ppt == 2 ? p2_scan_g<float, 2>(a, ntile, st) : p2_scan_g<float, 1>(a, ntile, st);
+        KV_TRY(s);
+    }
+    if (which != 0) {
+        const float *bound = a->bound, *tmax = a->bmax;
+        const double *zp = a->zpart;
+        KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * G), st, bound, a->PS, ncand, a->scale, a->flag, G, tmax,
+                             ntile, a->zpart, nbz));
+        const dim3 grid(nbz, a->Hkv);
+        switch (G) {
+#define P2_T(GT)                                                                                                    \
+    case GT:                                                                                                        \
+        KV_TRY(p2_launch_pdl(p2_pool_topk<GT>, grid, st, bound, a->PS, ncand, a->scale, a->flag, tmax, ntile, zp,   \
+                             nbz, a->kp, a->cv, a->cj, a->ctr, a->pages));                                          \
+        break;
+            P2_T(1) P2_T(2) P2_T(4) P2_T(8)
+#undef P2_T
+        default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", G);
+        }
+    }
+    return KV_OK;
+}
