@@ -176,6 +176,10 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
         KV_CUDA_ALLOC(w->mrow, R * sizeof(float), 0, "racc vote row maxima");
         w->mkey = g->mkey;
         w->rz = g->z;
+        w->zld = racc_vote_zchunks(g->T);
+        KV_CUDA_ALLOC(w->zp, R * (size_t)w->zld * sizeof(double), 0, "racc vote row-sum partials");
+        const char *pf = getenv("KVBENCH_RACC_PREFETCH"); /* 0: no L2 prefetch of the next key tile (comparison) */
+        w->prefetch = !(pf && !strcmp(pf, "0"));
     }
     return KV_OK;
 }
@@ -233,6 +237,7 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
     cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
     cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt); cudaFree(g->fw.S); cudaFree(g->fw.mrow);
+    cudaFree(g->fw.zp);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);

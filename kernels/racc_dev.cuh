@@ -29,7 +29,11 @@ typedef struct {
     unsigned *mkey;
     float *mrow;
     double *rz;
+    double *zp;  /* [R][zld] row-sum partials, zld >= racc_vote_zchunks(T) */
+    int zld;
+    int prefetch; /* 1: the score sweep prefetches the next key tile to L2 */
 } racc_vote_scratch;
+int racc_vote_zchunks(int T);
 int racc_vote_chunks(int T);
 /* The compaction both vote paths start with: rcnt[g] resident positions of
  * [lo, hi) to rpos[g*T ..] in order; evicted votes vote[g*vld + i - lo] =

@@ -48,6 +48,7 @@ namespace {
 constexpr int RS_TH = 256; /* threads per block: 16 row groups x 16 key groups */
 constexpr int RS_RT = 64;  /* rows per row tile */
 constexpr int RS_KT = 64;  /* keys per key tile */
+constexpr int RS_ZC = 16384; /* keys per block of the row sums */
 
 struct rs_args {
     const void *K;
@@ -62,6 +63,7 @@ struct rs_args {
     float *S;              /* [Hkv * rpg][lds] */
     long long lds;
     unsigned *mkey;        /* [Hkv * rpg], zero on entry */
+    int prefetch;          /* 1: prefetch the next tile's keys to L2 while computing this one */
 };
 
 /* Rows [r0, r0 + RS_RT) of kv head g (zero past rpg) to sq, channels permuted. */
@@ -171,8 +173,28 @@ __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_arg
             __syncthreads();
             rs_load_keys<D>(a, g, tile, cnt, sk);
             __syncthreads();
+            /* the next tile's positions now, its keys to L2 after the first chain (their latency hidden
+             * behind it): the next load above then hits L2, not HBM */
+            constexpr int NE = RS_KT * (D / 8) / RS_TH;
+            const int nt = tile + gridDim.x;
+            const bool pf = a.prefetch && nt < ntiles;
+            int pn[NE];
+#pragma unroll
+            for (int u = 0; u < NE; u++) {
+                const int ri = nt * RS_KT + (threadIdx.x + u * RS_TH) / (D / 8);
+                pn[u] = pf && ri < cnt ? __ldg(a.rpos + (long long)g * a.T + ri) : -1;
+            }
             float h0[4][4], h1[4][4], h2[4][4], x[4][4];
             rs_chain<D>(sq, sk, rg, kg, 0, h0);
+            if (pf)
+#pragma unroll
+                for (int u = 0; u < NE; u++)
+                    if (pn[u] >= 0) {
+                        const int m = (threadIdx.x + u * RS_TH) % (D / 8);
+                        const char *p = a.half ? (const char *)((const __half *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m)
+                                               : (const char *)((const float *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m);
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+                    }
             rs_chain<D>(sq, sk, rg, kg, 4, x);
             rs_add(h0, x); /* a0 + a4 */
             rs_chain<D>(sq, sk, rg, kg, 1, h1);
@@ -221,23 +243,23 @@ __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_arg
     }
 }
 
-/* Pass 2, a block per row r: mrow[r], rz[r] = 1 / sum of exp(s - m_r) over the row's resident keys. */
-__global__ void racc_rs_z(const float *S, long long lds, int rpg, const int *rcnt, const unsigned *mkey, float *mrow,
-                          double *rz) {
+/* Pass 2a, a block per (chunk of RS_ZC keys, row r): zp[r][chunk] = sum of exp(s - m_r) over the chunk's
+ * resident keys (a fixed tree: deterministic). */
+__global__ void racc_rs_z(const float *S, long long lds, int rpg, const int *rcnt, const unsigned *mkey, double *zp,
+                          int zld) {
     __shared__ double sh[32];
-    const int r = blockIdx.x, cnt = rcnt[r / rpg];
+    const int r = blockIdx.x, c = blockIdx.y, cnt = rcnt[r / rpg], a = c * RS_ZC, b = min(cnt, a + RS_ZC);
     const unsigned mk = mkey[r];
-    const float mf = mk ? kv_key2f(mk) : -INFINITY;
-    const double m = mf;
+    const double m = mk ? (double)kv_key2f(mk) : 0.0;
     const float *s = S + (long long)r * lds;
     double acc = 0;
-    if (mk) {
-        const int n4 = cnt / 4;
+    if (mk && a < b) {
+        const int n4 = (b - a) / 4; /* a and lds are multiples of 4: aligned float4 */
         for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-            const float4 v = __ldg((const float4 *)s + i);
+            const float4 v = __ldg((const float4 *)(s + a) + i);
             acc += exp((double)v.x - m) + exp((double)v.y - m) + (exp((double)v.z - m) + exp((double)v.w - m));
         }
-        for (int i = 4 * n4 + threadIdx.x; i < cnt; i += blockDim.x) acc += exp((double)s[i] - m);
+        for (int i = a + 4 * n4 + threadIdx.x; i < b; i += blockDim.x) acc += exp((double)s[i] - m);
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
@@ -245,9 +267,18 @@ __global__ void racc_rs_z(const float *S, long long lds, int rpg, const int *rcn
     if (threadIdx.x == 0) {
         double z = 0;
         for (int i = 0; i < (int)(blockDim.x >> 5); i++) z += sh[i];
-        mrow[r] = mf;
-        rz[r] = z > 0 ? 1.0 / z : 0.0;
+        zp[(long long)r * zld + c] = z;
     }
+}
+
+/* Pass 2b, a thread per row: mrow[r], rz[r] = 1 / (the chunks' sums in chunk order). */
+__global__ void racc_rs_zfin(const double *zp, int zld, int nzc, int R, const unsigned *mkey, float *mrow, double *rz) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= R) return;
+    double z = 0;
+    for (int c = 0; c < nzc; c++) z += zp[(long long)r * zld + c];
+    mrow[r] = mkey[r] ? kv_key2f(mkey[r]) : -INFINITY;
+    rz[r] = z > 0 ? 1.0 / z : 0.0;
 }
 
 /* Pass 3, a thread per resident key: its vote, the rows of its kv head in order. */
@@ -284,6 +315,8 @@ kv_status rs_scores_launch(const rs_args &a, dim3 grid, cudaStream_t st) {
 
 int racc_vote_tiled_ok(int D) { return D == 64 || D == 128 || D == 256; }
 
+int racc_vote_zchunks(int T) { return (T + RS_ZC - 1) / RS_ZC; }
+
 kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const float *qw, int Hkv, int rpg, float scale,
                           int lo, int hi, const racc_vote_scratch *w, float *vote, long long vld, const kv_cuda_dev *dev,
                           cudaStream_t st) {
@@ -296,7 +329,7 @@ kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const fl
     KV_CUDA_TRY(cudaMemsetAsync(w->mkey, 0, (size_t)R * sizeof(unsigned), st));
     rs_args a = {};
     a.K = K->p; a.half = K->half; a.ks = (long long)K->T * D; a.T = T; a.qw = qw; a.rpg = rpg; a.scale = scale;
-    a.rpos = w->rpos; a.rcnt = w->rcnt; a.S = w->S; a.lds = w->lds; a.mkey = w->mkey;
+    a.rpos = w->rpos; a.rcnt = w->rcnt; a.S = w->S; a.lds = w->lds; a.mkey = w->mkey; a.prefetch = w->prefetch;
     /* one wave of 2 blocks per SM over the kv heads; each block strides over its head's tiles */
     const int ntiles = (span + RS_KT - 1) / RS_KT;
     int nb = (2 * dev->sm_count + Hkv - 1) / Hkv;
@@ -307,7 +340,11 @@ kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const fl
     if (D == 64) KV_TRY(rs_scores_launch<64>(a, grid, st));
     else if (D == 128) KV_TRY(rs_scores_launch<128>(a, grid, st));
     else KV_TRY(rs_scores_launch<256>(a, grid, st));
-    racc_rs_z<<<R, 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->mrow, w->rz);
+    const int nzc = racc_vote_zchunks(span);
+    if (nzc > w->zld) return kv_fail(KV_ERR_INTERNAL, "racc GPU vote: %d row-sum chunks, room for %d", nzc, w->zld);
+    racc_rs_z<<<dim3(R, nzc), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->zp, w->zld);
+    KV_LAUNCH_CHECK();
+    racc_rs_zfin<<<(R + 127) / 128, 128, 0, st>>>(w->zp, w->zld, nzc, R, w->mkey, w->mrow, w->rz);
     KV_LAUNCH_CHECK();
     racc_rs_vote<<<dim3((span + 255) / 256, Hkv), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->rpos, T, w->mrow, w->rz,
                                                                 lo, vote, vld);

@@ -151,7 +151,8 @@ static int racc_vote_case(int Hq, int Hkv, int T, int D, int W, int lo, int hi, 
  * default; D 64, 128, 256) and the fused two-sweep one
  * (KVBENCH_RACC_VOTE=fused; every D % 8 == 0): rows per kv head 64 (one row
  * tile), 10 (a partial one), 80 (two), spans not multiples of the 64-key
- * tile; the fused kernel alone for D 40, the older three-sweep path for
+ * tile, a span of three 16384-key chunks of the tiled row sums; the fused
+ * kernel alone for D 40, the older three-sweep path for
  * D 36. */
 int test_racc_gpu_vote_matches_cpu(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
@@ -166,6 +167,7 @@ int test_racc_gpu_vote_matches_cpu(void) {
         if (rc == KV_TEST_PASS) rc = racc_vote_case(6, 3, 2100, 128, 5, 0, 2077, 18);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(16, 4, 2500, 128, 20, 7, 2431, 21);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1300, 256, 9, 2, 1299, 22);
+        if (rc == KV_TEST_PASS) rc = racc_vote_case(2, 1, 40000, 64, 4, 5, 39998, 23); /* row sums in 3 chunks */
     }
     if (saved) setenv("KVBENCH_RACC_VOTE", keep, 1);
     else unsetenv("KVBENCH_RACC_VOTE");
