@@ -174,16 +174,6 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
         w->lds = lds;
         KV_CUDA_ALLOC(w->S, R * (size_t)lds * sizeof(float), 0, "racc vote scores (tiled vote)");
         KV_CUDA_ALLOC(w->mrow, R * sizeof(double), 0, "racc vote row maxima");
-        double et[128]; /* the table exp's 2^(j/64), in two parts from long double */
-        for (int j = 0; j < 64; j++) {
-            const long double e = exp2l((long double)j / 64);
-            et[j] = (double)e;
-            et[64 + j] = (double)(e - (long double)et[j]);
-        }
-        KV_CUDA_ALLOC(w->etab, sizeof et, 0, "racc vote exp table");
-        KV_CUDA_TRY(cudaMemcpy(w->etab, et, sizeof et, cudaMemcpyHostToDevice));
-        const char *ex = getenv("KVBENCH_RACC_EXP"); /* cuda: CUDA's exp in the row sums and votes (comparison) */
-        w->fastexp = !(ex && !strcmp(ex, "cuda"));
         w->mkey = g->mkey;
         w->rz = g->z;
         w->zld = racc_vote_zchunks(g->T);
@@ -247,7 +237,7 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
     cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
     cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt); cudaFree(g->fw.S); cudaFree(g->fw.mrow);
-    cudaFree(g->fw.zp); cudaFree(g->fw.etab);
+    cudaFree(g->fw.zp);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);

@@ -29,8 +29,6 @@ typedef struct {
     unsigned *mkey;
     double *mrow;
     double *rz;
-    double *etab; /* [128]: 2^(j/64) for j < 64 rounded to double, then the remainders */
-    int fastexp;  /* 1: the table exp of racc_scores.cu, 0: CUDA's exp */
     double *zp;  /* [R][zld] row-sum partials, zld >= racc_vote_zchunks(T) */
     int zld;
     int prefetch; /* 1: the score sweep prefetches the next key tile to L2 */

@@ -50,43 +50,6 @@ constexpr int RS_RT = 64;  /* rows per row tile */
 constexpr int RS_KT = 64;  /* keys per key tile */
 constexpr int RS_ZC = 16384; /* keys per block of the row sums */
 
-/* exp(x) for the row sums and votes (x = s - m_r <= 0), Tang's table method:
- * k = round(64 x / ln2), r = x - k ln2/64 (two-part ln2: |r| <= ln2/128),
- * exp(r) - 1 by its degree-5 Taylor polynomial (truncation < 4e-17), times
- * 2^((k mod 64)/64) from a table of 64 (hi, lo) pairs (the host's exp2l),
- * times 2^(k div 64) by an exponent add. 11 double operations where CUDA's
- * exp takes about twice as many (the passes are exp-bound: 2 exps per
- * (row, key)); at most 0.82 ulp from the exact value (20 M random x in
- * [-700, 0] against expl on the host; CUDA's exp: 1 ulp), so the votes
- * still agree with the CPU's to ~1e-15. Below -700 (and for NaN) CUDA's
- * exp. KVBENCH_RACC_EXP=cuda uses CUDA's exp throughout (the comparison). */
-__device__ __forceinline__ double rs_exp(double x, const double2 *tab) {
-    if (!(x >= -700.0)) return exp(x);
-    const double t = fma(x, 0x1.71547652b82fep6, 0x1.8p52); /* 64 / ln2; t's low word is k */
-    const int k = __double2loint(t);
-    const double kd = t - 0x1.8p52;
-    double r = fma(kd, -0x1.62e42fefa0000p-7, x); /* ln2/64, high part: kd times it is exact */
-    r = fma(kd, -0x1.cf79abc9e3b3ap-46, r);       /* the low part */
-    double p = fma(r, 1.0 / 120, 1.0 / 24);
-    p = fma(p, r, 1.0 / 6);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = p * r;
-    const double2 T = tab[k & 63];
-    const double y = T.x + fma(T.x, p, T.y);
-    return __hiloint2double(__double2hiint(y) + (k >> 6) * (1 << 20), __double2loint(y));
-}
-
-template <bool FAST> __device__ __forceinline__ double rs_ex(double x, const double2 *tab) {
-    return FAST ? rs_exp(x, tab) : exp(x);
-}
-
-/* The table to shared memory (every thread: it has a barrier). */
-__device__ __forceinline__ void rs_load_tab(const double *etab, double2 *tab) {
-    for (int j = threadIdx.x; j < 64; j += blockDim.x) tab[j] = make_double2(etab[j], etab[64 + j]);
-    __syncthreads();
-}
-
 struct rs_args {
     const void *K;
     int half;
@@ -282,12 +245,9 @@ __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_arg
 
 /* Pass 2a, a block per (row r, chunk of RS_ZC keys): zp[r][chunk] = sum of exp(s - m_r) over the chunk's
  * resident keys (a fixed tree: deterministic). */
-template <bool FAST>
 __global__ void racc_rs_z(const float *S, long long lds, int rpg, const int *rcnt, const unsigned *mkey, double *zp,
-                          int zld, const double *etab) {
+                          int zld) {
     __shared__ double sh[32];
-    __shared__ double2 tab[64];
-    if (FAST) rs_load_tab(etab, tab);
     const int r = blockIdx.x, c = blockIdx.y, cnt = rcnt[r / rpg], a = c * RS_ZC, b = min(cnt, a + RS_ZC);
     const unsigned mk = mkey[r];
     const double m = mk ? (double)kv_key2f(mk) : 0.0;
@@ -297,10 +257,9 @@ __global__ void racc_rs_z(const float *S, long long lds, int rpg, const int *rcn
         const int n4 = (b - a) / 4; /* a and lds are multiples of 4: aligned float4 */
         for (int i = threadIdx.x; i < n4; i += blockDim.x) {
             const float4 v = __ldg((const float4 *)(s + a) + i);
-            acc += rs_ex<FAST>((double)v.x - m, tab) + rs_ex<FAST>((double)v.y - m, tab) +
-                   (rs_ex<FAST>((double)v.z - m, tab) + rs_ex<FAST>((double)v.w - m, tab));
+            acc += exp((double)v.x - m) + exp((double)v.y - m) + (exp((double)v.z - m) + exp((double)v.w - m));
         }
-        for (int i = a + 4 * n4 + threadIdx.x; i < b; i += blockDim.x) acc += rs_ex<FAST>((double)s[i] - m, tab);
+        for (int i = a + 4 * n4 + threadIdx.x; i < b; i += blockDim.x) acc += exp((double)s[i] - m);
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = acc;
@@ -323,12 +282,8 @@ __global__ void racc_rs_zfin(const double *zp, int zld, int nzc, int R, const un
 }
 
 /* Pass 3, a thread per resident key: its vote, the rows of its kv head in order. */
-template <bool FAST>
 __global__ void racc_rs_vote(const float *S, long long lds, int rpg, const int *rcnt, const int32_t *rpos, int T,
-                             const double *mrow, const double *rz, int lo, float *vote, long long vld,
-                             const double *etab) {
-    __shared__ double2 tab[64];
-    if (FAST) rs_load_tab(etab, tab);
+                             const double *mrow, const double *rz, int lo, float *vote, long long vld) {
     const int g = blockIdx.y, ri = blockIdx.x * blockDim.x + threadIdx.x;
     if (ri >= rcnt[g]) return;
     const float *s = S + (long long)g * rpg * lds + ri;
@@ -337,7 +292,7 @@ __global__ void racc_rs_vote(const float *S, long long lds, int rpg, const int *
 #pragma unroll 8
     for (int r = 0; r < rpg; r++) {
         const double m = __ldg(mr + r);
-        if (m != -INFINITY) acc += rs_ex<FAST>((double)__ldg(s + (long long)r * lds) - m, tab) * __ldg(zr + r);
+        if (m != -INFINITY) acc += exp((double)__ldg(s + (long long)r * lds) - m) * __ldg(zr + r);
     }
     vote[(long long)g * vld + (rpos[(long long)g * T + ri] - lo)] = (float)acc;
 }
@@ -386,16 +341,12 @@ kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const fl
     else KV_TRY(rs_scores_launch<256>(a, grid, st));
     const int nzc = racc_vote_zchunks(span);
     if (nzc > w->zld) return kv_fail(KV_ERR_INTERNAL, "racc GPU vote: %d row-sum chunks, room for %d", nzc, w->zld);
-    if (w->fastexp) racc_rs_z<true><<<dim3(R, nzc), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->zp, w->zld, w->etab);
-    else racc_rs_z<false><<<dim3(R, nzc), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->zp, w->zld, w->etab);
+    racc_rs_z<<<dim3(R, nzc), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->zp, w->zld);
     KV_LAUNCH_CHECK();
     racc_rs_zfin<<<(R + 127) / 128, 128, 0, st>>>(w->zp, w->zld, nzc, R, w->mkey, w->mrow, w->rz);
     KV_LAUNCH_CHECK();
-    const dim3 vg((span + 255) / 256, Hkv);
-    if (w->fastexp)
-        racc_rs_vote<true><<<vg, 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->rpos, T, w->mrow, w->rz, lo, vote, vld, w->etab);
-    else
-        racc_rs_vote<false><<<vg, 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->rpos, T, w->mrow, w->rz, lo, vote, vld, w->etab);
+    racc_rs_vote<<<dim3((span + 255) / 256, Hkv), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->rpos, T, w->mrow, w->rz,
+                                                                lo, vote, vld);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
