@@ -1,10 +1,13 @@
 /* racc.cu: RACC's CUDA path (issue 10; the CPU reference and the paper's
  * facts are in retrievers/racc.c).
  *
- * Vote. For D % 8 == 0 and D <= 256 (every model here): the fused
- * two-sweep kernels of kernels/racc_vote.cu (row max and sum of exp in one
- * sweep, the votes in a second; the window x context score matrix never
- * reaches memory; scores bitwise kv_dot_ref's). Other shapes: the older
+ * Vote. For D 64, 128, 256 while the window x resident-keys score matrix
+ * fits 4 GiB (every model here): kernels/racc_scores.cu, one register-tiled
+ * score sweep (scores bitwise kv_dot_ref's, kept in memory), the row sums
+ * and the votes streamed from them. KVBENCH_RACC_VOTE=fused, or other
+ * D % 8 == 0 up to 256: the fused two-sweep kernels of kernels/racc_vote.cu
+ * (row max and sum of exp in one sweep, the votes in a second; the score
+ * matrix never reaches memory; half as fast). Other shapes: the older
  * path kept here: the G*window queries of every kv head are R = Hkv*G*window rows of
  * the shared score kernel (kv_scores_launch, bitwise kv_scores_ref: row r
  * reads kv head r / (G*window)) over the context in chunks of C tokens (C
