@@ -42,7 +42,9 @@
  * kernel). Needs D in {64, 128, 256} (templated: the chains unroll fully).
  * H100, 1M tokens: scores 3.91 ms (~52% of the FP32 issue rate; ncu: 30% of
  * the stall cycles are instruction fetch, the fully unrolled body is ~4K
- * FP instructions), row sums 0.47 ms, votes 0.76 ms. */
+ * FP instructions), row sums 0.47 ms, votes 0.76 ms. KVBENCH_RACC_VOTE=loop
+ * runs the 8 chains as a loop over one chain body instead (same
+ * association, ~1/2 of the code; not yet run on a GPU). */
 #include <math.h>
 
 #include "ops/kv_cuda.h"
