@@ -176,7 +176,7 @@ __device__ __forceinline__ void rs_prefetch(const rs_args &a, int g, const int *
         }
 }
 
-/* The 8 chains of a tile as a loop over one chain body (LOOP: KVBENCH_RACC_VOTE=loop; ~1/8 of the code of the
+/* The 8 chains of a tile as a loop over one chain body (LOOP: KVBENCH_RACC_VOTE=loop; half the PTX of the
  * unrolled sequence, whose instruction fetch was 30% of the stall cycles on the H100), the same association:
  * pairs a_j + a_{j+4} in the order j = 0, 1, 2, 3; (a0+a4) + (a1+a5) in shared memory, (a2+a6) held, then
  * ((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7)). */
