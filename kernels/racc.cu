@@ -1,10 +1,13 @@
 /* racc.cu: RACC's CUDA path (issue 10; the CPU reference and the paper's
  * facts are in retrievers/racc.c).
  *
- * Vote. For D % 8 == 0 and D <= 256 (every model here): the fused
- * two-sweep kernels of kernels/racc_vote.cu (row max and sum of exp in one
- * sweep, the votes in a second; the window x context score matrix never
- * reaches memory; scores bitwise kv_dot_ref's). Other shapes: the older
+ * Vote. For D 64, 128, 256 while the window x resident-keys score matrix
+ * fits 4 GiB (every model here): kernels/racc_scores.cu, one register-tiled
+ * score sweep (scores bitwise kv_dot_ref's, kept in memory), the row sums
+ * and the votes streamed from them. KVBENCH_RACC_VOTE=fused, or other
+ * D % 8 == 0 up to 256: the fused two-sweep kernels of kernels/racc_vote.cu
+ * (row max and sum of exp in one sweep, the votes in a second; the score
+ * matrix never reaches memory; half as fast). Other shapes: the older
  * path kept here: the G*window queries of every kv head are R = Hkv*G*window rows of
  * the shared score kernel (kv_scores_launch, bitwise kv_scores_ref: row r
  * reads kv head r / (G*window)) over the context in chunks of C tokens (C
@@ -28,6 +31,7 @@
  * beta = 1% that is 819K tokens of context; longer contexts are refused
  * with a message. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/kv_cuda.h"
@@ -51,13 +55,15 @@ struct kv_racc_gpu {
     float *vote;        /* [Hkv][T] */
     int32_t *idx;       /* [Hkv][KV_GPU_TOPK_MAX] */
     kv_topk_ws tk;
-    int fused;          /* the fused vote (racc_vote.cu) */
+    int fused;          /* the fused two-sweep vote (racc_vote.cu) */
+    int tiled;          /* the tiled vote (racc_scores.cu; default where it fits) */
     racc_vote_scratch fw;
 };
 
 namespace {
 
 constexpr long long RACC_SCORE_BUDGET = 64LL << 20; /* floats of one chunk's score matrix */
+constexpr long long RACC_TILED_MAX = 1LL << 30;     /* floats of the tiled vote's whole score matrix (4 GiB) */
 
 __device__ __forceinline__ double block_sum_d(double v, double *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
@@ -139,6 +145,12 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     g->C = C;
     g->nch = (int)((T + C - 1) / C);
     g->fused = racc_vote_fused_ok(g->D);
+    /* KVBENCH_RACC_VOTE=fused keeps the two-sweep kernel (the comparison in docs; the tiled one is the default) */
+    const char *env = getenv("KVBENCH_RACC_VOTE");
+    if (env && *env && strcmp(env, "tiled") && strcmp(env, "loop") && strcmp(env, "fused"))
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_RACC_VOTE: expected tiled, loop or fused, found '%s'", env);
+    const long long lds = ((long long)T + 3) / 4 * 4;
+    g->tiled = racc_vote_tiled_ok(g->D) && (long long)R * lds <= RACC_TILED_MAX && !(env && !strcmp(env, "fused"));
     size_t sfl = !g->fused && (size_t)R * C > Hkv * T ? (size_t)R * C : Hkv * T; /* the fused vote needs no S */
     KV_CUDA_ALLOC(g->ev, Hkv * T, 0, "racc eviction flags");
     KV_CUDA_TRY(cudaMemset(g->ev, 0, Hkv * T));
@@ -160,6 +172,19 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
         KV_CUDA_ALLOC(w->ccnt, Hkv * racc_vote_chunks(g->T) * sizeof(int), 0, "racc resident counts");
         KV_CUDA_ALLOC(w->rcnt, Hkv * sizeof(int), 0, "racc resident counts");
     }
+    if (g->tiled) {
+        racc_vote_scratch *w = &g->fw;
+        w->lds = lds;
+        KV_CUDA_ALLOC(w->S, R * (size_t)lds * sizeof(float), 0, "racc vote scores (tiled vote)");
+        KV_CUDA_ALLOC(w->mrow, R * sizeof(double), 0, "racc vote row maxima");
+        w->mkey = g->mkey;
+        w->rz = g->z;
+        w->zld = racc_vote_zchunks(g->T);
+        KV_CUDA_ALLOC(w->zp, R * (size_t)w->zld * sizeof(double), 0, "racc vote row-sum partials");
+        const char *pf = getenv("KVBENCH_RACC_PREFETCH"); /* 0: no L2 prefetch of the next key tile (comparison) */
+        w->prefetch = !(pf && !strcmp(pf, "0"));
+        w->loop = env && !strcmp(env, "loop"); /* the tiled vote with its chains in a loop (opt-in: not yet run on a GPU) */
+    }
     return KV_OK;
 }
 
@@ -167,6 +192,8 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
 kv_status racc_vote_launch(kv_racc_gpu *g, const kv_dev_kv *K, float scale, int lo, int hi) {
     const int span = hi - lo, rpg = g->G * g->W;
     if (span <= 0) return KV_OK;
+    if (g->tiled) return racc_vote_tiled(K, g->ev, g->T, g->qw, g->Hkv, rpg, scale, lo, hi, &g->fw, g->vote, span,
+                                         &g->dev, g->st);
     if (g->fused) return racc_vote_fused(K, g->ev, g->T, g->qw, g->Hkv, rpg, scale, lo, hi, &g->fw, g->vote, span,
                                          &g->dev, g->st);
     KV_CUDA_TRY(cudaMemsetAsync(g->mkey, 0, (size_t)g->R * sizeof(unsigned), g->st));
@@ -213,7 +240,8 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     kv_gpu_keys_destroy(g->keys);
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
     cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
-    cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt);
+    cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt); cudaFree(g->fw.S); cudaFree(g->fw.mrow);
+    cudaFree(g->fw.zp);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -309,18 +337,26 @@ static kv_status racc_bench_go(kv_racc_gpu *g, const kv_gpu_bench_spec *s, doubl
     if (st == KV_OK) {
         const double es = K->a.half ? 2 : 4, keys = (double)s->Hkv * n * D * es;
         out->n = 2;
-        const int sweeps = g->fused ? 2 : 3;
-        /* the fused vote reads only the resident keys (n - n/2: odd positions are evicted) */
-        const double vkeys = g->fused ? keys * (double)(n - n / 2) / n : keys;
-        out->stage[0] = kv_gpu_stage{"vote", t[0], sweeps * vkeys + (double)s->Hkv * n * (sweeps + 4)};
+        const double nres = (double)(n - n / 2); /* resident tokens per kv head: odd positions are evicted */
+        const double vkeys = keys * nres / n, flags = (double)s->Hkv * n, sbytes = (double)g->R * nres * 4;
+        double vbytes;
+        if (g->tiled) /* keys once, flags twice + positions written and read, S written once and read twice, votes */
+            vbytes = vkeys + 2 * flags + (double)s->Hkv * nres * 8 + 3 * sbytes + flags * 4;
+        else if (g->fused) /* keys twice (two sweeps recompute the scores) */
+            vbytes = 2 * vkeys + 2 * flags + (double)s->Hkv * nres * 8 + flags * 4;
+        else
+            vbytes = 3 * keys + flags * 7;
+        out->stage[0] = kv_gpu_stage{"vote", t[0], vbytes};
         out->stage[1] = kv_gpu_stage{"retrieve", t[1], keys + (double)s->Hkv * n * (1 + 4 + 4) + (double)s->Hkv * r * 4};
+        const char *how = g->tiled ? "tiled: one score sweep (FP32 FMUL+FADD, bitwise kv_dot_ref), the scores kept (4 "
+                                     "bytes x rows x resident keys, written once, read twice: row sums, votes)"
+                          : g->fused ? "fused: two sweeps recompute the scores (the resident keys read twice)"
+                                     : "three sweeps over chunks through the shared score kernel";
         snprintf(out->bytes_note, sizeof out->bytes_note,
-                 "racc window=%d beta=%g (r=%d of n=%d; half the keys evicted): vote = the %skeys read %dx (%s sweeps "
-                 "recompute the %d window-query scores) + flags %dx + votes out, once every L_n tokens (FP32-bound: "
-                 "%dx %d x n x D multiply-adds); retrieve = keys + flags + scores out and back + r ids (lag 1: off the "
-                 "critical path in the paper)",
-                 W, beta, r, n, g->fused ? "resident " : "", sweeps, g->fused ? "two fused" : "three", g->R, sweeps,
-                 sweeps, g->R);
+                 "racc window=%d beta=%g (r=%d of n=%d; half the keys evicted): vote (%s; %d window-query rows, "
+                 "%.3g G multiply-adds per score sweep) once every L_n tokens; retrieve = keys + flags + scores out and "
+                 "back + r ids (lag 1: off the critical path in the paper)",
+                 W, beta, r, n, how, g->R, (double)g->R * nres * D / 1e9);
         out->l2_bytes = tm.dev.l2_bytes;
         out->flush_bytes = tm.flush_n * sizeof(uint4);
     }

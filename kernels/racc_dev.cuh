@@ -21,8 +21,33 @@ typedef struct {
     int nblk_cap;
     int32_t *rpos;
     int *ccnt, *rcnt;
+    /* the tiled vote (racc_scores.cu) only: S [R][lds] the scores of the
+     * resident keys (lds >= T, a multiple of 4), mkey [R] row maxima as
+     * kv_f2key keys (0: none), mrow [R] and rz [R] (1 / z) */
+    float *S;
+    long long lds;
+    unsigned *mkey;
+    double *mrow;
+    double *rz;
+    double *zp;  /* [R][zld] row-sum partials, zld >= racc_vote_zchunks(T) */
+    int zld;
+    int prefetch; /* 1: the score sweep prefetches the next key tile to L2 */
+    int loop;     /* 1: the score sweep loops over one chain body (KVBENCH_RACC_VOTE=loop; not yet run on a GPU) */
 } racc_vote_scratch;
+int racc_vote_zchunks(int T);
 int racc_vote_chunks(int T);
+/* The compaction both vote paths start with: rcnt[g] resident positions of
+ * [lo, hi) to rpos[g*T ..] in order; evicted votes vote[g*vld + i - lo] =
+ * -inf. Asynchronous on st. */
+kv_status racc_vote_compact(const uint8_t *ev, int T, int Hkv, int lo, int hi, const racc_vote_scratch *w, float *vote,
+                            long long vld, cudaStream_t st);
+/* 1 when the tiled vote handles head dimension D (64, 128 or 256). */
+int racc_vote_tiled_ok(int D);
+/* The tiled vote (kernels/racc_scores.cu): same contract as racc_vote_fused;
+ * needs w->S with Hkv * rpg rows of w->lds >= hi - lo floats. */
+kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const float *qw, int Hkv, int rpg, float scale,
+                          int lo, int hi, const racc_vote_scratch *w, float *vote, long long vld, const kv_cuda_dev *dev,
+                          cudaStream_t st);
 /* Vote of the resident tokens of [lo, hi) (ev [Hkv][T], 1 = evicted) for
  * the window queries qw [Hkv * rpg][D] (device; rows of kv head g are
  * [g*rpg, (g+1)*rpg), in the CPU's order): vote[g*vld + i - lo] (device,

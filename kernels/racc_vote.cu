@@ -342,6 +342,18 @@ int racc_vote_blocks(int Hkv, int span, const kv_cuda_dev *dev) {
 
 int racc_vote_chunks(int T) { return (T + VC_CHUNK - 1) / VC_CHUNK; }
 
+kv_status racc_vote_compact(const uint8_t *ev, int T, int Hkv, int lo, int hi, const racc_vote_scratch *w, float *vote,
+                            long long vld, cudaStream_t st) {
+    const int nch = racc_vote_chunks(hi - lo);
+    racc_res_count<<<dim3(nch, Hkv), 256, 0, st>>>(ev, T, lo, hi, w->ccnt, nch);
+    KV_LAUNCH_CHECK();
+    racc_res_scan<<<Hkv, 1024, 0, st>>>(w->ccnt, nch, w->rcnt);
+    KV_LAUNCH_CHECK();
+    racc_res_write<<<dim3(nch, Hkv), 256, 0, st>>>(ev, T, lo, hi, w->ccnt, nch, w->rpos, vote, vld);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
 kv_status racc_vote_fused(const kv_dev_kv *K, const uint8_t *ev, int T, const float *qw, int Hkv, int rpg, float scale,
                           int lo, int hi, const racc_vote_scratch *w, float *vote, long long vld, const kv_cuda_dev *dev,
                           cudaStream_t st) {
@@ -361,14 +373,7 @@ kv_status racc_vote_fused(const kv_dev_kv *K, const uint8_t *ev, int T, const fl
     if (s2 > (size_t)dev->smem_optin) return kv_fail(KV_ERR_INPUT, "racc GPU vote: %zu bytes of shared memory needed", s2);
     KV_CUDA_TRY(cudaFuncSetAttribute(racc_vote_stats, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
     KV_CUDA_TRY(cudaFuncSetAttribute(racc_vote_sum, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    /* the resident positions of [lo, hi), per kv head, in order (evicted votes: -inf) */
-    const int nch = racc_vote_chunks(span);
-    racc_res_count<<<dim3(nch, Hkv), 256, 0, st>>>(ev, T, lo, hi, w->ccnt, nch);
-    KV_LAUNCH_CHECK();
-    racc_res_scan<<<Hkv, 1024, 0, st>>>(w->ccnt, nch, w->rcnt);
-    KV_LAUNCH_CHECK();
-    racc_res_write<<<dim3(nch, Hkv), 256, 0, st>>>(ev, T, lo, hi, w->ccnt, nch, w->rpos, vote, vld);
-    KV_LAUNCH_CHECK();
+    KV_TRY(racc_vote_compact(ev, T, Hkv, lo, hi, w, vote, vld, st));
     const dim3 grid(a.nblk, Hkv);
     racc_vote_stats<<<grid, VT_TH, s1, st>>>(a);
     KV_LAUNCH_CHECK();

@@ -67,9 +67,9 @@
  *   evicted keys are "offloaded to the CPU"); index=exact retrieves on the
  *   device.
  * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
- *   the vote (kernels/racc_vote.cu: two fused sweeps, row max and sum of
- *   exp, then the votes, scores bitwise kv_dot_ref's, masked softmax, sum
- *   over the window and group) runs there and
+ *   the vote (kernels/racc_scores.cu: one tiled sweep of scores bitwise
+ *   kv_dot_ref's, kept on the device, then the row sums of exp and the
+ *   votes; masked softmax, sum over the window and group) runs there and
  *   its float votes come back for the ranking here (nc floats once every
  *   L_n tokens), so votes agree with the CPU's to ~1e-12 relative (CUDA's
  *   exp, another summation order of the softmax denominators) and the kept

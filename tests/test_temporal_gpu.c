@@ -6,6 +6,7 @@
  * the device vote equals kv_racc_vote to float rounding with some tokens
  * evicted; the retriever's selections (resident sets from the device votes,
  * retrieval through the shared score + top-k) equal the CPU's. */
+#define _POSIX_C_SOURCE 200809L /* setenv: both vote kernels */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,14 +147,32 @@ static int racc_vote_case(int Hq, int Hkv, int T, int D, int W, int lo, int hi, 
     return KV_TEST_PASS;
 }
 
-/* The fused two-sweep vote (D % 8 == 0: rows per kv head 64, then 10 (a
- * partial row tile), D 64 and 128, spans not multiples of the 64-key tile)
- * and the older three-sweep path (D 36). */
+/* The vote kernels for D % 8 == 0: the tiled one (racc_scores.cu, the
+ * default; D 64, 128, 256), the fused two-sweep one
+ * (KVBENCH_RACC_VOTE=fused; every D % 8 == 0) and the tiled one with its
+ * chains in a loop (KVBENCH_RACC_VOTE=loop): rows per kv head 64 (one row
+ * tile), 10 (a partial one), 80 (two), spans not multiples of the 64-key
+ * tile, a span of three 16384-key chunks of the tiled row sums; the fused
+ * kernel alone for D 40, the older three-sweep path for
+ * D 36. */
 int test_racc_gpu_vote_matches_cpu(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
     CHECK(&kv_racc_cuda, "built without CUDA");
-    int rc = racc_vote_case(8, 2, 3000, 64, 16, 4, 2900, 17);
-    if (rc == KV_TEST_PASS) rc = racc_vote_case(6, 3, 2100, 128, 5, 0, 2077, 18);
+    const char *saved = getenv("KVBENCH_RACC_VOTE");
+    char keep[32] = "";
+    if (saved) snprintf(keep, sizeof keep, "%s", saved);
+    int rc = KV_TEST_PASS;
+    static const char *const kernel[] = {"tiled", "fused", "loop"};
+    for (int pass = 0; pass < 3 && rc == KV_TEST_PASS; pass++) {
+        setenv("KVBENCH_RACC_VOTE", kernel[pass], 1);
+        rc = racc_vote_case(8, 2, 3000, 64, 16, 4, 2900, 17);
+        if (rc == KV_TEST_PASS) rc = racc_vote_case(6, 3, 2100, 128, 5, 0, 2077, 18);
+        if (rc == KV_TEST_PASS) rc = racc_vote_case(16, 4, 2500, 128, 20, 7, 2431, 21);
+        if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1300, 256, 9, 2, 1299, 22);
+        if (rc == KV_TEST_PASS) rc = racc_vote_case(2, 1, 40000, 64, 4, 5, 39998, 23); /* row sums in 3 chunks */
+    }
+    if (saved) setenv("KVBENCH_RACC_VOTE", keep, 1);
+    else unsetenv("KVBENCH_RACC_VOTE");
     if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 1, 9000, 40, 33, 3, 8999, 19);
     if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1500, 36, 8, 1, 1400, 20);
     return rc;
