@@ -150,11 +150,6 @@ static char *default_out(const kv_trace_info *in, const char *layer) {
     return kv_strfmt("results/%.*s-%s-%s", stem, base, layer, ts);
 }
 
-/* Copies position t of [H][T][D] into [H][D]. */
-static void gather_row(const float *x, int H, int T, int D, int t, float *out) {
-    for (int h = 0; h < H; h++) memcpy(out + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
-}
-
 /* Copies positions [0, n) of [H][T][D] into a tight [H][n][D]; with lag
  * d > 0, position i gets row max(i - d, 0) (--lag: the methods' queries). */
 static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag) {
@@ -204,10 +199,83 @@ typedef struct {
     int first_rec;      /* its records: recs[first_rec + b - b0] for budget b */
 } run_inst;
 
+/* ---- issue 12 goal 3: the prefill of a layer held as float16 (hook for build_all) ----
+ * Methods with prefill_half get the layer's float16 arrays in place (q's
+ * rows shifted into a float16 copy with --lag); the others share tight
+ * float32 copies of k, v and q made once for them (counted by the
+ * preflight) and freed after the builds. */
+typedef struct { kv_prefill half, f32; float *bufs[3]; uint16_t *q16; } prefill16;
+
+static uint16_t *gather_prefix16(const uint16_t *x, int H, int T, int D, int n, int lag) {
+    uint16_t *out = kv_malloc((size_t)H * n * D * sizeof(uint16_t) + 1, "prefill queries (float16, --lag)");
+    for (int h = 0; out && h < H; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(out + ((size_t)h * n + i) * D, x + ((size_t)h * T + (i - lag > 0 ? i - lag : 0)) * D, (size_t)D * 2);
+    return out;
+}
+
+static float *widen_prefix(const uint16_t *x, int H, int T, int D, int n, int lag) {
+    float *out = kv_malloc((size_t)H * n * D * sizeof(float) + 1, "prefill copy (float32)");
+    for (int h = 0; out && h < H; h++) {
+        if (!lag) { kv_half_to_float_n(x + (size_t)h * T * D, out + (size_t)h * n * D, (size_t)n * D); continue; }
+        for (int i = 0; i < n; i++)
+            kv_half_to_float_n(x + ((size_t)h * T + (i - lag > 0 ? i - lag : 0)) * D, out + ((size_t)h * n + i) * D, (size_t)D);
+    }
+    return out;
+}
+
+static kv_status prefill16_open(const kv_layer *L, int P, int lag, const run_inst *inst, int n_inst, prefill16 *p) {
+    memset(p, 0, sizeof *p);
+    p->half = (kv_prefill){.n = P, .half = 1, .ld = L->T, .ldq = L->T, .k16 = L->k16, .v16 = L->v16, .q16 = L->q16};
+    if (lag) { /* q's rows shifted: a tight float16 copy */
+        if (!(p->q16 = gather_prefix16(L->q16, L->Hq, L->T, L->D, P, lag))) return KV_ERR_NOMEM;
+        p->half.q16 = p->q16;
+        p->half.ldq = P;
+    }
+    int need32 = 0;
+    for (int i = 0; i < n_inst; i++) need32 |= !inst[i].r.m->prefill_half;
+    p->f32.n = P;
+    if (!need32) return KV_OK;
+    p->bufs[0] = widen_prefix(L->k16, L->Hkv, L->T, L->D, P, 0);
+    p->bufs[1] = L->v16 ? widen_prefix(L->v16, L->Hkv, L->T, L->D, P, 0) : NULL;
+    p->bufs[2] = widen_prefix(L->q16, L->Hq, L->T, L->D, P, lag);
+    if (!p->bufs[0] || (L->v16 && !p->bufs[1]) || !p->bufs[2]) return KV_ERR_NOMEM;
+    p->f32.k = p->bufs[0]; p->f32.v = p->bufs[1]; p->f32.q = p->bufs[2];
+    return KV_OK;
+}
+
+static void prefill16_close(prefill16 *p) {
+    for (int i = 0; i < 3; i++) free(p->bufs[i]);
+    free(p->q16);
+    memset(p, 0, sizeof *p);
+}
+
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
 static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
                            const kv_shape *sh) {
     kv_prefill pre = {.n = P};
+    if (kv_layer_is_f16(L)) { /* the float16 form: no in-place compaction */
+        prefill16 p16;
+        kv_status st = prefill16_open(L, P, lag, inst, n_inst, &p16);
+        for (int i = 0; i < n_inst && st == KV_OK; i++) {
+            kv_method_run *r = &inst[i].r;
+            kv_shape s = *sh;
+            s.use_gpu = sh->use_gpu && r->m->has_gpu;
+            s.seed = r->seed;
+            r->on_gpu = s.use_gpu;
+            int kmax = keff[inst[i].b0 + inst[i].nb - 1];
+            int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
+            st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
+            if (st != KV_OK) break;
+            double t0 = kv_now();
+            st = r->m->create(&s, &r->ps, &r->state);
+            if (st == KV_OK) st = r->m->build(r->state, r->m->prefill_half ? &p16.half : &p16.f32);
+            r->build_s = kv_now() - t0;
+            if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
+        }
+        prefill16_close(&p16);
+        return st;
+    }
     /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
     float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
     float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
@@ -318,10 +386,10 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     meta->steps_evaluated = meta->steps_skipped = 0;
     for (int t = P; t < T && st == KV_OK && done < total; t++) {
         double c0 = kv_now();
-        gather_row(L->k, L->Hkv, T, D, t, k);
-        gather_row(L->q, L->Hq, T, D, t, q);
-        if (o->lag) gather_row(L->q, L->Hq, T, D, t - o->lag > 0 ? t - o->lag : 0, mq);
-        if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
+        kv_layer_rows(L, 'k', t, k); /* float32 rows of either form (issue 12 goal 3) */
+        kv_layer_rows(L, 'q', t, q);
+        if (o->lag) kv_layer_rows(L, 'q', t - o->lag > 0 ? t - o->lag : 0, mq);
+        if (L->v || L->v16) kv_layer_rows(L, 'v', t, v);
         double c1 = kv_now();
         ph[KV_PH_BOOK] += c1 - c0;
         /* the oracle first (it reads the layer, not the methods), then one
@@ -344,7 +412,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             int th = par ? omp_get_thread_num() : 0;
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
-            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
+            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v || L->v16 ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
                                &srch, &diag, im, MSG);
             app += kv_now() - a0;
             for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
@@ -483,13 +551,28 @@ static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
     return n;
 }
 
+/* The layer's host form (issue 12 goal 3): on the GPU path a float16 trace
+ * stays float16 (uploaded as it is, rows converted where the host needs
+ * float32); the CPU path's oracle and methods read whole float32 arrays at
+ * every step, so there it is float32. KVBENCH_LAYER=f16 loads float16 on
+ * the CPU path too, builds the indexes from it and widens it before the
+ * oracle (to measure the float16 load, and to test the float16 builds
+ * against the float32 ones on a machine without a GPU); KVBENCH_LAYER=f32
+ * keeps float32 everywhere. */
+static kv_status load_layer_form(const kv_trace_info *in, int li, int use_gpu, kv_layer *L) {
+    const char *e = getenv("KVBENCH_LAYER");
+    int form = e && !strcmp(e, "f32") ? KV_LAYER_F32 : e && !strcmp(e, "f16") ? KV_LAYER_F16
+             : use_gpu ? KV_LAYER_F16 : KV_LAYER_F32;
+    return kv_trace_load_layer_as(in, li, form, L);
+}
+
 /* Evaluates layer li: load, build every instance, the loop, then renders
  * its records into acc and frees them (one layer's rows in memory). */
 static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_meta *meta, const kv_method_run *picked,
                            int n_picked, const int *keff, kv_results_acc *acc) {
     kv_layer L;
     double l0 = kv_now();
-    KV_TRY(kv_trace_load_layer(in, li, &L));
+    KV_TRY(load_layer_form(in, li, meta->use_gpu, &L));
     meta->phase_s[KV_PH_LOAD] += kv_now() - l0;
     meta->layer = in->layer_names[li];
     run_inst *inst = kv_calloc((size_t)n_picked * o->seeds * o->nk, sizeof *inst, "method instances");
@@ -519,6 +602,7 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
     meta->phase_s[KV_PH_BUILD] += kv_now() - b0;
     b0 = kv_now();
+    if (st == KV_OK && !meta->use_gpu) st = kv_layer_widen(&L); /* the CPU oracle reads float32 arrays */
     if (st == KV_OK)
         st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
                                  meta->use_gpu, !o->no_profile, &orc);

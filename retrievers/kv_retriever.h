@@ -85,12 +85,19 @@ kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, in
 void kv_selection_reset(kv_selection *s);
 void kv_selection_free(kv_selection *s);
 
-/* ---- the prefill handed to build(): tight [H][n][D] float32 arrays ---- */
+/* ---- the prefill handed to build(): tight [H][n][D] float32 arrays ----
+ * or, for a method that declares prefill_half, possibly the layer's float16
+ * form in place (issue 12, goal 3: a float16 trace stays float16 in host
+ * memory): half = 1, k/v/q NULL, k16/v16/q16 the float16 bits [H][ld][D]
+ * of which rows 0..n-1 of each head are the prefill (ld, ldq >= n). */
 typedef struct {
     int n;              /* positions 0..n-1 */
     const float *k;     /* [Hkv][n][D] */
     const float *v;     /* [Hkv][n][D] or NULL */
     const float *q;     /* [Hq][n][D] or NULL (kvbench bench hands none) */
+    int half;           /* 1: the float16 form below instead */
+    long long ld, ldq;  /* rows per head of k16 and v16, of q16 */
+    const uint16_t *k16, *v16, *q16; /* [H][ld][D] float16 bits (v16, q16 may be NULL) */
 } kv_prefill;
 
 typedef struct kv_method {
@@ -139,6 +146,8 @@ typedef struct kv_method {
      * "method_metric") and per drift window (drift.csv "method_metric").
      * NULL: the method reports none. */
     const char *metric_name;
+    /* 1: build() takes the float16 form of the prefill (kv_prefill.half); 0: run hands it float32 copies. */
+    int prefill_half;
 } kv_method;
 
 /* 1 when the method's selections with parameters ps are one per kv head,
