@@ -26,6 +26,7 @@
 #include "../datasets/kv_cleanup.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
+#include "memory.h"
 #include "results.h"
 
 #define MAX_METHODS 32
@@ -232,14 +233,12 @@ static kv_status prefill16_open(const kv_layer *L, int P, int lag, const run_ins
         p->half.q16 = p->q16;
         p->half.ldq = P;
     }
-    int need32 = 0;
-    for (int i = 0; i < n_inst; i++) need32 |= !inst[i].r.m->prefill_half;
+    unsigned need = 0;
+    for (int i = 0; i < n_inst; i++) need |= kv_prefill_widened(inst[i].r.m);
     p->f32.n = P;
-    if (!need32) return KV_OK;
-    p->bufs[0] = widen_prefix(L->k16, L->Hkv, L->T, L->D, P, 0);
-    p->bufs[1] = L->v16 ? widen_prefix(L->v16, L->Hkv, L->T, L->D, P, 0) : NULL;
-    p->bufs[2] = widen_prefix(L->q16, L->Hq, L->T, L->D, P, lag);
-    if (!p->bufs[0] || (L->v16 && !p->bufs[1]) || !p->bufs[2]) return KV_ERR_NOMEM;
+    if ((need & KV_PREFILL_K) && !(p->bufs[0] = widen_prefix(L->k16, L->Hkv, L->T, L->D, P, 0))) return KV_ERR_NOMEM;
+    if ((need & KV_PREFILL_V) && L->v16 && !(p->bufs[1] = widen_prefix(L->v16, L->Hkv, L->T, L->D, P, 0))) return KV_ERR_NOMEM;
+    if ((need & KV_PREFILL_Q) && !(p->bufs[2] = widen_prefix(L->q16, L->Hq, L->T, L->D, P, lag))) return KV_ERR_NOMEM;
     p->f32.k = p->bufs[0]; p->f32.v = p->bufs[1]; p->f32.q = p->bufs[2];
     return KV_OK;
 }
@@ -453,65 +452,71 @@ static int has_seed_param(const kv_method *m) {
 /* Parses --layer (NULL: the first layer; "all"; or a comma list) into
  * indices; returns the count, or -1 after printing the error (exit 2). */
 /* ---- memory needed by a run, before anything is allocated (issue 12) ----
- * Host, per layer (layers are evaluated one at a time, all of one shape):
- *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the decode
- *   rows set aside while the builds read the prefill in place,
- *   4 (Hq + Hkv (1 + has_v)) (T - P) D (with --lag: q's prefix is copied
- *   instead, 4 Hq P D, its decode rows stay), plus per method
- *   instance on the CPU one float32 copy of the keys and one score row per
- *   q head, 4 Hkv T D + 4 Hq T (what exact, the reference, holds: the vtable
- *   cannot tell an index's size before create() allocates it, so this is
- *   the documented estimate; compressed indexes hold less), plus the
- *   oracle's score rows 4 Hq T.
- * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
- *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
- *   method instance on the GPU e Hkv T D + 4 Hq T.
+ * The formula is kv_mem_estimate (cli/memory.c); here the run's counts.
  * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
  * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
+static int layer_form_f16(int use_gpu) {
+    const char *e = getenv("KVBENCH_LAYER");
+    return e && !strcmp(e, "f32") ? 0 : e && !strcmp(e, "f16") ? 1 : use_gpu;
+}
+
 static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const int *lidx, int n_layers,
                               const kv_method_run *picked, int n_picked, int use_gpu) {
-    double Hq = in->num_q_heads, Hkv = in->num_kv_heads, T = in->num_tokens, P = in->prefill_len, D = in->head_dim;
-    int hv = 0, half = 1;
-    for (int i = 0; i < n_layers; i++) { hv |= in->layer_has_v[lidx[i]]; half &= in->layer_half[lidx[i]]; }
-    double rows = Hq + Hkv * (1 + hv), e = half ? 2 : 4;
-    /* the builds' prefill view: rows [P, T) set aside, and with --lag a copy of the shifted q prefix */
-    double prefix = o->lag ? 4 * (Hkv * (1 + hv) * (T - P) + Hq * P) * D : 4 * rows * (T - P) * D;
-    double layer = 4 * rows * T * D, host = layer + prefix + 4 * Hq * T, dev = 0;
-    int n_cpu = 0, n_gpu = 0;
-    for (int i = 0; i < n_picked; i++) {
-        int n = (has_seed_param(picked[i].m) ? o->seeds : 1) * (picked[i].m->search_updates_state ? o->nk : 1);
-        if (use_gpu && picked[i].m->has_gpu) n_gpu += n;
-        else n_cpu += n;
+    kv_mem_shape ms = {.Hq = in->num_q_heads, .Hkv = in->num_kv_heads, .T = in->num_tokens, .P = in->prefill_len,
+                       .D = in->head_dim, .f16_trace = 1, .use_gpu = use_gpu, .lag = o->lag > 0, .nk = o->nk,
+                       .profile = !o->no_profile};
+    int half = 1;
+    for (int i = 0; i < n_layers; i++) {
+        ms.has_v |= in->layer_has_v[lidx[i]];
+        half &= in->layer_half[lidx[i]];
+        ms.f16_trace &= kv_trace_layer_f16(in, lidx[i]);
     }
-    double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
-    host += n_cpu * per_cpu;
-    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
+    ms.layer_f16 = ms.f16_trace && layer_form_f16(use_gpu);
+    long long steps = in->num_tokens > in->prefill_len ? ((long long)in->num_tokens - in->prefill_len + o->stride - 1) / o->stride : 0;
+    ms.steps = (int)(o->max_steps && steps > o->max_steps ? o->max_steps : steps);
+    for (int i = 0; i < n_picked; i++) {
+        const kv_method *m = picked[i].m;
+        int per_k = m->search_updates_state && o->nk > 1, n = (has_seed_param(m) ? o->seeds : 1) * (per_k ? o->nk : 1);
+        if (use_gpu && m->has_gpu) ms.n_gpu += n;
+        else ms.n_cpu += n;
+        ms.n_recs += n * (per_k ? 1 : o->nk);
+        ms.sel_lists += (double)n * (m->per_kv_head ? in->num_kv_heads : in->num_q_heads);
+        ms.widen |= kv_prefill_widened(m);
+    }
+    ms.k_half = half;
+    kv_mem_need nd;
+    kv_mem_estimate(&ms, &nd);
     double avail = kv_mem_available();
-    if (avail >= 0 && host > avail)
+    const char *form = ms.layer_f16 ? "float16" : "float32";
+    if (avail >= 0 && nd.host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
-                       "are available%s: the layer as float32 %.0f + rows set aside while the indexes build %.0f + %d CPU method "
-                       "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
-                       "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
-                       "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
+                       "are available%s: the layer as %s %.0f + the builds' prefill %.0f + %d CPU method instance(s) "
+                       "%.0f (a float32 copy of K and a score row per q head each, the estimate) + selection buffers "
+                       "%.0f + the oracle's host buffers %.0f + result rows %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); "
+                       "use a shorter trace (kvbench slice --tokens) or fewer methods", in->path, nd.host,
+                       nd.host / 1e9, avail, avail / 1e9,
                        kv_env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
                        : kv_env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
                                                                  : " (MemAvailable)",
-                       layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
-                       in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
+                       form, nd.layer, nd.prefill, ms.n_cpu, nd.methods, nd.selections, nd.oracle, nd.rows,
+                       in->num_tokens, in->prefill_len, in->num_q_heads, in->num_kv_heads, in->head_dim,
+                       ms.has_v ? ", with v" : "");
     if (use_gpu) {
         double glim = kv_env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
-        if (gfree > 0 && dev > gfree)
+        if (gfree > 0 && nd.dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
-                           "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
-                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
-                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
-                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
-                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
+                           "(%.2f GB) are free%s: the oracle's K%s as %s and its scores %.0f + %d GPU method instance(s) "
+                           "%.0f (K and a score row per q head each, the estimate) (T=%d, Hq=%d, Hkv=%d, D=%d); use a "
+                           "shorter trace or fewer methods", in->path, nd.dev, nd.dev / 1e9, gfree, gfree / 1e9,
+                           glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", ms.has_v ? ", V" : "",
+                           half ? "float16" : "float32", nd.dev_oracle, ms.n_gpu, nd.dev_methods,
                            in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
     if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
-        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f), device %.0f bytes\n", host, avail,
-                dev);
+        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f; layer as %s %.0f, prefill %.0f, "
+                "methods %.0f, selections %.0f, oracle %.0f, rows %.0f), device %.0f bytes (oracle %.0f, methods %.0f)\n",
+                nd.host, avail, form, nd.layer, nd.prefill, nd.methods, nd.selections, nd.oracle, nd.rows, nd.dev,
+                nd.dev_oracle, nd.dev_methods);
     return KV_OK;
 }
 
@@ -560,10 +565,7 @@ static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
  * against the float32 ones on a machine without a GPU); KVBENCH_LAYER=f32
  * keeps float32 everywhere. */
 static kv_status load_layer_form(const kv_trace_info *in, int li, int use_gpu, kv_layer *L) {
-    const char *e = getenv("KVBENCH_LAYER");
-    int form = e && !strcmp(e, "f32") ? KV_LAYER_F32 : e && !strcmp(e, "f16") ? KV_LAYER_F16
-             : use_gpu ? KV_LAYER_F16 : KV_LAYER_F32;
-    return kv_trace_load_layer_as(in, li, form, L);
+    return kv_trace_load_layer_as(in, li, layer_form_f16(use_gpu) ? KV_LAYER_F16 : KV_LAYER_F32, L);
 }
 
 /* Evaluates layer li: load, build every instance, the loop, then renders

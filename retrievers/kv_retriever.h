@@ -148,7 +148,11 @@ typedef struct kv_method {
     const char *metric_name;
     /* 1: build() takes the float16 form of the prefill (kv_prefill.half); 0: run hands it float32 copies. */
     int prefill_half;
+    /* The prefill arrays build() reads (KV_PREFILL_Q | _K | _V); 0: all of them. A layer held as float16
+     * widens only these for the methods without prefill_half (issue 12 goal 3). */
+    unsigned prefill_reads;
 } kv_method;
+enum { KV_PREFILL_Q = 1, KV_PREFILL_K = 2, KV_PREFILL_V = 4 };
 
 /* 1 when the method's selections with parameters ps are one per kv head,
  * shared by the G query heads of the group (per_kv_head, or a pooling
