@@ -33,6 +33,8 @@
  *   oracle    K and V as e' = 2 (k stored as float16) or 4, e' (1 + has_v) Hkv T D,
  *             and its scores 4 Hq T
  *   methods   per instance on the GPU e' Hkv T D + 4 Hq T (the estimate). */
+#include <math.h>
+
 #include "memory.h"
 #include "protocol.h"
 
@@ -63,4 +65,36 @@ void kv_mem_estimate(const kv_mem_shape *s, kv_mem_need *n) {
         n->dev_methods = s->n_gpu * (ed * Hkv * T * D + 4 * Hq * T);
         n->dev = n->dev_oracle + n->dev_methods;
     }
+}
+
+void kv_mem_add_method(kv_mem_shape *s, const kv_method *m, int copies, int budgets, int use_gpu) {
+    if (use_gpu && m->has_gpu) s->n_gpu += copies;
+    else s->n_cpu += copies;
+    s->n_recs += copies * budgets;
+    s->sel_lists += (double)copies * (m->per_kv_head ? s->Hkv : s->Hq);
+    s->widen |= kv_prefill_widened(m);
+}
+
+double kv_mem_largest_context(kv_mem_shape s, const kv_method *const *ms, int n_ms, double decode, double host_bytes,
+                              double dev_bytes, kv_mem_need *at) {
+    s.n_cpu = s.n_gpu = s.n_recs = 0;
+    s.sel_lists = 0;
+    s.widen = 0;
+    for (int i = 0; i < n_ms; i++) kv_mem_add_method(&s, ms[i], 1, s.nk, s.use_gpu);
+    double lo = 0, hi = (double)(1 << 30) / 1024; /* in units of 1024 tokens; every term grows with T */
+    while (hi - lo > 1) {
+        double mid = floor((lo + hi) / 2);
+        kv_mem_need n;
+        s.T = mid * 1024;
+        s.P = s.T - decode > 1 ? s.T - decode : 1;
+        s.steps = (int)(s.T - s.P);
+        kv_mem_estimate(&s, &n);
+        if (n.host <= host_bytes && (!s.use_gpu || n.dev <= dev_bytes)) lo = mid;
+        else hi = mid;
+    }
+    s.T = lo * 1024;
+    s.P = s.T - decode > 1 ? s.T - decode : 1;
+    s.steps = (int)(s.T - s.P);
+    if (at) kv_mem_estimate(&s, at);
+    return s.T;
 }

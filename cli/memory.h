@@ -28,6 +28,13 @@ typedef struct {
 } kv_mem_need;
 
 void kv_mem_estimate(const kv_mem_shape *s, kv_mem_need *n);
+/* Counts method m into s: `copies` instances (seeds, and budgets for a method whose search updates its state),
+ * each searched at `budgets` budgets, on the GPU when use_gpu and it has a CUDA path. */
+void kv_mem_add_method(kv_mem_shape *s, const kv_method *m, int copies, int budgets, int use_gpu);
+/* The largest T (a multiple of 1024) with P = T - decode whose estimate fits host_bytes and dev_bytes (dev_bytes
+ * ignored without use_gpu); s gives the rest of the shape and the methods (its T, P, steps are set here). */
+double kv_mem_largest_context(kv_mem_shape s, const kv_method *const *ms, int n_ms, double decode, double host_bytes,
+                              double dev_bytes, kv_mem_need *at);
 /* The prefill arrays a method needs widened from a float16 layer (0 when it takes the float16 form). */
 unsigned kv_prefill_widened(const kv_method *m);
 

@@ -476,12 +476,8 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     ms.steps = (int)(o->max_steps && steps > o->max_steps ? o->max_steps : steps);
     for (int i = 0; i < n_picked; i++) {
         const kv_method *m = picked[i].m;
-        int per_k = m->search_updates_state && o->nk > 1, n = (has_seed_param(m) ? o->seeds : 1) * (per_k ? o->nk : 1);
-        if (use_gpu && m->has_gpu) ms.n_gpu += n;
-        else ms.n_cpu += n;
-        ms.n_recs += n * (per_k ? 1 : o->nk);
-        ms.sel_lists += (double)n * (m->per_kv_head ? in->num_kv_heads : in->num_q_heads);
-        ms.widen |= kv_prefill_widened(m);
+        int per_k = m->search_updates_state && o->nk > 1;
+        kv_mem_add_method(&ms, m, (has_seed_param(m) ? o->seeds : 1) * (per_k ? o->nk : 1), per_k ? 1 : o->nk, use_gpu);
     }
     ms.k_half = half;
     kv_mem_need nd;

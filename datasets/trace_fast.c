@@ -3,8 +3,18 @@
  * thread (about 190 MB/s of file); here the reader child only looks up
  * where each chunk lies (H5Dget_chunk_info_by_coord, or H5Dget_offset for
  * a contiguous dataset) and the parent reads the stored bytes with pread
- * and inflates, unshuffles and converts them to float32 on every OpenMP
- * thread (run's --threads; default one per core).
+ * and inflates, unshuffles and converts them on every OpenMP thread (run's
+ * --threads; default one per core). Output: float32, or the layer's float16
+ * form (a float16 dataset's bits as they are, issue 12 goal 3). Each byte is
+ * touched as few times as the data allows: a chunk of whole rows whose
+ * stored bits are the output's (float16 kept, or float32) and that is not
+ * shuffled is inflated, or pread when not deflated, straight into its
+ * place in the layer and only checked there (finite values); otherwise it
+ * is inflated into a per-thread buffer and each row is unshuffled and
+ * converted in one pass through a small on-stack buffer. zlib keeps one
+ * inflate stream per thread (inflateReset per chunk). The layer's arrays
+ * are asked for transparent huge pages (trace_read.c), so the threads'
+ * first touches fault once per 2 MiB.
  *
  * Filter pipeline semantics are kept by handling exactly: no filter,
  * deflate, and shuffle then deflate (HDF5's order on write; undone in

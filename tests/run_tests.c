@@ -118,6 +118,7 @@ extern char kv_test_reason[512];
     X(run_memory_preflight, KV_NEEDS_SUBPROCESS)           \
     X(run_results_loader_invariant, KV_NEEDS_SUBPROCESS)   \
     X(run_layer_form_invariant, KV_NEEDS_SUBPROCESS)       \
+    X(run_memory_largest_context, 0)                       \
     X(run_layer_form_invariant_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \

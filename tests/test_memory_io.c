@@ -161,3 +161,64 @@ int test_run_layer_form_invariant_gpu(void) {
     return layer_form_case("gpu", "exact,quest,streaming,random,pariskv,pqcache,magicpig,csattention,ctkvr,freekv,racc",
                            "gpu");
 }
+
+/* The largest context that fits (the README's statement, issue 12 goal 3), from the preflight's own formula
+ * (cli/memory.c) for the default shape: 16 q and 8 kv heads, D 128, q/k/v float16 with values, 8192 decode
+ * steps (P = T - 8192), every step evaluated, one budget, the profile on, on the GPU (the layer held as
+ * float16). Machines: the lent H100 (80e9 bytes of GPU memory, 128e9 of host) and any other given by
+ * KVBENCH_FIT_GPU_BYTES / KVBENCH_FIT_HOST_BYTES. The formula's monotonicity and one value computed here by
+ * hand are checked; the numbers are printed for the README. */
+#include <math.h>
+
+#include "../cli/memory.h"
+
+static void fit_print(const char *set, const char *methods, double host, double gpu) {
+    const kv_method *ms[32];
+    int n = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", methods);
+    for (char *t = strtok(buf, ","); t && n < 32; t = strtok(NULL, ","))
+        if ((ms[n] = kv_method_find(t))) n++;
+    kv_mem_shape s = {.Hq = 16, .Hkv = 8, .D = 128, .has_v = 1, .f16_trace = 1, .k_half = 1, .layer_f16 = 1,
+                      .use_gpu = 1, .nk = 1, .profile = 1};
+    kv_mem_need at;
+    double T = kv_mem_largest_context(s, ms, n, 8192, host, gpu, &at);
+    printf("    fit %s (%s) on %.0f GB GPU / %.0f GB host: T = %.0f tokens (%.2fM); host %.2f GB (layer %.2f, prefill "
+           "%.2f, CPU methods %.2f, selections %.2f, oracle %.2f, rows %.2f), GPU %.2f GB (oracle %.2f, methods %.2f)\n",
+           set, methods, gpu / 1e9, host / 1e9, T, T / 1048576.0, at.host / 1e9, at.layer / 1e9, at.prefill / 1e9,
+           at.methods / 1e9, at.selections / 1e9, at.oracle / 1e9, at.rows / 1e9, at.dev / 1e9, at.dev_oracle / 1e9,
+           at.dev_methods / 1e9);
+}
+
+int test_run_memory_largest_context(void) {
+    /* by hand: exact alone on the GPU at T = 1048576, P = T - 8192, 8192 steps:
+     * host: layer 2*(16+16)*T*128, no prefill copy (exact takes the float16 form), no CPU method,
+     * selections 4*T*(3*16 + 8), oracle 4*16*T (pinned scores) + 4*16*T (sorted) + 4*16*T (radix),
+     * rows 1 x 8192 x 16 x 52; device: oracle 2*2*8*T*128 + 4*16*T, exact 2*8*T*128 + 4*16*T */
+    const kv_method *ex = kv_method_find("exact");
+    CHECK(ex, "no exact");
+    double T = 1048576, P = T - 8192;
+    kv_mem_shape s = {.Hq = 16, .Hkv = 8, .T = T, .P = P, .D = 128, .has_v = 1, .f16_trace = 1, .k_half = 1,
+                      .layer_f16 = 1, .use_gpu = 1, .nk = 1, .profile = 1, .steps = 8192};
+    kv_mem_add_method(&s, ex, 1, 1, 1);
+    kv_mem_need n;
+    kv_mem_estimate(&s, &n);
+    double host = 2 * 32 * T * 128 + 4 * T * (3 * 16 + 8) + 3 * 4 * 16 * T + 8192.0 * 16 * 52;
+    double dev = 2 * 2 * 8 * T * 128 + 4 * 16 * T + 2 * 8 * T * 128 + 4 * 16 * T;
+    CHECK(n.host == host && n.dev == dev, "exact at 1M: host %.0f (want %.0f), device %.0f (want %.0f)", n.host, host,
+          n.dev, dev);
+    CHECK(n.layer == 2 * 32 * T * 128 && n.prefill == 0, "layer %.0f, prefill %.0f", n.layer, n.prefill);
+    /* pariskv needs K widened for its build: 4 P D Hkv more on the host */
+    kv_mem_add_method(&s, kv_method_find("pariskv"), 1, 1, 1);
+    kv_mem_estimate(&s, &n);
+    CHECK(n.prefill == 4 * P * 128 * 8, "pariskv: prefill %.0f, want K widened %.0f", n.prefill, 4 * P * 128 * 8);
+    double gpu = kv_env_bytes("KVBENCH_FIT_GPU_BYTES"), hostb = kv_env_bytes("KVBENCH_FIT_HOST_BYTES");
+    static const char *sets[2][2] = {{"issue 12's 7 methods", "exact,pariskv,pqcache,quest,magicpig,streaming,random"},
+                                     {"make demo's 12", "exact,pariskv,csattention,ctkvr,freekv,racc,pqcache,quest,"
+                                                        "magicpig,streaming,random,sampled"}};
+    for (int i = 0; i < 2; i++) {
+        fit_print(sets[i][0], sets[i][1], 128e9, 80e9);
+        if (gpu > 0 && hostb > 0) fit_print(sets[i][0], sets[i][1], hostb, gpu);
+    }
+    return KV_TEST_PASS;
+}
