@@ -12,9 +12,9 @@
  * place in the layer and only checked there (finite values); otherwise it
  * is inflated into a per-thread buffer and each row is unshuffled and
  * converted in one pass through a small on-stack buffer. zlib keeps one
- * inflate stream per thread (inflateReset per chunk). The layer's arrays
- * are asked for transparent huge pages (trace_read.c), so the threads'
- * first touches fault once per 2 MiB.
+ * inflate stream per thread (inflateReset per chunk). (Transparent huge
+ * pages for the layer's arrays were tried: on the busy 2-core machine they
+ * doubled or tripled the load's system time, 3.4-4.3 s against 1.4 s.)
  *
  * Filter pipeline semantics are kept by handling exactly: no filter,
  * deflate, and shuffle then deflate (HDF5's order on write; undone in

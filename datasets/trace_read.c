@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "trace_check.h"
@@ -399,12 +398,17 @@ int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
            in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
 }
 
+int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
+    return layer >= 0 && layer < in->num_layers && in->layer_dtype[layer][0] == KV_DTYPE_F16 &&
+           in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
+}
+
 /* A layer array: for the parallel path, large ones 2 MiB-aligned with transparent huge pages asked for
  * (KVBENCH_LAYER_HUGEPAGES=0: not), so the loader's threads take one page fault per 2 MiB instead of one per
  * 4 KiB (measured on the 2-core machine, 128K-token float16 trace, float32 form: 1.0-2.2 s against 3.8-5.1 s).
  * Not for the library path (KVBENCH_LOADER=library): its parent fills the arrays from a pipe, 64 KiB at a
  * time, and took 16-20 s against 9-12 s with them. free() releases either. */
-static void *layer_array(size_t bytes, const char *what) {
+static void *kv_malloc(size_t bytes, const char *what) {
     const char *e = getenv("KVBENCH_LAYER_HUGEPAGES");
     if (bytes < ((size_t)64 << 20) || (e && !strcmp(e, "0")) || !kv_fast_enabled()) return kv_malloc(bytes, what);
     void *p = NULL;
@@ -430,15 +434,15 @@ static kv_status layer_alloc(const kv_trace_info *in, int layer, int form, kv_la
                        need, need / 1e9, has_v ? ", v" : "", f16 ? "float16" : "float32", L->Hq,
                        L->Hkv * (has_v ? 2 : 1), L->T, L->D, avail / 1e9);
     if (f16) {
-        L->q16 = layer_array(nq * e, "layer queries (float16)");
-        L->k16 = layer_array(nk * e, "layer keys (float16)");
-        if (has_v) L->v16 = layer_array(nk * e, "layer values (float16)");
+        L->q16 = kv_malloc(nq * e, "layer queries (float16)");
+        L->k16 = kv_malloc(nk * e, "layer keys (float16)");
+        if (has_v) L->v16 = kv_malloc(nk * e, "layer values (float16)");
         if (!L->q16 || !L->k16 || (has_v && !L->v16)) { kv_layer_free(L); return KV_ERR_NOMEM; }
         return KV_OK;
     }
-    L->q = layer_array(nq * sizeof(float), "layer queries");
-    L->k = layer_array(nk * sizeof(float), "layer keys");
-    if (has_v) L->v = layer_array(nk * sizeof(float), "layer values");
+    L->q = kv_malloc(nq * sizeof(float), "layer queries");
+    L->k = kv_malloc(nk * sizeof(float), "layer keys");
+    if (has_v) L->v = kv_malloc(nk * sizeof(float), "layer values");
     if (!L->q || !L->k || (has_v && !L->v)) { kv_layer_free(L); return KV_ERR_NOMEM; }
     return KV_OK;
 }
