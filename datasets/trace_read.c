@@ -403,22 +403,6 @@ int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
            in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
 }
 
-/* A layer array: for the parallel path, large ones 2 MiB-aligned with transparent huge pages asked for
- * (KVBENCH_LAYER_HUGEPAGES=0: not), so the loader's threads take one page fault per 2 MiB instead of one per
- * 4 KiB (measured on the 2-core machine, 128K-token float16 trace, float32 form: 1.0-2.2 s against 3.8-5.1 s).
- * Not for the library path (KVBENCH_LOADER=library): its parent fills the arrays from a pipe, 64 KiB at a
- * time, and took 16-20 s against 9-12 s with them. free() releases either. */
-static void *kv_malloc(size_t bytes, const char *what) {
-    const char *e = getenv("KVBENCH_LAYER_HUGEPAGES");
-    if (bytes < ((size_t)64 << 20) || (e && !strcmp(e, "0")) || !kv_fast_enabled()) return kv_malloc(bytes, what);
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)2 << 20, bytes) != 0) return kv_malloc(bytes, what);
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 static kv_status layer_alloc(const kv_trace_info *in, int layer, int form, kv_layer *L) {
     memset(L, 0, sizeof *L);
     if (layer < 0 || layer >= in->num_layers) return kv_fail(KV_ERR_INTERNAL, "layer slot %d out of range", layer);
