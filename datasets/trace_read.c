@@ -398,11 +398,6 @@ int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
            in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
 }
 
-int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
-    return layer >= 0 && layer < in->num_layers && in->layer_dtype[layer][0] == KV_DTYPE_F16 &&
-           in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
-}
-
 static kv_status layer_alloc(const kv_trace_info *in, int layer, int form, kv_layer *L) {
     memset(L, 0, sizeof *L);
     if (layer < 0 || layer >= in->num_layers) return kv_fail(KV_ERR_INTERNAL, "layer slot %d out of range", layer);
