@@ -563,6 +563,7 @@ static kv_status load_consume(int fd, void *arg) {
 }
 
 static kv_status load_layer_isolated(const kv_trace_info *in, int layer, int form, kv_layer *L);
+static double plan_s; /* the last load's planning seconds (the reader child), for KVBENCH_LOADER_VERBOSE */
 
 kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
     return kv_trace_load_layer_as(in, layer, KV_LAYER_F32, L);
@@ -572,13 +573,14 @@ kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
 kv_status kv_trace_load_layer_as(const kv_trace_info *in, int layer, int form, kv_layer *L) {
     const char *e = getenv("KVBENCH_LOADER_VERBOSE");
     double t0 = kv_now();
+    plan_s = 0;
     kv_status st = in_process() ? kv_trace_load_layer_direct_as(in, layer, form, L)
                                 : load_layer_isolated(in, layer, form, L);
     double dt = kv_now() - t0;
     if (st == KV_OK && e && !strcmp(e, "1"))
-        fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads, as %s): "
-                "%s\n", in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
-                in->file_bytes / 1e6, omp_get_max_threads(), kv_layer_is_f16(L) ? "float16" : "float32", last_load);
+        fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads, as %s; "
+                "planning %.3f s): %s\n", in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
+                in->file_bytes / 1e6, omp_get_max_threads(), kv_layer_is_f16(L) ? "float16" : "float32", plan_s, last_load);
     return st;
 }
 
@@ -589,8 +591,10 @@ static kv_status load_layer_isolated(const kv_trace_info *in, int layer, int for
     if (kv_fast_enabled()) {
         layer_plan P = {0};
         plan_sink ps = {&P, in->layer_has_v[layer] ? 3 : 2};
+        double p0 = kv_now();
         st = kv_isolated_stream(in->path, "locating its data", child_timeout(in->file_bytes), (size_t)1 << 30,
                                 plan_child, &a, NULL, 0, plan_consume, &ps);
+        plan_s = kv_now() - p0;
         if (st == KV_OK) a.mask = fast_decode(in, &P, L);
         plan_free(&P);
     } else note_library(a.mask);
