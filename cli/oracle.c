@@ -204,22 +204,27 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
-    if (L->v && !(o->res.o_full = kv_malloc((size_t)L->Hq * L->D * sizeof(float), "oracle output"))) {
+    if ((L->v || L->v16) && !(o->res.o_full = kv_malloc((size_t)L->Hq * L->D * sizeof(float), "oracle output"))) {
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
     kv_status st = KV_OK;
     if (use_gpu) {
-        st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
+        st = kv_layer_is_f16(L) ? kv_gpu_attn_create_half(L->Hq, L->Hkv, L->T, L->D, L->k16, L->v16, &o->gpu)
+                                : kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
         if (st == KV_OK && !(o->kmax = kv_calloc((size_t)L->Hkv, sizeof(double), "oracle key norms"))) st = KV_ERR_NOMEM;
+        float *tmp = st == KV_OK ? kv_malloc((size_t)L->D * sizeof(float), "oracle key row") : NULL;
+        if (st == KV_OK && !tmp) st = KV_ERR_NOMEM;
         for (int g = 0; st == KV_OK && g < L->Hkv; g++)
             for (int i = 0; i < L->T; i++) {
-                const float *k = L->k + ((size_t)g * L->T + i) * L->D;
+                const float *k = kv_layer_row(L, 'k', g, i, tmp); /* either form (issue 12 goal 3) */
                 double n = 0;
                 for (int d = 0; d < L->D; d++) n += (double)k[d] * k[d];
                 if (sqrt(n) > o->kmax[g]) o->kmax[g] = sqrt(n);
             }
+        free(tmp);
     }
+    else if (kv_layer_is_f16(L)) st = kv_fail(KV_ERR_INTERNAL, "the CPU oracle reads a float32 layer (kv_layer_widen)");
     else {
         o->scores = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scores");
         o->scratch = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle scratch");
@@ -292,7 +297,12 @@ static kv_status check_gpu(kv_oracle *o, int t, const float *q) {
         int bounded = sqrt(qn) * o->kmax[h / o->G] * (o->scale > 1 ? o->scale : 1) < 1e38;
         if (ok && bounded) continue;
         if (!o->row && !(o->row = kv_malloc((size_t)L->T * sizeof(float), "oracle check row"))) return KV_ERR_NOMEM;
-        kv_scores_ref(q + (size_t)h * L->D, L->k + (size_t)(h / o->G) * L->T * L->D, t + 1, L->D, o->scale, o->row);
+        const float *K = L->k ? L->k + (size_t)(h / o->G) * L->T * L->D : NULL;
+        float *K32 = NULL; /* the float16 form: this head's keys widened (a rare path) */
+        if (!K && !(K = K32 = kv_malloc((size_t)(t + 1) * L->D * sizeof(float), "oracle check keys"))) return KV_ERR_NOMEM;
+        if (K32) kv_half_to_float_n(L->k16 + (size_t)(h / o->G) * L->T * L->D, K32, (size_t)(t + 1) * L->D);
+        kv_scores_ref(q + (size_t)h * L->D, K, t + 1, L->D, o->scale, o->row);
+        free(K32);
         for (int i = 0; i <= t; i++)
             if (!isfinite(o->row[i])) return nonfinite(o, t, h, i, o->row[i]);
         if (ok) continue; /* only the bound was large: every score is finite */

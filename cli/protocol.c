@@ -47,6 +47,7 @@ struct kv_protocol {
     double *cew;       /* [Hq][sink + local] */
     double *cmass;     /* [Hq] */
     double *cacc;      /* [Hq][D + 1]: the partial output, then the partial weight sum */
+    float *vrow;       /* [Hq][D]: a value row converted from the layer's float16 form (issue 12 goal 3) */
 };
 
 /* acc[d] += w * v[d]: the output error's inner loop, a fifth of a CPU run's
@@ -89,9 +90,10 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->cew = kv_malloc((size_t)L->Hq * (sink + local + 1) * sizeof(double), "protocol step cache");
     p->cmass = kv_malloc((size_t)L->Hq * sizeof(double), "protocol step cache");
     p->cacc = kv_malloc((size_t)L->Hq * (L->D + 1) * sizeof(double), "protocol step cache");
+    p->vrow = kv_layer_is_f16(L) ? kv_malloc((size_t)L->Hq * L->D * sizeof(float), "protocol value rows") : NULL;
     /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
     if (!p->count || !p->ccount || !p->stamp || !p->acc || !p->c0 || !p->cmass_ok || !p->cew || !p->cmass ||
-        !p->cacc || grow(p, sink + local + k + 64) != KV_OK) {
+        !p->cacc || (kv_layer_is_f16(L) && !p->vrow) || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
         return KV_ERR_NOMEM;
     }
@@ -103,7 +105,7 @@ void kv_protocol_destroy(kv_protocol *p) {
     if (!p) return;
     free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
     free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc); free(p->ew);
-    free(p->c0); free(p->cmass_ok); free(p->cew); free(p->cmass); free(p->cacc);
+    free(p->c0); free(p->cmass_ok); free(p->cew); free(p->cmass); free(p->cacc); free(p->vrow);
     free(p);
 }
 
@@ -257,9 +259,9 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
         r->gen_share = np + ng > 0 ? (float)ng / (float)(np + ng) : NAN;
         r->mass = (float)(mass / ores->Z[h]);
         r->outerr = NAN;
-        if (L->v && ores->o_full) {
+        if ((L->v || L->v16) && ores->o_full) {
             double *acc = p->acc + (size_t)h * D, wsum = 0, num = 0, den = 0;
-            const float *V = L->v + (size_t)(h / p->G) * T * D;
+            const float *V = L->v ? L->v + (size_t)(h / p->G) * T * D : NULL; /* NULL: the float16 form (vrow) */
             /* exp(s + logw - lmax) is exp(s - m), already computed, when every
              * log-weight is 0 and the largest attended logit is the step's max
              * (the same double operands, so the same number) */
@@ -273,7 +275,7 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
             }
             for (; c < p->count[h]; c++) {
                 double w = reuse ? ew[c] : exp((double)p->score[base + c] + p->logw[base + c] - lmax);
-                const float *v = V + (size_t)p->att[base + c] * D;
+                const float *v = V ? V + (size_t)p->att[base + c] * D : kv_layer_row(L, 'v', h / p->G, p->att[base + c], p->vrow + (size_t)h * D);
                 wsum += w;
                 acc_row(acc, w, v, D);
                 if (reuse && cached && c + 1 == c0 && !p->cacc_ok[h]) {

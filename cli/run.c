@@ -26,6 +26,7 @@
 #include "../datasets/kv_cleanup.h"
 #include "../retrievers/kv_retriever.h"
 #include "cli.h"
+#include "memory.h"
 #include "results.h"
 
 #define MAX_METHODS 32
@@ -150,11 +151,6 @@ static char *default_out(const kv_trace_info *in, const char *layer) {
     return kv_strfmt("results/%.*s-%s-%s", stem, base, layer, ts);
 }
 
-/* Copies position t of [H][T][D] into [H][D]. */
-static void gather_row(const float *x, int H, int T, int D, int t, float *out) {
-    for (int h = 0; h < H; h++) memcpy(out + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
-}
-
 /* Copies positions [0, n) of [H][T][D] into a tight [H][n][D]; with lag
  * d > 0, position i gets row max(i - d, 0) (--lag: the methods' queries). */
 static float *gather_prefix(const float *x, int H, int T, int D, int n, int lag) {
@@ -204,10 +200,81 @@ typedef struct {
     int first_rec;      /* its records: recs[first_rec + b - b0] for budget b */
 } run_inst;
 
+/* ---- issue 12 goal 3: the prefill of a layer held as float16 (hook for build_all) ----
+ * Methods with prefill_half get the layer's float16 arrays in place (q's
+ * rows shifted into a float16 copy with --lag); the others share tight
+ * float32 copies of k, v and q made once for them (counted by the
+ * preflight) and freed after the builds. */
+typedef struct { kv_prefill half, f32; float *bufs[3]; uint16_t *q16; } prefill16;
+
+static uint16_t *gather_prefix16(const uint16_t *x, int H, int T, int D, int n, int lag) {
+    uint16_t *out = kv_malloc((size_t)H * n * D * sizeof(uint16_t) + 1, "prefill queries (float16, --lag)");
+    for (int h = 0; out && h < H; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(out + ((size_t)h * n + i) * D, x + ((size_t)h * T + (i - lag > 0 ? i - lag : 0)) * D, (size_t)D * 2);
+    return out;
+}
+
+static float *widen_prefix(const uint16_t *x, int H, int T, int D, int n, int lag) {
+    float *out = kv_malloc((size_t)H * n * D * sizeof(float) + 1, "prefill copy (float32)");
+    for (int h = 0; out && h < H; h++) {
+        if (!lag) { kv_half_to_float_n(x + (size_t)h * T * D, out + (size_t)h * n * D, (size_t)n * D); continue; }
+        for (int i = 0; i < n; i++)
+            kv_half_to_float_n(x + ((size_t)h * T + (i - lag > 0 ? i - lag : 0)) * D, out + ((size_t)h * n + i) * D, (size_t)D);
+    }
+    return out;
+}
+
+static kv_status prefill16_open(const kv_layer *L, int P, int lag, const run_inst *inst, int n_inst, prefill16 *p) {
+    memset(p, 0, sizeof *p);
+    p->half = (kv_prefill){.n = P, .half = 1, .ld = L->T, .ldq = L->T, .k16 = L->k16, .v16 = L->v16, .q16 = L->q16};
+    if (lag) { /* q's rows shifted: a tight float16 copy */
+        if (!(p->q16 = gather_prefix16(L->q16, L->Hq, L->T, L->D, P, lag))) return KV_ERR_NOMEM;
+        p->half.q16 = p->q16;
+        p->half.ldq = P;
+    }
+    unsigned need = 0;
+    for (int i = 0; i < n_inst; i++) need |= kv_prefill_widened(inst[i].r.m);
+    p->f32.n = P;
+    if ((need & KV_PREFILL_K) && !(p->bufs[0] = widen_prefix(L->k16, L->Hkv, L->T, L->D, P, 0))) return KV_ERR_NOMEM;
+    if ((need & KV_PREFILL_V) && L->v16 && !(p->bufs[1] = widen_prefix(L->v16, L->Hkv, L->T, L->D, P, 0))) return KV_ERR_NOMEM;
+    if ((need & KV_PREFILL_Q) && !(p->bufs[2] = widen_prefix(L->q16, L->Hq, L->T, L->D, P, lag))) return KV_ERR_NOMEM;
+    p->f32.k = p->bufs[0]; p->f32.v = p->bufs[1]; p->f32.q = p->bufs[2];
+    return KV_OK;
+}
+
+static void prefill16_close(prefill16 *p) {
+    for (int i = 0; i < 3; i++) free(p->bufs[i]);
+    free(p->q16);
+    memset(p, 0, sizeof *p);
+}
+
 /* Builds every instance on the prefill of layer L; sel holds up to kmax. */
 static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
                            const kv_shape *sh) {
     kv_prefill pre = {.n = P};
+    if (kv_layer_is_f16(L)) { /* the float16 form: no in-place compaction */
+        prefill16 p16;
+        kv_status st = prefill16_open(L, P, lag, inst, n_inst, &p16);
+        for (int i = 0; i < n_inst && st == KV_OK; i++) {
+            kv_method_run *r = &inst[i].r;
+            kv_shape s = *sh;
+            s.use_gpu = sh->use_gpu && r->m->has_gpu;
+            s.seed = r->seed;
+            r->on_gpu = s.use_gpu;
+            int kmax = keff[inst[i].b0 + inst[i].nb - 1];
+            int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
+            st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
+            if (st != KV_OK) break;
+            double t0 = kv_now();
+            st = r->m->create(&s, &r->ps, &r->state);
+            if (st == KV_OK) st = r->m->build(r->state, r->m->prefill_half ? &p16.half : &p16.f32);
+            r->build_s = kv_now() - t0;
+            if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
+        }
+        prefill16_close(&p16);
+        return st;
+    }
     /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
     float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
     float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
@@ -334,10 +401,10 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     meta->steps_evaluated = meta->steps_skipped = 0;
     for (int t = P; t < T && st == KV_OK && done < total; t++) {
         double c0 = kv_now();
-        gather_row(L->k, L->Hkv, T, D, t, k);
-        gather_row(L->q, L->Hq, T, D, t, q);
-        if (o->lag) gather_row(L->q, L->Hq, T, D, t - o->lag > 0 ? t - o->lag : 0, mq);
-        if (L->v) gather_row(L->v, L->Hkv, T, D, t, v);
+        kv_layer_rows(L, 'k', t, k); /* float32 rows of either form (issue 12 goal 3) */
+        kv_layer_rows(L, 'q', t, q);
+        if (o->lag) kv_layer_rows(L, 'q', t - o->lag > 0 ? t - o->lag : 0, mq);
+        if (L->v || L->v16) kv_layer_rows(L, 'v', t, v);
         double c1 = kv_now();
         ph[KV_PH_BOOK] += c1 - c0;
         /* the oracle first (it reads the layer, not the methods), then one
@@ -368,7 +435,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             int i = order[j], th = par ? omp_get_thread_num() : 0;
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
-            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
+            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v || L->v16 ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
                                &srch, &diag, im, MSG);
             app += kv_now() - a0;
             for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
@@ -410,65 +477,67 @@ static int has_seed_param(const kv_method *m) {
 /* Parses --layer (NULL: the first layer; "all"; or a comma list) into
  * indices; returns the count, or -1 after printing the error (exit 2). */
 /* ---- memory needed by a run, before anything is allocated (issue 12) ----
- * Host, per layer (layers are evaluated one at a time, all of one shape):
- *   the layer as float32, 4 (Hq + Hkv (1 + has_v)) T D, plus the decode
- *   rows set aside while the builds read the prefill in place,
- *   4 (Hq + Hkv (1 + has_v)) (T - P) D (with --lag: q's prefix is copied
- *   instead, 4 Hq P D, its decode rows stay), plus per method
- *   instance on the CPU one float32 copy of the keys and one score row per
- *   q head, 4 Hkv T D + 4 Hq T (what exact, the reference, holds: the vtable
- *   cannot tell an index's size before create() allocates it, so this is
- *   the documented estimate; compressed indexes hold less), plus the
- *   oracle's score rows 4 Hq T.
- * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
- *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
- *   method instance on the GPU e Hkv T D + 4 Hq T.
+ * The formula is kv_mem_estimate (cli/memory.c); here the run's counts.
  * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
  * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
+static int layer_form_f16(int use_gpu) {
+    const char *e = getenv("KVBENCH_LAYER");
+    return e && !strcmp(e, "f32") ? 0 : e && !strcmp(e, "f16") ? 1 : use_gpu;
+}
+
 static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const int *lidx, int n_layers,
                               const kv_method_run *picked, int n_picked, int use_gpu) {
-    double Hq = in->num_q_heads, Hkv = in->num_kv_heads, T = in->num_tokens, P = in->prefill_len, D = in->head_dim;
-    int hv = 0, half = 1;
-    for (int i = 0; i < n_layers; i++) { hv |= in->layer_has_v[lidx[i]]; half &= in->layer_half[lidx[i]]; }
-    double rows = Hq + Hkv * (1 + hv), e = half ? 2 : 4;
-    /* the builds' prefill view: rows [P, T) set aside, and with --lag a copy of the shifted q prefix */
-    double prefix = o->lag ? 4 * (Hkv * (1 + hv) * (T - P) + Hq * P) * D : 4 * rows * (T - P) * D;
-    double layer = 4 * rows * T * D, host = layer + prefix + 4 * Hq * T, dev = 0;
-    int n_cpu = 0, n_gpu = 0;
-    for (int i = 0; i < n_picked; i++) {
-        int n = (has_seed_param(picked[i].m) ? o->seeds : 1) * (picked[i].m->search_updates_state ? o->nk : 1);
-        if (use_gpu && picked[i].m->has_gpu) n_gpu += n;
-        else n_cpu += n;
+    kv_mem_shape ms = {.Hq = in->num_q_heads, .Hkv = in->num_kv_heads, .T = in->num_tokens, .P = in->prefill_len,
+                       .D = in->head_dim, .f16_trace = 1, .use_gpu = use_gpu, .lag = o->lag > 0, .nk = o->nk,
+                       .profile = !o->no_profile};
+    int half = 1;
+    for (int i = 0; i < n_layers; i++) {
+        ms.has_v |= in->layer_has_v[lidx[i]];
+        half &= in->layer_half[lidx[i]];
+        ms.f16_trace &= kv_trace_layer_f16(in, lidx[i]);
     }
-    double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
-    host += n_cpu * per_cpu;
-    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
+    ms.layer_f16 = ms.f16_trace && layer_form_f16(use_gpu);
+    long long steps = in->num_tokens > in->prefill_len ? ((long long)in->num_tokens - in->prefill_len + o->stride - 1) / o->stride : 0;
+    ms.steps = (int)(o->max_steps && steps > o->max_steps ? o->max_steps : steps);
+    for (int i = 0; i < n_picked; i++) {
+        const kv_method *m = picked[i].m;
+        int per_k = m->search_updates_state && o->nk > 1;
+        kv_mem_add_method(&ms, m, (has_seed_param(m) ? o->seeds : 1) * (per_k ? o->nk : 1), per_k ? 1 : o->nk, use_gpu);
+    }
+    ms.k_half = half;
+    kv_mem_need nd;
+    kv_mem_estimate(&ms, &nd);
     double avail = kv_mem_available();
-    if (avail >= 0 && host > avail)
+    const char *form = ms.layer_f16 ? "float16" : "float32";
+    if (avail >= 0 && nd.host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
-                       "are available%s: the layer as float32 %.0f + rows set aside while the indexes build %.0f + %d CPU method "
-                       "instance(s) x %.0f (a float32 copy of K and a score row per q head, the estimate) + the "
-                       "oracle's scores %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); use a shorter trace "
-                       "(kvbench slice --tokens) or fewer methods", in->path, host, host / 1e9, avail, avail / 1e9,
+                       "are available%s: the layer as %s %.0f + the builds' prefill %.0f + %d CPU method instance(s) "
+                       "%.0f (a float32 copy of K and a score row per q head each, the estimate) + selection buffers "
+                       "%.0f + the oracle's host buffers %.0f + result rows %.0f (T=%d, P=%d, Hq=%d, Hkv=%d, D=%d%s); "
+                       "use a shorter trace (kvbench slice --tokens) or fewer methods", in->path, nd.host,
+                       nd.host / 1e9, avail, avail / 1e9,
                        kv_env_bytes("KVBENCH_MEM_LIMIT") >= 0       ? " (KVBENCH_MEM_LIMIT)"
                        : kv_env_bytes("KVBENCH_MEM_AVAILABLE") >= 0 ? " (KVBENCH_MEM_AVAILABLE)"
                                                                  : " (MemAvailable)",
-                       layer, prefix, n_cpu, per_cpu, 4 * Hq * T, in->num_tokens, in->prefill_len,
-                       in->num_q_heads, in->num_kv_heads, in->head_dim, hv ? ", with v" : "");
+                       form, nd.layer, nd.prefill, ms.n_cpu, nd.methods, nd.selections, nd.oracle, nd.rows,
+                       in->num_tokens, in->prefill_len, in->num_q_heads, in->num_kv_heads, in->head_dim,
+                       ms.has_v ? ", with v" : "");
     if (use_gpu) {
         double glim = kv_env_bytes("KVBENCH_GPU_MEM_LIMIT"), gfree = glim >= 0 ? glim : (double)kv_gpu_mem_free();
-        if (gfree > 0 && dev > gfree)
+        if (gfree > 0 && nd.dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
-                           "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
-                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
-                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
-                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
-                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
+                           "(%.2f GB) are free%s: the oracle's K%s as %s and its scores %.0f + %d GPU method instance(s) "
+                           "%.0f (K and a score row per q head each, the estimate) (T=%d, Hq=%d, Hkv=%d, D=%d); use a "
+                           "shorter trace or fewer methods", in->path, nd.dev, nd.dev / 1e9, gfree, gfree / 1e9,
+                           glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", ms.has_v ? ", V" : "",
+                           half ? "float16" : "float32", nd.dev_oracle, ms.n_gpu, nd.dev_methods,
                            in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
     if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
-        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f), device %.0f bytes\n", host, avail,
-                dev);
+        fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f; layer as %s %.0f, prefill %.0f, "
+                "methods %.0f, selections %.0f, oracle %.0f, rows %.0f), device %.0f bytes (oracle %.0f, methods %.0f)\n",
+                nd.host, avail, form, nd.layer, nd.prefill, nd.methods, nd.selections, nd.oracle, nd.rows, nd.dev,
+                nd.dev_oracle, nd.dev_methods);
     return KV_OK;
 }
 
@@ -508,13 +577,25 @@ static int pick_layers(const kv_trace_info *in, const char *spec, int *idx) {
     return n;
 }
 
+/* The layer's host form (issue 12 goal 3): on the GPU path a float16 trace
+ * stays float16 (uploaded as it is, rows converted where the host needs
+ * float32); the CPU path's oracle and methods read whole float32 arrays at
+ * every step, so there it is float32. KVBENCH_LAYER=f16 loads float16 on
+ * the CPU path too, builds the indexes from it and widens it before the
+ * oracle (to measure the float16 load, and to test the float16 builds
+ * against the float32 ones on a machine without a GPU); KVBENCH_LAYER=f32
+ * keeps float32 everywhere. */
+static kv_status load_layer_form(const kv_trace_info *in, int li, int use_gpu, kv_layer *L) {
+    return kv_trace_load_layer_as(in, li, layer_form_f16(use_gpu) ? KV_LAYER_F16 : KV_LAYER_F32, L);
+}
+
 /* Evaluates layer li: load, build every instance, the loop, then renders
  * its records into acc and frees them (one layer's rows in memory). */
 static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_meta *meta, const kv_method_run *picked,
                            int n_picked, const int *keff, kv_results_acc *acc) {
     kv_layer L;
     double l0 = kv_now();
-    KV_TRY(kv_trace_load_layer(in, li, &L));
+    KV_TRY(load_layer_form(in, li, meta->use_gpu, &L));
     meta->phase_s[KV_PH_LOAD] += kv_now() - l0;
     meta->layer = in->layer_names[li];
     run_inst *inst = kv_calloc((size_t)n_picked * o->seeds * o->nk, sizeof *inst, "method instances");
@@ -544,6 +625,7 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
     meta->phase_s[KV_PH_BUILD] += kv_now() - b0;
     b0 = kv_now();
+    if (st == KV_OK && !meta->use_gpu) st = kv_layer_widen(&L); /* the CPU oracle reads float32 arrays */
     if (st == KV_OK)
         st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
                                  meta->use_gpu, !o->no_profile, &orc);

@@ -37,13 +37,37 @@ typedef struct {
     kv_dtype layer_dtype[KV_MAX_LAYERS][3]; /* q, k, v (v: 0 when absent) */
 } kv_trace_info;
 
+/* A layer in host memory, [H][T][D] per array, in one of two forms
+ * (issue 12, goal 3): float32 (q, k, v; q16, k16, v16 NULL), or, loaded
+ * with KV_LAYER_F16 from a trace whose q, k and v are all float16, the
+ * file's float16 bits as they are (q16, k16, v16; q, k, v NULL): half the
+ * bytes, uploaded to the GPU as they are, converted per row where the
+ * host needs float32 (kv_layer_rows, kv_layer_row). */
 typedef struct {
     int Hq, Hkv, T, D;
     float *q; /* [Hq][T][D] */
     float *k; /* [Hkv][T][D] */
     float *v; /* [Hkv][T][D], NULL when the trace has no values */
     int half; /* the file stored k as float16 (so k is exactly representable in half) */
+    uint16_t *q16, *k16, *v16; /* the float16 form (v16 NULL without values) */
 } kv_layer;
+
+/* Which form kv_trace_load_layer_as loads: float32, or float16 kept when the
+ * layer's q, k and v are all float16 (float32 otherwise). */
+enum { KV_LAYER_F32 = 0, KV_LAYER_F16 = 1 };
+/* 1 when the layer holds the float16 form. */
+static inline int kv_layer_is_f16(const kv_layer *L) { return L->k16 != NULL; }
+/* 1 when layer `layer`'s q, k (and v) are all stored as float16. */
+int kv_trace_layer_f16(const kv_trace_info *info, int layer);
+/* Position t of array which ('q', 'k' or 'v') of every head as float32 [H][D] (converted in the float16 form). */
+void kv_layer_rows(const kv_layer *L, char which, int t, float *out);
+/* Row (head h, position t) of array which as float32: a pointer into the layer (float32 form) or tmp ([D],
+ * converted: float16 form). */
+const float *kv_layer_row(const kv_layer *L, char which, int h, int t, float *tmp);
+/* The float16 form to float32 (the CPU consumers that read whole arrays); no-op in the float32 form. */
+kv_status kv_layer_widen(kv_layer *L);
+/* Host bytes of the layer's arrays in the form it is held. */
+double kv_layer_bytes(const kv_layer *L);
 
 /* Open and validate the root attributes and the layer groups' dataset
  * shapes, types and storage (values are checked when a layer is loaded).
@@ -60,6 +84,8 @@ double kv_env_bytes(const char *name);
 int kv_trace_find_layer(const kv_trace_info *info, const char *name);
 /* Load one layer as float32 (converting float16), checking every value is finite. */
 kv_status kv_trace_load_layer(const kv_trace_info *info, int layer, kv_layer *out);
+/* The same in form KV_LAYER_F32 or KV_LAYER_F16 (the float16 form when the layer is all float16). */
+kv_status kv_trace_load_layer_as(const kv_trace_info *info, int layer, int form, kv_layer *out);
 void kv_layer_free(kv_layer *l);
 /* Token ids, [T]; NULL + KV_OK when the trace has none. */
 kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
@@ -67,6 +93,7 @@ kv_status kv_trace_load_tokens(const kv_trace_info *info, int **tokens);
  * harness's entry points: a crash there is what the fuzzer looks for). */
 kv_status kv_trace_open_direct(const char *path, kv_trace_info *info);
 kv_status kv_trace_load_layer_direct(const kv_trace_info *info, int layer, kv_layer *out);
+kv_status kv_trace_load_layer_direct_as(const kv_trace_info *info, int layer, int form, kv_layer *out);
 /* How the last load read each dataset: "q: parallel (libdeflate); k: ...; v: library (WHY)".
  * KVBENCH_LOADER=library forces the HDF5 library's read path; KVBENCH_LOADER_VERBOSE=1 prints it with the
  * load's seconds and MB/s. */

@@ -34,14 +34,16 @@ typedef struct {
 /* Child side: the plan of dataset d ([H, T, D], element type dt); *chunks malloc'd (or NULL). */
 kv_status kv_fast_plan(hid_t d, const kv_trace_info *in, int H, kv_dtype dt, kv_fast_hdr *h, kv_fast_chunk **chunks);
 #endif
-/* Parent side: decodes the plan into out ([H][T][D] float32). 1: done; 0: use the library path
- * (why says why: a filter mask, a bad stream, a non-finite value, ...). */
-int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_fast_chunk *chunks, float *out,
-                 char *why, size_t why_cap);
+/* Parent side: decodes the plan into out ([H][T][D]: float32, or with out16 the float16 bits of a float16
+ * dataset as they are). 1: done; 0: use the library path (why says why: a filter mask, a bad stream, a
+ * non-finite value, ...). */
+int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_fast_chunk *chunks, void *out,
+                 int out16, char *why, size_t why_cap);
 /* "parallel" (default), "library" (the HDF5 read path only), from KVBENCH_LOADER. */
 int kv_fast_enabled(void);
 /* Which decoder the last kv_fast_read used: "libdeflate", "zlib" or "none", then ", F16C" when float16
- * went through the F16C instruction (else a table). */
+ * went through the F16C instruction (else a table), ", kept float16" for the float16 form, ", into place" /
+ * ", pread in place" when the stored bytes went straight into the output. */
 const char *kv_fast_inflater(void);
 
 #endif

@@ -279,9 +279,10 @@ int kv_trace_find_layer(const kv_trace_info *in, const char *name) {
 }
 
 /* Reads dataset [H, T, D] as float32, one head at a time, into out or
- * (fd >= 0: in the reader child) down the pipe fd. */
+ * (fd >= 0: in the reader child) down the pipe fd; out16 (a float16
+ * dataset, the layer's float16 form): the raw bits into out16 or down the pipe. */
 static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lname, const char *dname, int H,
-                              kv_dtype dt, float *out, int fd) {
+                              kv_dtype dt, float *out, uint16_t *out16, int fd) {
     int T = in->num_tokens, D = in->head_dim;
     size_t per_head = (size_t)T * D;
     char obj[KV_NAME_MAX + 16];
@@ -294,12 +295,13 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
     hsize_t cnt[3] = {1, (hsize_t)T, (hsize_t)D};
     hid_t msp = H5Screate_simple(3, cnt, NULL);
     hid_t mt = -1;
+    int keep = out16 != NULL && dt == KV_DTYPE_F16;
     if (half) { mt = H5Tcopy(ft); H5Tset_order(mt, H5T_ORDER_LE); } /* same layout, host byte order */
     uint16_t *raw = half ? kv_malloc(per_head * sizeof(uint16_t), "16-bit read buffer") : NULL;
     float *lut = half ? kv_malloc(65536 * sizeof(float), "16-bit float table") : NULL;
-    float *head = fd >= 0 ? kv_malloc(per_head * sizeof(float), "one head") : NULL;
+    float *head = fd >= 0 && !keep ? kv_malloc(per_head * sizeof(float), "one head") : NULL;
     if (ft < 0 || fsp < 0) st = BAD("%s: %s: unreadable type or shape (corrupt dataset header)", in->path, obj);
-    else if ((half && (!raw || !lut)) || (fd >= 0 && !head)) st = KV_ERR_NOMEM;
+    else if ((half && (!raw || !lut)) || (fd >= 0 && !keep && !head)) st = KV_ERR_NOMEM;
     if (lut)
         for (uint32_t u = 0; u < 65536; u++) {
             if (dt == KV_DTYPE_F16) lut[u] = kv_half_to_float((uint16_t)u);
@@ -307,15 +309,24 @@ static kv_status read_dataset(hid_t g, const kv_trace_info *in, const char *lnam
         }
     for (int h = 0; h < H && st == KV_OK; h++) {
         hsize_t off[3] = {(hsize_t)h, 0, 0};
-        float *dst = fd >= 0 ? head : out + (size_t)h * per_head;
+        float *dst = fd >= 0 || keep ? head : out + (size_t)h * per_head;
+        uint16_t *r16 = keep && fd < 0 ? out16 + (size_t)h * per_head : raw;
         H5Sselect_hyperslab(fsp, H5S_SELECT_SET, off, NULL, cnt, NULL);
-        herr_t rc = half ? H5Dread(d, mt, msp, fsp, H5P_DEFAULT, raw)
+        herr_t rc = half ? H5Dread(d, mt, msp, fsp, H5P_DEFAULT, r16)
                          : H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, dst);
         if (rc < 0) {
             st = BAD("%s: %s: read failed at head %d (truncated or corrupt data)", in->path, obj, h);
             break;
         }
-        if (half) for (size_t i = 0; i < per_head; i++) dst[i] = lut[raw[i]];
+        if (keep) { /* the bits as they are; only the finiteness check looks at the values */
+            for (size_t i = 0; i < per_head && st == KV_OK; i++)
+                if ((r16[i] & 0x7c00u) == 0x7c00u)
+                    st = BAD("%s: %s: non-finite value %g at [head %d, token %zu, dim %zu] (values must be finite)",
+                             in->path, obj, lut[r16[i]], h, i / D, i % D);
+            if (st == KV_OK && fd >= 0) st = kv_write_all(fd, r16, per_head * sizeof(uint16_t));
+            continue;
+        }
+        if (half) for (size_t i = 0; i < per_head; i++) dst[i] = lut[r16[i]];
         for (size_t i = 0; i < per_head; i++)
             if (!isfinite(dst[i])) {
                 st = BAD("%s: %s: non-finite value %g at [head %d, token %zu, dim %zu] (values must be finite%s)",
@@ -346,10 +357,11 @@ static kv_status read_layer(const kv_trace_info *in, int layer, kv_layer *L, int
     kv_status st = KV_OK;
     hid_t lg = kv_h5_open_member(f, in->path, "/layers", "layers", 1, &st);
     hid_t g = lg >= 0 ? kv_h5_open_member(lg, in->path, gp, ln, 1, &st) : -1;
-    if (g >= 0 && (mask & 1)) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q, fd);
-    if (g >= 0 && st == KV_OK && (mask & 2)) st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k, fd);
-    if (g >= 0 && st == KV_OK && L->v && (mask & 4))
-        st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v, fd);
+    if (g >= 0 && (mask & 1)) st = read_dataset(g, in, ln, "q", L->Hq, in->layer_dtype[layer][0], L->q, L->q16, fd);
+    if (g >= 0 && st == KV_OK && (mask & 2))
+        st = read_dataset(g, in, ln, "k", L->Hkv, in->layer_dtype[layer][1], L->k, L->k16, fd);
+    if (g >= 0 && st == KV_OK && (L->v || L->v16) && (mask & 4))
+        st = read_dataset(g, in, ln, "v", L->Hkv, in->layer_dtype[layer][2], L->v, L->v16, fd);
     if (g >= 0) H5Gclose(g);
     if (lg >= 0) H5Gclose(lg);
     H5Fclose(f);
@@ -381,18 +393,32 @@ double kv_mem_available(void) {
     return kb < 0 ? -1 : kb * 1024.0;
 }
 
-static kv_status layer_alloc(const kv_trace_info *in, int layer, kv_layer *L) {
+int kv_trace_layer_f16(const kv_trace_info *in, int layer) {
+    return layer >= 0 && layer < in->num_layers && in->layer_dtype[layer][0] == KV_DTYPE_F16 &&
+           in->layer_dtype[layer][1] == KV_DTYPE_F16 && (!in->layer_has_v[layer] || in->layer_dtype[layer][2] == KV_DTYPE_F16);
+}
+
+static kv_status layer_alloc(const kv_trace_info *in, int layer, int form, kv_layer *L) {
     memset(L, 0, sizeof *L);
     if (layer < 0 || layer >= in->num_layers) return kv_fail(KV_ERR_INTERNAL, "layer slot %d out of range", layer);
     L->Hq = in->num_q_heads; L->Hkv = in->num_kv_heads; L->T = in->num_tokens; L->D = in->head_dim;
     L->half = in->layer_half[layer];
-    size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
+    int f16 = form == KV_LAYER_F16 && kv_trace_layer_f16(in, layer);
+    size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D, e = f16 ? 2 : 4;
     int has_v = in->layer_has_v[layer];
-    double need = 4.0 * ((double)nq + (double)nk * (has_v ? 2 : 1)), avail = kv_mem_available();
+    double need = (double)e * ((double)nq + (double)nk * (has_v ? 2 : 1)), avail = kv_mem_available();
     if (avail >= 0 && need > avail)
-        return kv_fail(KV_ERR_NOMEM, "%s: /layers/%s: loading it needs %.2f GB (q, k%s as float32: %d+%d heads x %d "
-                       "tokens x %d dims) but only %.2f GB of memory is available", in->path, in->layer_names[layer],
-                       need / 1e9, has_v ? ", v" : "", L->Hq, L->Hkv * (has_v ? 2 : 1), L->T, L->D, avail / 1e9);
+        return kv_fail(KV_ERR_NOMEM, "%s: /layers/%s: loading it needs %.0f bytes (%.2f GB: q, k%s as %s: %d+%d heads x "
+                       "%d tokens x %d dims) but only %.2f GB of memory is available", in->path, in->layer_names[layer],
+                       need, need / 1e9, has_v ? ", v" : "", f16 ? "float16" : "float32", L->Hq,
+                       L->Hkv * (has_v ? 2 : 1), L->T, L->D, avail / 1e9);
+    if (f16) {
+        L->q16 = kv_malloc(nq * e, "layer queries (float16)");
+        L->k16 = kv_malloc(nk * e, "layer keys (float16)");
+        if (has_v) L->v16 = kv_malloc(nk * e, "layer values (float16)");
+        if (!L->q16 || !L->k16 || (has_v && !L->v16)) { kv_layer_free(L); return KV_ERR_NOMEM; }
+        return KV_OK;
+    }
     L->q = kv_malloc(nq * sizeof(float), "layer queries");
     L->k = kv_malloc(nk * sizeof(float), "layer keys");
     if (has_v) L->v = kv_malloc(nk * sizeof(float), "layer values");
@@ -475,13 +501,14 @@ const char *kv_trace_last_load(void) { return last_load; }
 /* Decodes the planned datasets; returns the mask of those left to the library path. */
 static int fast_decode(const kv_trace_info *in, const layer_plan *P, kv_layer *L) {
     static const char *names[3] = {"q", "k", "v"};
-    float *dst[3] = {L->q, L->k, L->v};
+    int f16 = kv_layer_is_f16(L);
+    void *dst[3] = {f16 ? (void *)L->q16 : L->q, f16 ? (void *)L->k16 : L->k, f16 ? (void *)L->v16 : L->v};
     int left = 0;
     size_t used = 0;
     last_load[0] = 0;
-    for (int i = 0; i < (L->v ? 3 : 2); i++) {
+    for (int i = 0; i < (dst[2] ? 3 : 2); i++) {
         char why[160] = "";
-        int ok = i < P->n && kv_fast_read(in, i ? L->Hkv : L->Hq, &P->h[i], P->c[i], dst[i], why, sizeof why);
+        int ok = i < P->n && kv_fast_read(in, i ? L->Hkv : L->Hq, &P->h[i], P->c[i], dst[i], f16, why, sizeof why);
         if (!ok) left |= 1 << i;
         if (!ok && !why[0]) snprintf(why, sizeof why, "no plan");
         int w = snprintf(last_load + used, sizeof last_load - used, "%s%s: %s%s%s%s", i ? "; " : "", names[i],
@@ -497,7 +524,11 @@ static void note_library(int mask) {
 }
 
 kv_status kv_trace_load_layer_direct(const kv_trace_info *in, int layer, kv_layer *L) {
-    KV_TRY(layer_alloc(in, layer, L));
+    return kv_trace_load_layer_direct_as(in, layer, KV_LAYER_F32, L);
+}
+
+kv_status kv_trace_load_layer_direct_as(const kv_trace_info *in, int layer, int form, kv_layer *L) {
+    KV_TRY(layer_alloc(in, layer, form, L));
     int mask = 7;
     if (kv_fast_enabled()) {
         layer_plan P = {0};
@@ -521,35 +552,49 @@ static kv_status load_consume(int fd, void *arg) {
     load_arg *a = arg;
     kv_layer *L = a->L;
     size_t nq = (size_t)L->Hq * L->T * L->D, nk = (size_t)L->Hkv * L->T * L->D;
+    if (kv_layer_is_f16(L)) {
+        if (a->mask & 1) KV_TRY(kv_read_all(fd, L->q16, nq * sizeof(uint16_t)));
+        if (a->mask & 2) KV_TRY(kv_read_all(fd, L->k16, nk * sizeof(uint16_t)));
+        return L->v16 && (a->mask & 4) ? kv_read_all(fd, L->v16, nk * sizeof(uint16_t)) : KV_OK;
+    }
     if (a->mask & 1) KV_TRY(kv_read_all(fd, L->q, nq * sizeof(float)));
     if (a->mask & 2) KV_TRY(kv_read_all(fd, L->k, nk * sizeof(float)));
     return L->v && (a->mask & 4) ? kv_read_all(fd, L->v, nk * sizeof(float)) : KV_OK;
 }
 
-static kv_status load_layer_isolated(const kv_trace_info *in, int layer, kv_layer *L);
+static kv_status load_layer_isolated(const kv_trace_info *in, int layer, int form, kv_layer *L);
+static double plan_s; /* the last load's planning seconds (the reader child), for KVBENCH_LOADER_VERBOSE */
 
-/* KVBENCH_LOADER_VERBOSE=1: one line per layer on stderr with the path taken, seconds and MB/s of file. */
 kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
+    return kv_trace_load_layer_as(in, layer, KV_LAYER_F32, L);
+}
+
+/* KVBENCH_LOADER_VERBOSE=1: one line per layer on stderr with the path taken, the form, seconds and MB/s of file. */
+kv_status kv_trace_load_layer_as(const kv_trace_info *in, int layer, int form, kv_layer *L) {
     const char *e = getenv("KVBENCH_LOADER_VERBOSE");
     double t0 = kv_now();
-    kv_status st = in_process() ? kv_trace_load_layer_direct(in, layer, L) : load_layer_isolated(in, layer, L);
+    plan_s = 0;
+    kv_status st = in_process() ? kv_trace_load_layer_direct_as(in, layer, form, L)
+                                : load_layer_isolated(in, layer, form, L);
     double dt = kv_now() - t0;
     if (st == KV_OK && e && !strcmp(e, "1"))
-        fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads): %s\n",
-                in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
-                in->file_bytes / 1e6, omp_get_max_threads(), last_load);
+        fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads, as %s; "
+                "planning %.3f s): %s\n", in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
+                in->file_bytes / 1e6, omp_get_max_threads(), kv_layer_is_f16(L) ? "float16" : "float32", plan_s, last_load);
     return st;
 }
 
-static kv_status load_layer_isolated(const kv_trace_info *in, int layer, kv_layer *L) {
-    KV_TRY(layer_alloc(in, layer, L));
+static kv_status load_layer_isolated(const kv_trace_info *in, int layer, int form, kv_layer *L) {
+    KV_TRY(layer_alloc(in, layer, form, L));
     load_arg a = {in, layer, L, 7};
     kv_status st = KV_OK;
     if (kv_fast_enabled()) {
         layer_plan P = {0};
         plan_sink ps = {&P, in->layer_has_v[layer] ? 3 : 2};
+        double p0 = kv_now();
         st = kv_isolated_stream(in->path, "locating its data", child_timeout(in->file_bytes), (size_t)1 << 30,
                                 plan_child, &a, NULL, 0, plan_consume, &ps);
+        plan_s = kv_now() - p0;
         if (st == KV_OK) a.mask = fast_decode(in, &P, L);
         plan_free(&P);
     } else note_library(a.mask);
@@ -563,7 +608,9 @@ static kv_status load_layer_isolated(const kv_trace_info *in, int layer, kv_laye
 
 void kv_layer_free(kv_layer *L) {
     free(L->q); free(L->k); free(L->v);
+    free(L->q16); free(L->k16); free(L->v16);
     L->q = L->k = L->v = NULL;
+    L->q16 = L->k16 = L->v16 = NULL;
 }
 
 typedef struct { const kv_trace_info *in; int *t; } tok_arg;

@@ -140,12 +140,13 @@ __global__ void __launch_bounds__(256) quest_summarize_vec(const TI *k, long lon
 }
 
 /* Running min/max of tokens [a, b) of the page being filled. */
-__global__ void quest_tail(const float *k, long long gs, int D, int a, int b, float *cmin, float *cmax) {
+template <typename TI>
+__global__ void quest_tail(const TI *k, long long gs, int D, int a, int b, float *cmin, float *cmax) {
     int g = blockIdx.x;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float mn = k[g * gs + (long long)a * D + i], mx = mn;
+        float mn = (float)k[g * gs + (long long)a * D + i], mx = mn;
         for (int t = a + 1; t < b; t++) {
-            float v = k[g * gs + (long long)t * D + i];
+            float v = (float)k[g * gs + (long long)t * D + i];
             mn = v < mn ? v : mn;
             mx = v > mx ? v : mx;
         }
@@ -416,7 +417,25 @@ kv_status quest_build_go(kv_quest_gpu *g, const float *k, int n, float **dk) {
     const int full = (n - g->sink) / g->page, a = g->sink + full * g->page;
     KV_TRY(quest_summarize_launch<float>(g, *dk, gs, 0, full));
     if (a < n) {
-        quest_tail<<<g->Hkv, 128, 0, g->st>>>(*dk, gs, g->D, a, n, g->cmin, g->cmax);
+        quest_tail<float><<<g->Hkv, 128, 0, g->st>>>(*dk, gs, g->D, a, n, g->cmin, g->cmax);
+        KV_LAUNCH_CHECK();
+    }
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+/* The same from float16 bits [Hkv][ld][D] (a layer's float16 form in place): half the upload, no host copy. */
+kv_status quest_build_half_go(kv_quest_gpu *g, const uint16_t *k, int n, long long ld, __half **dk) {
+    if (n <= g->sink) return KV_OK;
+    const size_t row = (size_t)n * g->D * sizeof(__half);
+    KV_CUDA_ALLOC(*dk, (size_t)g->Hkv * row, 0, "quest prefill keys (float16)");
+    KV_CUDA_TRY(cudaMemcpy2DAsync(*dk, row, k, (size_t)ld * g->D * sizeof(__half), row, g->Hkv, cudaMemcpyHostToDevice,
+                                  g->st));
+    const long long gs = (long long)n * g->D;
+    const int full = (n - g->sink) / g->page, a = g->sink + full * g->page;
+    KV_TRY(quest_summarize_launch<__half>(g, *dk, gs, 0, full));
+    if (a < n) {
+        quest_tail<__half><<<g->Hkv, 128, 0, g->st>>>(*dk, gs, g->D, a, n, g->cmin, g->cmax);
         KV_LAUNCH_CHECK();
     }
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
@@ -427,6 +446,14 @@ kv_status quest_build_go(kv_quest_gpu *g, const float *k, int n, float **dk) {
 static kv_status kv_quest_gpu_build(kv_quest_gpu *g, const float *k, int n) {
     float *dk = NULL;
     kv_status st = quest_build_go(g, k, n, &dk);
+    cudaStreamSynchronize(g->st);
+    cudaFree(dk);
+    return st;
+}
+
+static kv_status kv_quest_gpu_build_half(kv_quest_gpu *g, const uint16_t *k, int n, long long ld) {
+    __half *dk = NULL;
+    kv_status st = quest_build_half_go(g, k, n, ld, &dk);
     cudaStreamSynchronize(g->st);
     cudaFree(dk);
     return st;
@@ -610,4 +637,5 @@ extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
     .bench_with = kv_quest_gpu_bench_with,
     .destroy = kv_quest_gpu_destroy,
     .bench = kv_quest_gpu_bench,
+    .build_half = kv_quest_gpu_build_half,
 };

@@ -59,6 +59,8 @@ typedef struct {
      * [Hkv][>= n][D] (sink 0, float16 min/max), then per-stage timings. */
     kv_status (*bench)(const kv_gpu_bench_spec *s, int page, int pool, const kv_gpu_keys *K, const float *q,
         kv_gpu_stages *out);
+    /* build from float16 bits [Hkv][ld][D] (rows [0, n) of each head; a layer's float16 form in place). */
+    kv_status (*build_half)(kv_quest_gpu *g, const uint16_t *k, int n, long long ld);
 } kv_quest_cuda_ops;
 extern const kv_quest_cuda_ops kv_quest_cuda KV_GPU_TABLE;
 

@@ -546,6 +546,7 @@ const kv_method kv_method_csattention = {
     .params = cs_params,
     .create = cs_create,
     .build = cs_build,
+    .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = cs_append,
     .search = cs_search,
     .memory_bytes = cs_memory,

@@ -429,6 +429,7 @@ const kv_method kv_method_ctkvr = {
     .params = ct_params,
     .create = ct_create,
     .build = ct_build,
+    .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = ct_append,
     .search = ct_search,
     .memory_bytes = ct_memory,

@@ -55,12 +55,14 @@ static kv_status exact_build(void *st, const kv_prefill *pre) {
     exact_state *s = st;
     int D = s->sh.head_dim, T = s->sh.max_tokens;
     if (s->dkeys) {
-        KV_TRY(kv_gpu_keys_write(s->dkeys, 0, pre->n, pre->k));
+        if (pre->half) KV_TRY(kv_gpu_keys_write_half_ld(s->dkeys, 0, pre->n, pre->k16, pre->ld));
+        else KV_TRY(kv_gpu_keys_write(s->dkeys, 0, pre->n, pre->k));
         s->n = pre->n;
         return KV_OK;
     }
     for (int g = 0; g < s->sh.num_kv_heads; g++)
-        memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
+        if (pre->half) kv_half_to_float_n(pre->k16 + (size_t)g * pre->ld * D, s->keys + (size_t)g * T * D, (size_t)pre->n * D);
+        else memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
     s->n = pre->n;
     return KV_OK;
 }
@@ -151,6 +153,7 @@ const kv_method kv_method_exact = {
     .paper = "ground truth",
     .per_kv_head = 0,
     .has_gpu = 1,
+    .prefill_half = 1,
     .params = exact_params,
     .create = exact_create,
     .build = exact_build,

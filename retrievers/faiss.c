@@ -461,6 +461,7 @@ static void hnsw_describe(FILE *f) { faiss_describe(f, KV_FAISS_HNSW); }
     const kv_method var = {.abi = KV_RETRIEVER_ABI, .name = nm, .summary = sum, .paper = pap, .per_kv_head = 0, \
                            .group_pool_param = "pool",                                                        \
                            .has_gpu = gpu, .params = tbl, .create = pre##_create, .build = faiss_build,        \
+                           .prefill_reads = KV_PREFILL_K,                                                     \
                            .append = faiss_append, .search = faiss_search, .memory_bytes = faiss_memory,      \
                            .destroy = faiss_destroy, .describe = pre##_describe}
 

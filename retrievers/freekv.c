@@ -266,6 +266,7 @@ const kv_method kv_method_freekv = {
     .params = freekv_params,
     .create = freekv_create,
     .build = freekv_build,
+    .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = freekv_append,
     .search = freekv_search,
     .memory_bytes = freekv_memory,

@@ -85,12 +85,19 @@ kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, in
 void kv_selection_reset(kv_selection *s);
 void kv_selection_free(kv_selection *s);
 
-/* ---- the prefill handed to build(): tight [H][n][D] float32 arrays ---- */
+/* ---- the prefill handed to build(): tight [H][n][D] float32 arrays ----
+ * or, for a method that declares prefill_half, possibly the layer's float16
+ * form in place (issue 12, goal 3: a float16 trace stays float16 in host
+ * memory): half = 1, k/v/q NULL, k16/v16/q16 the float16 bits [H][ld][D]
+ * of which rows 0..n-1 of each head are the prefill (ld, ldq >= n). */
 typedef struct {
     int n;              /* positions 0..n-1 */
     const float *k;     /* [Hkv][n][D] */
     const float *v;     /* [Hkv][n][D] or NULL */
     const float *q;     /* [Hq][n][D] or NULL (kvbench bench hands none) */
+    int half;           /* 1: the float16 form below instead */
+    long long ld, ldq;  /* rows per head of k16 and v16, of q16 */
+    const uint16_t *k16, *v16, *q16; /* [H][ld][D] float16 bits (v16, q16 may be NULL) */
 } kv_prefill;
 
 typedef struct kv_method {
@@ -139,7 +146,13 @@ typedef struct kv_method {
      * "method_metric") and per drift window (drift.csv "method_metric").
      * NULL: the method reports none. */
     const char *metric_name;
+    /* 1: build() takes the float16 form of the prefill (kv_prefill.half); 0: run hands it float32 copies. */
+    int prefill_half;
+    /* The prefill arrays build() reads (KV_PREFILL_Q | _K | _V); 0: all of them. A layer held as float16
+     * widens only these for the methods without prefill_half (issue 12 goal 3). */
+    unsigned prefill_reads;
 } kv_method;
+enum { KV_PREFILL_Q = 1, KV_PREFILL_K = 2, KV_PREFILL_V = 4 };
 
 /* 1 when the method's selections with parameters ps are one per kv head,
  * shared by the G query heads of the group (per_kv_head, or a pooling

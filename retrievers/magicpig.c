@@ -345,6 +345,7 @@ const kv_method kv_method_magicpig = {
     .params = mp_params,
     .create = mp_create,
     .build = mp_build,
+    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
     .append = mp_append,
     .search = mp_search,
     .memory_bytes = mp_memory,

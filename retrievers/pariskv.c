@@ -686,6 +686,7 @@ const kv_method kv_method_pariskv = {
     .params = pariskv_params,
     .create = pk_create,
     .build = pk_build,
+    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
     .append = pk_append,
     .search = pk_search,
     .memory_bytes = pk_memory,

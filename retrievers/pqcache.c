@@ -385,6 +385,7 @@ const kv_method kv_method_pqcache = {
     .params = pq_params,
     .create = pq_create,
     .build = pq_build,
+    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
     .append = pq_append,
     .search = pq_search,
     .memory_bytes = pq_memory,

@@ -116,7 +116,19 @@ static kv_status quest_create(const kv_shape *sh, const kv_param_set *ps, void *
 
 static kv_status quest_build(void *st, const kv_prefill *pre) {
     quest_state *s = st;
-    int D = s->sh.head_dim;
+    int D = s->sh.head_dim, Hkv = s->sh.num_kv_heads;
+    if (pre->half) { /* the float16 form: one position of every head converted at a time */
+        float *row = s->pg.kmin ? kv_malloc((size_t)Hkv * D * sizeof(float), "quest prefill row") : NULL;
+        if (s->pg.kmin && !row) return KV_ERR_NOMEM;
+        for (int t = 0; t < pre->n; t++) {
+            for (int g = 0; row && g < Hkv; g++)
+                kv_half_to_float_n(pre->k16 + ((size_t)g * pre->ld + t) * D, row + (size_t)g * D, (size_t)D);
+            kv_pages_add(&s->pg, t, row, (size_t)D); /* without page storage (GPU) only the page count is kept */
+        }
+        free(row);
+        s->n = pre->n;
+        return s->gpu ? kv_quest_cuda.build_half(s->gpu, pre->k16, pre->n, pre->ld) : KV_OK;
+    }
     for (int t = 0; t < pre->n; t++) kv_pages_add(&s->pg, t, pre->k + (size_t)t * D, (size_t)pre->n * D);
     s->n = pre->n;
     return s->gpu ? kv_quest_cuda.build(s->gpu, pre->k, pre->n) : KV_OK;
@@ -208,6 +220,7 @@ const kv_method kv_method_quest = {
     .per_kv_head = 0,
     .group_pool_param = "pool",
     .has_gpu = 1,
+    .prefill_half = 1,
     .params = quest_params,
     .create = quest_create,
     .build = quest_build,

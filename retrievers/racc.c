@@ -406,6 +406,7 @@ const kv_method kv_method_racc = {
     .params = racc_params,
     .create = racc_create,
     .build = racc_build,
+    .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = racc_append,
     .search = racc_search,
     .memory_bytes = racc_memory,

@@ -71,6 +71,7 @@ const kv_method kv_method_random = {
     .params = random_params,
     .create = random_create,
     .build = random_build,
+    .prefill_half = 1, /* reads no prefill */
     .append = random_append,
     .search = random_search,
     .memory_bytes = random_memory,

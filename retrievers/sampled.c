@@ -121,6 +121,7 @@ const kv_method kv_method_sampled = {
     .params = sampled_params,
     .create = sampled_create,
     .build = sampled_build,
+    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
     .append = sampled_append,
     .search = sampled_search,
     .memory_bytes = sampled_memory,

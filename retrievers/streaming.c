@@ -53,6 +53,7 @@ const kv_method kv_method_streaming = {
     .params = streaming_params,
     .create = streaming_create,
     .build = streaming_build,
+    .prefill_half = 1, /* reads no prefill */
     .append = streaming_append,
     .search = streaming_search,
     .memory_bytes = streaming_memory,

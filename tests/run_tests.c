@@ -28,6 +28,7 @@ extern char kv_test_reason[512];
     X(loader_float32_and_gzip, 0)                          \
     X(loader_parallel_matches_library, 0)                  \
     X(loader_parallel_all_halves, 0)                       \
+    X(loader_float16_form, 0)                              \
     X(loader_string_attr_arrays, 0)                        \
     X(loader_long_paths, 0)                                \
     X(loader_resource_bombs, 0)                            \
@@ -119,6 +120,9 @@ extern char kv_test_reason[512];
     X(cli_errors, KV_NEEDS_SUBPROCESS)                     \
     X(run_memory_preflight, KV_NEEDS_SUBPROCESS)           \
     X(run_results_loader_invariant, KV_NEEDS_SUBPROCESS)   \
+    X(run_layer_form_invariant, KV_NEEDS_SUBPROCESS)       \
+    X(run_memory_largest_context, 0)                       \
+    X(run_layer_form_invariant_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \

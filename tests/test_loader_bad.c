@@ -317,8 +317,15 @@ int test_loader_resource_bombs(void) {
     st = kv_trace_load_layer(&in, 0, &L);
     unsetenv("KVBENCH_MEM_AVAILABLE");
     if (st == KV_OK) kv_layer_free(&L);
-    CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "/layers/L1: loading it needs 0.00 GB (q, k, v as float32: 2+2 "
-                                       "heads x 8 tokens x 4 dims) but only 0.00 GB"), "%s", kv_last_error());
+    CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "/layers/L1: loading it needs 512 bytes (0.00 GB: q, k, v as "
+                                       "float32: 2+2 heads x 8 tokens x 4 dims) but only 0.00 GB"), "%s", kv_last_error());
+    /* asked for the float16 form, a float32 trace still loads (and is counted) as float32 */
+    setenv("KVBENCH_MEM_AVAILABLE", "100", 1);
+    st = kv_trace_load_layer_as(&in, 0, KV_LAYER_F16, &L);
+    unsetenv("KVBENCH_MEM_AVAILABLE");
+    if (st == KV_OK) kv_layer_free(&L);
+    CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "needs 512 bytes (0.00 GB: q, k, v as float32"), "%s",
+          kv_last_error());
     return KV_TEST_PASS;
 }
 

@@ -530,12 +530,13 @@ struct kv_gpu_attn {
     cudaStream_t st;
 };
 
-static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const float *V) {
+static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const float *V, const uint16_t *K16,
+                              const uint16_t *V16) {
     const int Hq = a->Hq, Hkv = a->Hkv, T = a->T, D = a->D;
     KV_TRY(kv_cuda_dev_query(&a->dev));
     /* all device memory first: an impossible size fails before anything is read */
     KV_TRY(kv_gpu_keys_create(Hkv, T, D, half, &a->K));
-    if (V) KV_TRY(kv_gpu_keys_create(Hkv, T, D, 1, &a->V)); /* float16 while lossless */
+    if (V || V16) KV_TRY(kv_gpu_keys_create(Hkv, T, D, 1, &a->V)); /* float16 while lossless */
     char what[128];
     snprintf(what, sizeof what, "the oracle's scores [%d][%d]", Hq, T);
     KV_CUDA_ALLOC(a->S, (size_t)Hq * T * sizeof(float), 0, what);
@@ -553,13 +554,15 @@ static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const fl
     KV_CUDA_ALLOC(a->hpos, (size_t)KV_GATHER_CHUNK * sizeof(uint32_t), 1, "oracle gather staging");
     KV_CUDA_ALLOC(a->hout, (size_t)KV_GATHER_CHUNK * sizeof(float), 1, "oracle gather staging");
     KV_CUDA_TRY(cudaStreamCreateWithFlags(&a->st, cudaStreamNonBlocking));
-    KV_TRY(kv_gpu_keys_write(a->K, 0, T, K));
-    if (V) KV_TRY(kv_gpu_keys_write(a->V, 0, T, V));
+    if (K16) KV_TRY(kv_gpu_keys_write_half(a->K, 0, T, K16)); /* the layer's float16 form, as it is */
+    else KV_TRY(kv_gpu_keys_write(a->K, 0, T, K));
+    if (V16) KV_TRY(kv_gpu_keys_write_half(a->V, 0, T, V16));
+    else if (V) KV_TRY(kv_gpu_keys_write(a->V, 0, T, V));
     return KV_OK;
 }
 
-extern "C" kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
-                                        kv_gpu_attn **out) {
+static kv_status kv_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
+                                const uint16_t *K16, const uint16_t *V16, kv_gpu_attn **out) {
     *out = NULL;
     if (Hkv <= 0 || Hq <= 0 || Hq % Hkv || T <= 0 || D <= 0)
         return kv_fail(KV_ERR_INPUT, "GPU oracle: invalid shape Hq=%d Hkv=%d T=%d D=%d", Hq, Hkv, T, D);
@@ -569,10 +572,20 @@ extern "C" kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half,
     kv_gpu_attn *a = (kv_gpu_attn *)kv_calloc(1, sizeof *a, "GPU oracle");
     if (!a) return KV_ERR_NOMEM;
     a->Hq = Hq; a->Hkv = Hkv; a->T = T; a->D = D;
-    kv_status st = kv_attn_init(a, half, K, V);
+    kv_status st = kv_attn_init(a, half, K, V, K16, V16);
     if (st != KV_OK) { kv_gpu_attn_destroy(a); return st; }
     *out = a;
     return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
+                                        kv_gpu_attn **out) {
+    return kv_attn_create(Hq, Hkv, T, D, half, K, V, NULL, NULL, out);
+}
+
+extern "C" kv_status kv_gpu_attn_create_half(int Hq, int Hkv, int T, int D, const uint16_t *K, const uint16_t *V,
+                                             kv_gpu_attn **out) {
+    return kv_attn_create(Hq, Hkv, T, D, 1, NULL, NULL, K, V, out);
 }
 
 extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, int lo, int hi, int k,

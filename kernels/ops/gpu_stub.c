@@ -59,6 +59,18 @@ kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
+kv_status kv_gpu_keys_write_half_ld(kv_gpu_keys *k, int t0, int n, const uint16_t *x, long long ld) {
+    (void)k; (void)t0; (void)n; (void)x; (void)ld;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_create_half(int Hq, int Hkv, int T, int D, const uint16_t *K, const uint16_t *V,
+                                  kv_gpu_attn **out) {
+    (void)Hq; (void)Hkv; (void)T; (void)D; (void)K; (void)V;
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
 int kv_gpu_keys_elem_bytes(const kv_gpu_keys *k) { (void)k; return 4; }
 
 void kv_gpu_keys_destroy(kv_gpu_keys *k) { (void)k; }

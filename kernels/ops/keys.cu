@@ -113,17 +113,22 @@ extern "C" kv_status kv_gpu_keys_write(kv_gpu_keys *k, int t0, int n, const floa
     return KV_OK;
 }
 
-extern "C" kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *x) {
+extern "C" kv_status kv_gpu_keys_write_half_ld(kv_gpu_keys *k, int t0, int n, const uint16_t *x, long long ld) {
     KV_TRY(kv_keys_check(k, t0, n));
     if (!k->a.half) return kv_fail(KV_ERR_INTERNAL, "GPU key store: float16 write into a float32 store");
+    if (ld < n) return kv_fail(KV_ERR_INTERNAL, "GPU key store: row stride %lld below %d rows", ld, n);
     int H = k->a.H, D = k->a.D;
     for (int c0 = 0; c0 < n; c0 += k->stage_tokens) {
         int c = n - c0 < k->stage_tokens ? n - c0 : k->stage_tokens;
         for (int h = 0; h < H; h++)
-            memcpy((uint16_t *)k->stage + (size_t)h * c * D, x + ((size_t)h * n + c0) * D, (size_t)c * D * 2);
+            memcpy((uint16_t *)k->stage + (size_t)h * c * D, x + ((size_t)h * ld + c0) * D, (size_t)c * D * 2);
         KV_TRY(kv_keys_put(k, t0 + c0, c));
     }
     return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *x) {
+    return kv_gpu_keys_write_half_ld(k, t0, n, x, n);
 }
 
 extern "C" int kv_gpu_keys_elem_bytes(const kv_gpu_keys *k) { return k->a.half ? 2 : 4; }

@@ -99,6 +99,36 @@ float kv_half_to_float(uint16_t h) {
     return f;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+__attribute__((target("avx,f16c"))) static void half_row_f16c(const uint16_t *s, float *d, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = kv_half_to_float(s[i]);
+}
+/* cpuid leaf 1: OSXSAVE, AVX, F16C, and the OS saving YMM state; -1 unknown yet */
+static int f16c_ok = -1;
+static int have_f16c(void) {
+    if (f16c_ok >= 0) return f16c_ok;
+    unsigned a, b, c, d, lo, hi;
+    int ok = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27)) && (c & (1u << 28)) && (c & (1u << 29));
+    if (ok) {
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        ok = (lo & 6u) == 6u;
+    }
+    __atomic_store_n(&f16c_ok, ok, __ATOMIC_RELAXED);
+    return ok;
+}
+#endif
+
+void kv_half_to_float_n(const uint16_t *src, float *dst, size_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_f16c()) { half_row_f16c(src, dst, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kv_half_to_float(src[i]);
+}
+
 uint16_t kv_float_to_half(float f) { /* round to nearest even */
     uint32_t x;
     memcpy(&x, &f, 4);

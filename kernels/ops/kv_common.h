@@ -62,6 +62,8 @@ double kv_rng_normal(kv_rng *r);   /* N(0, 1), Box-Muller */
 
 /* IEEE half <-> float, for traces stored as float16. */
 float kv_half_to_float(uint16_t h);
+/* n halves to float32 (F16C when the CPU has it, else one at a time; the same bits either way). */
+void kv_half_to_float_n(const uint16_t *src, float *dst, size_t n);
 uint16_t kv_float_to_half(float f);
 
 /* Percentile (q in [0,1], linear interpolation) of n values; sorts `v`. */

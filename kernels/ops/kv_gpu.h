@@ -55,6 +55,9 @@ typedef struct kv_gpu_attn kv_gpu_attn;
  * float32) and V ([Hkv][T][D]); V may be NULL. */
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
                              kv_gpu_attn **out);
+/* The same from a layer's float16 form: K, V float16 bits [Hkv][T][D] (V may be NULL), uploaded as they are. */
+kv_status kv_gpu_attn_create_half(int Hq, int Hkv, int T, int D, const uint16_t *K, const uint16_t *V,
+                                  kv_gpu_attn **out);
 /* Step t, queries q [Hq][D] (host): per head m, Z, thr (k-th largest of
  * [lo, hi)) and o_full [Hq][D] (skipped when V is NULL), all to host; ntop
  * (nullable, [2][Hq]): how many scores of [lo, split) and of [split, hi)
@@ -84,6 +87,8 @@ kv_status kv_gpu_keys_create(int H, int T, int D, int half, kv_gpu_keys **out);
 kv_status kv_gpu_keys_write(kv_gpu_keys *k, int t0, int n, const float *x);
 /* Same from float16 bits [H][n][D] (a float16 store only). */
 kv_status kv_gpu_keys_write_half(kv_gpu_keys *k, int t0, int n, const uint16_t *x);
+/* Same from float16 bits [H][ld][D], rows [0, n) of each head (a layer's float16 form in place, ld = T). */
+kv_status kv_gpu_keys_write_half_ld(kv_gpu_keys *k, int t0, int n, const uint16_t *x, long long ld);
 /* Bytes per stored element (2 or 4). */
 int kv_gpu_keys_elem_bytes(const kv_gpu_keys *k);
 void kv_gpu_keys_destroy(kv_gpu_keys *k);
