@@ -22,6 +22,7 @@
 #define KV_ORACLE_H
 
 #include "../datasets/kv_trace.h"
+#include "../kernels/ops/kv_gpu.h"
 
 typedef struct kv_oracle kv_oracle;
 
@@ -61,6 +62,18 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 /* After kv_oracle_step: out[h*cap + j] = s at idx[h*cap + j], j < count[h]. */
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out);
 const char *kv_oracle_device(const kv_oracle *o);
+/* GPU oracle with several budgets or the profile: heads whose thresholds and
+ * profile the host recomputed so far (the device's sums were within their
+ * rounding bound of a profile target; kernels/ops/attn_eval.cu). */
+long kv_oracle_host_heads(const kv_oracle *o);
+/* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h
+ * kv_gpu_attn_diag; cli/protocol.c kv_protocol_submit and _collect).
+ * n slots, one per method record; a slot's rows are valid after
+ * kv_oracle_diag_wait (or the next kv_oracle_step, which waits too). */
+kv_status kv_oracle_diag_slots(kv_oracle *o, int n);
+kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in);
+kv_status kv_oracle_diag_wait(kv_oracle *o);
+const kv_gpu_diag_row *kv_oracle_diag_rows(const kv_oracle *o, int slot);
 void kv_oracle_destroy(kv_oracle *o);
 
 #endif

@@ -246,14 +246,22 @@ static void progress(double t_start, int done, int total, int force, const char 
     if (done == total) fputc('\n', stderr);
 }
 
+/* Scores whose arithmetic runs on the device (the GPU oracle, issue 12):
+ * record i's submission of step t[i] (-1: none) with the method's scalar. */
+typedef struct {
+    int *t;
+    float *metric;
+} run_pending;
+
 /* Runs append (stage 0) or search + scoring (stage 1, budget b) of
  * instance i; returns its status, keeping the message (kv_fail's buffer is
  * per thread) in msg. Adds the search and diagnostics seconds to *srch and
- * *diag. */
+ * *diag. With pend (the GPU oracle) the scoring is submitted to the device
+ * and its rows collected later (collect_rows). */
 static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k, const float *v, const float *mq,
                            const int *keff, kv_method_run *recs, kv_oracle *orc, const kv_oracle_out *ores,
                            kv_protocol *proto, kv_step_metric *rows, int Hq, double *srch, double *diag,
-                           char *msg, size_t msg_cap) {
+                           run_pending *pend, char *msg, size_t msg_cap) {
     kv_method_run *r = &in->r;
     kv_status st;
     if (stage == 0) {
@@ -268,13 +276,33 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s1 = kv_now();
         rec->search_s[rec->n_steps++] = s1 - s0;
         rec->search_total_s += s1 - s0;
-        if (st == KV_OK) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
-        if (st == KV_OK) st = kv_rows_push(rec, rows, Hq);
+        int slot = in->first_rec + b - in->b0;
+        if (pend) {
+            if (st == KV_OK) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], slot);
+            pend->t[slot] = t;
+            pend->metric[slot] = r->m->metric_name ? r->sel.metric : NAN;
+        } else {
+            if (st == KV_OK) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
+            if (st == KV_OK) st = kv_rows_push(rec, rows, Hq);
+        }
         *srch += s1 - s0;
         *diag += kv_now() - s1;
     }
     if (st != KV_OK) snprintf(msg, msg_cap, "%s", kv_last_error());
     return st;
+}
+
+/* The rows of every pending device scoring, into their records (after
+ * kv_oracle_diag_wait or a kv_oracle_step: the oracle's stream is idle). */
+static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run *recs, int n_recs, run_pending *pend,
+                              kv_step_metric *rows, int Hq) {
+    for (int i = 0; i < n_recs; i++) {
+        if (pend->t[i] < 0) continue;
+        kv_protocol_collect(proto, orc, i, pend->t[i], pend->metric[i], rows);
+        pend->t[i] = -1;
+        KV_TRY(kv_rows_push(&recs[i], rows, Hq));
+    }
+    return KV_OK;
 }
 
 /* One layer's decode loop: the oracle once per evaluated step, then every
@@ -287,7 +315,11 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
  * with its thread's own protocol scratch; a method's internal OpenMP loops
  * then run single-threaded inside. Every number is the serial loop's
  * (tests: run_golden_cpu). The GPU path stays serial: the GPU oracle's
- * gather buffers are shared. */
+ * gather buffers are shared. With the GPU oracle the protocol's arithmetic
+ * runs on the device (kv_protocol_submit; issue 12: it was 1.2 ms per
+ * method-step on the host): a step's scorings are queued on the oracle's
+ * stream and their rows read back after the next oracle step (which waits
+ * for them) or at the end, so the host never waits on them. */
 static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst *inst, int n_inst, kv_method_run *recs,
                           const int *keff, kv_oracle *orc, kv_run_meta *meta, kv_profile_rows *prof,
                           const char *layer) {
@@ -313,6 +345,15 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
+    run_pending pend_buf = {0}, *pend = NULL;
+    if (st == KV_OK && !strcmp(kv_oracle_device(orc), "gpu")) {
+        pend = &pend_buf;
+        pend->t = kv_malloc((size_t)(n_recs + 1) * sizeof(int), "pending scorings");
+        pend->metric = kv_malloc((size_t)(n_recs + 1) * sizeof(float), "pending scorings");
+        if (!pend->t || !pend->metric) st = KV_ERR_NOMEM;
+        for (int i = 0; st == KV_OK && i < n_recs; i++) pend->t[i] = -1;
+        if (st == KV_OK) st = kv_oracle_diag_slots(orc, n_recs);
+    }
     double t_start = kv_now();
     int show = isatty(2), done = 0;
     meta->steps_evaluated = meta->steps_skipped = 0;
@@ -333,6 +374,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             st = kv_oracle_step(orc, t, q, &ores);
             double c2 = kv_now();
             ph[KV_PH_ORACLE] += c2 - c1;
+            if (st == KV_OK && pend) { /* the previous step's device scorings are done: the oracle waited */
+                st = collect_rows(orc, proto[0], recs, n_recs, pend, rows, L->Hq);
+                ph[KV_PH_DIAG] += kv_now() - c2;
+                c2 = kv_now();
+            }
             if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
             for (int i = 0; i < nth; i++) kv_protocol_new_step(proto[i], t);
             ph[KV_PH_BOOK] += kv_now() - c2;
@@ -345,13 +391,13 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
             ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
-                               &srch, &diag, im, MSG);
+                               &srch, &diag, NULL, im, MSG);
             app += kv_now() - a0;
             for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
                 kv_oracle_out ov;
                 kv_oracle_view(orc, b, &ov);
                 ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
-                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
+                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, pend, im, MSG);
             }
         }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
@@ -369,6 +415,14 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
         ph[KV_PH_BOOK] += kv_now() - c4;
     }
+    if (st == KV_OK && pend) { /* the last step's device scorings */
+        double c0 = kv_now();
+        st = kv_oracle_diag_wait(orc);
+        if (st == KV_OK) st = collect_rows(orc, proto[0], recs, n_recs, pend, rows, L->Hq);
+        ph[KV_PH_DIAG] += kv_now() - c0;
+    }
+    free(pend_buf.t);
+    free(pend_buf.metric);
     if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
     free(proto); free(ist); free(msg);

@@ -25,7 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kv_cuda.h"
+#include "attn_state.cuh"
 
 namespace {
 
@@ -517,18 +517,6 @@ __global__ void kv_count_top_kernel(const float *S, long long ld, const float *t
 }
 }  // namespace
 
-struct kv_gpu_attn {
-    int Hq, Hkv, T, D, n_last;
-    kv_cuda_dev dev;
-    kv_gpu_keys *K, *V;
-    float *q, *S, *res, *hq, *hres, *gout, *hout;
-    float *hS; /* [Hq][T] pinned: kv_gpu_attn_scores (allocated on first use) */
-    uint32_t *gpos, *hpos;
-    unsigned *cnt, *hcnt; /* [2][Hq]: top-k members by key origin */
-    kv_topk_ws tk;
-    kv_pv_ws pv;
-    cudaStream_t st;
-};
 
 static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const float *V) {
     const int Hq = a->Hq, Hkv = a->Hkv, T = a->T, D = a->D;
@@ -641,24 +629,6 @@ extern "C" kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, cons
     return KV_OK;
 }
 
-extern "C" kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n) {
-    *rows = NULL;
-    *n = 0;
-    if (a->n_last <= 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: scores asked before any step");
-    if (!a->hS) {
-        char what[128];
-        snprintf(what, sizeof what, "the oracle's host copy of the scores [%d][%d]", a->Hq, a->T);
-        KV_CUDA_ALLOC(a->hS, (size_t)a->Hq * a->T * sizeof(float), 1, what);
-    }
-    const size_t ld = (size_t)a->T * sizeof(float);
-    KV_CUDA_TRY(cudaMemcpy2DAsync(a->hS, ld, a->S, ld, (size_t)a->n_last * sizeof(float), (size_t)a->Hq,
-                                  cudaMemcpyDeviceToHost, a->st));
-    KV_CUDA_TRY(cudaStreamSynchronize(a->st));
-    *rows = a->hS;
-    *n = a->n_last;
-    return KV_OK;
-}
-
 extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     if (!a) return;
     if (a->st) cudaStreamSynchronize(a->st);
@@ -666,9 +636,15 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     kv_gpu_keys_destroy(a->V);
     cudaFree(a->q); cudaFree(a->S); cudaFree(a->res); cudaFree(a->gpos); cudaFree(a->gout); cudaFree(a->cnt);
     cudaFreeHost(a->hq); cudaFreeHost(a->hres); cudaFreeHost(a->hpos); cudaFreeHost(a->hout); cudaFreeHost(a->hcnt);
-    cudaFreeHost(a->hS);
     kv_topk_ws_destroy(&a->tk);
     kv_pv_ws_destroy(&a->pv);
+    cudaFree(a->ev_ks); cudaFree(a->ev_key); cudaFree(a->ev_key2); cudaFree(a->ev_tmp); cudaFree(a->ev_res);
+    cudaFreeHost(a->ev_hres);
+    for (int i = 0; a->slots && i < a->n_slots; i++) {
+        kv_attn_slot *sl = &a->slots[i];
+        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch); cudaFree(sl->drow); cudaFreeHost(sl->hrow);
+    }
+    free(a->slots);
     if (a->st) cudaStreamDestroy(a->st);
     free(a);
 }

@@ -63,12 +63,56 @@ kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, i
                            float *Z, float *thr, float *o_full, int split, int *ntop);
 /* Scores of the last step at idx[h*cap + j], j < count[h], to host out. */
 kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *count, int cap, float *out);
-/* Every score of the last step, [Hq][0, t] with row stride T, copied once
- * (one 2-D copy into pinned host memory owned by the oracle) to *rows; *n
- * = t + 1. Issue 12: the host's sort and profile read these instead of a
- * gather of every position. */
-kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);
+/* Several budgets and the budget profile on the device (issue 12; host
+ * version: cli/oracle.c multi_head). kv_gpu_attn_multi_init once: budgets
+ * ks[0..nk) and whether the profile is wanted. Then after each
+ * kv_gpu_attn_step (called with k = 0: no threshold of its own), for the
+ * region [lo, hi) of that step: each head's region sorted descending on the
+ * device; thr[b*Hq + h] = the min(ks[b], n)-th largest (INFINITY for n = 0);
+ * ntop[b*2*Hq + h] / [b*2*Hq + Hq + h] the top-k members at positions <
+ * split / >= split; with the profile, budget[h*5 + j] the region tokens
+ * needed for mass ptarget[j] (kv_profile_head's definition). The profile's
+ * sums are taken in another order than the host's, so each crossing is
+ * checked against a bound on both rounding errors (and on one ulp of exp per
+ * term); uncertain[h] = 1 when some crossing of head h is within it: the
+ * caller recomputes that head on the host (kv_gpu_attn_row). Synchronous. */
+kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile);
+kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split, const double *ptarget, float *thr, int *ntop,
+                            int *budget, int *uncertain);
+/* Head h's scores of the last step, [0, t], to host out (t + 1 floats). */
+kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out);
+
+/* The protocol's per-head diagnostics of one method-step on the device
+ * (cli/protocol.c kv_protocol_submit: the attended lists are built and
+ * checked on the host, the O(k D) arithmetic runs here): the same
+ * definitions and the same double operations in the same order as
+ * kv_protocol_score (no FMA contraction), reading the oracle's scores, V,
+ * m, Z, o_full and budget b's threshold and origin counts of the last step.
+ * Asynchronous on the oracle's stream: the rows of a slot are valid after
+ * kv_gpu_attn_diag_wait (the next kv_gpu_attn_step waits too). */
+typedef struct {
+    float recall, recall_sel, cand_recall, recall_pre, recall_gen, gen_share, mass, outerr;
+    int n_sel, n_extra;
+} kv_gpu_diag_row;
+typedef struct {
+    int b;           /* budget index (kv_gpu_attn_multi's), 0 without it */
+    int kk, split;   /* min(k, region size); the prefill length */
+    int cap;         /* row stride of att, flag, logw */
+    const int *count;
+    const int32_t *att;
+    const uint8_t *flag; /* 1: in the region, 2: selected, 4: extra */
+    const float *logw;
+    int has_cand;    /* 0: cand_recall NAN */
+    int ccap;
+    const int *ccount;
+    const int32_t *cidx;
+} kv_gpu_diag_in;
+kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
+kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in);
+kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a);
+/* [Hq] rows of slot, after kv_gpu_attn_diag_wait. */
+const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot);
 
 /* ---- device-resident keys (or values) [H][T][D] ---- */
 /* Largest k the GPU top-k returns indices for (its final stage sorts in
