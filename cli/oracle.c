@@ -41,6 +41,10 @@ struct kv_oracle {
     float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
     uint32_t *rtmp;           /* [Hq][T]: the radix sort's second buffer (the profile's long sorts) */
     int *unc;                 /* GPU + several budgets or profile: [Hq] heads the host recomputes (attn_eval.cu) */
+    int host_eval;            /* GPU, KVBENCH_HOST_EVAL=1: every score to the host, sorts and protocol there (the
+                               * reference of the device evaluation) */
+    const float *hs;          /* host_eval: the last step's scores [Hq][T] (pinned, owned by the GPU oracle) */
+    int hs_n;
     long host_heads;          /* how many it did */
 };
 
@@ -220,7 +224,10 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
     kv_status st = KV_OK;
     if (use_gpu) {
         st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
-        if (st == KV_OK && multi(o)) st = kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
+        const char *he = getenv("KVBENCH_HOST_EVAL");
+        o->host_eval = he && !strcmp(he, "1");
+        if (st == KV_OK && multi(o) && o->host_eval) st = alloc_sorted(o);
+        if (st == KV_OK && multi(o) && !o->host_eval) st = kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
         if (st == KV_OK && multi(o) && !(o->unc = kv_malloc((size_t)L->Hq * sizeof(int), "oracle heads"))) st = KV_ERR_NOMEM;
         if (st == KV_OK && !(o->kmax = kv_calloc((size_t)L->Hkv, sizeof(double), "oracle key norms"))) st = KV_ERR_NOMEM;
         for (int g = 0; st == KV_OK && g < L->Hkv; g++)
@@ -318,11 +325,27 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
     const kv_layer *L = o->L;
     if (o->gpu) {
         int lo = o->sink, hi = t + 1 - o->local;
-        /* several budgets or the profile: no threshold of the step's own (k = 0) */
-        KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, multi(o) ? 0 : o->k, o->res.m, o->res.Z, o->res.thr,
-                                o->res.o_full, o->split, multi(o) ? NULL : o->res.ntop_pre));
+        /* several budgets or the profile on the device: no threshold of the step's own (k = 0) */
+        int dev = multi(o) && !o->host_eval;
+        KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, dev ? 0 : o->k, o->res.m, o->res.Z, o->res.thr,
+                                o->res.o_full, o->split, dev ? NULL : o->res.ntop_pre));
         KV_TRY(check_gpu(o, t, q));
-        if (multi(o)) {
+        if (multi(o) && o->host_eval) {
+            /* every score of the step to the host in one copy, then the CPU's
+             * sort, heads in parallel (the path before issue 12's device
+             * evaluation); the protocol's gathers read the same copy */
+            int n = 0;
+            KV_TRY(kv_gpu_attn_scores(o->gpu, &o->hs, &n));
+            o->hs_n = n;
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int h = 0; h < L->Hq; h++) {
+                const float *s = o->hs + (size_t)h * L->T;
+                double m = s[0], Z = 0;
+                for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
+                for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
+                multi_head(o, h, t, s, m, Z);
+            }
+        } else if (multi(o)) {
             /* issue 12: the thresholds, origin counts and profile from a sort on
              * the device (kernels/ops/attn_eval.cu; the thresholds are the GPU's
              * own scores, the k-th of the numbers the protocol compares); a head
@@ -358,6 +381,19 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 }
 
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out) {
+    if (o->gpu && o->hs) { /* the host copy of the GPU's scores (KVBENCH_HOST_EVAL=1, several budgets or the profile) */
+        for (int h = 0; h < o->L->Hq; h++) {
+            const float *s = o->hs + (size_t)h * o->L->T;
+            for (int j = 0; j < count[h]; j++) {
+                int32_t i = idx[(size_t)h * cap + j];
+                if (i < 0 || i >= o->hs_n)
+                    return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
+                                   i, o->hs_n);
+                out[(size_t)h * cap + j] = s[i];
+            }
+        }
+        return KV_OK;
+    }
     if (o->gpu) return kv_gpu_attn_gather(o->gpu, idx, count, cap, out);
     for (int h = 0; h < o->L->Hq; h++) {
         const float *s = o->scores + (size_t)h * o->L->T;
@@ -378,8 +414,10 @@ const char *kv_oracle_device(const kv_oracle *o) { return o->gpu ? "gpu" : "cpu"
 
 long kv_oracle_host_heads(const kv_oracle *o) { return o->host_heads; }
 
+int kv_oracle_device_eval(const kv_oracle *o) { return o->gpu && !o->host_eval; }
+
 kv_status kv_oracle_diag_slots(kv_oracle *o, int n) {
-    if (!o->gpu) return kv_fail(KV_ERR_INTERNAL, "device diagnostics without the GPU oracle");
+    if (!kv_oracle_device_eval(o)) return kv_fail(KV_ERR_INTERNAL, "device diagnostics without the device evaluation");
     return kv_gpu_attn_diag_slots(o->gpu, n);
 }
 

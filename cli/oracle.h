@@ -66,6 +66,11 @@ const char *kv_oracle_device(const kv_oracle *o);
  * profile the host recomputed so far (the device's sums were within their
  * rounding bound of a profile target; kernels/ops/attn_eval.cu). */
 long kv_oracle_host_heads(const kv_oracle *o);
+/* 1: the GPU oracle evaluates on the device (thresholds, profile and, through
+ * kv_protocol_submit, the protocol's diagnostics); 0 on the CPU and with
+ * KVBENCH_HOST_EVAL=1, which keeps the host path (every score copied to the
+ * host each step) as the reference to compare with. */
+int kv_oracle_device_eval(const kv_oracle *o);
 /* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h
  * kv_gpu_attn_diag; cli/protocol.c kv_protocol_submit and _collect).
  * n slots, one per method record; a slot's rows are valid after

@@ -346,7 +346,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
     run_pending pend_buf = {0}, *pend = NULL;
-    if (st == KV_OK && !strcmp(kv_oracle_device(orc), "gpu")) {
+    if (st == KV_OK && kv_oracle_device_eval(orc)) {
         pend = &pend_buf;
         pend->t = kv_malloc((size_t)(n_recs + 1) * sizeof(int), "pending scorings");
         pend->metric = kv_malloc((size_t)(n_recs + 1) * sizeof(float), "pending scorings");
@@ -450,7 +450,8 @@ static int has_seed_param(const kv_method *m) {
  *   the documented estimate; compressed indexes hold less), plus the
  *   oracle's score rows 4 Hq T.
  * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
- *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
+ *   e = 2 for a float16 trace, 4 otherwise, its scores 4 Hq T and, with
+ *   several budgets or the profile, its sort keys 16 Hq T; per
  *   method instance on the GPU e Hkv T D + 4 Hq T.
  * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
  * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
@@ -471,7 +472,9 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     }
     double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
     host += n_cpu * per_cpu;
-    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
+    /* the device evaluation's sort keys (several budgets or the profile): two [Hq][T] 8-byte buffers */
+    double skeys = o->nk > 1 || !o->no_profile ? 16 * Hq * T : 0;
+    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + skeys + n_gpu * per_gpu;
     double avail = kv_mem_available();
     if (avail >= 0 && host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
@@ -489,10 +492,11 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
         if (gfree > 0 && dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
                            "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
-                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
-                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
-                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
-                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
+                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f and sort keys %.0f "
+                           "(T=%d, Hq=%d, Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev,
+                           dev / 1e9, gfree, gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)",
+                           hv ? ", V" : "", half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu,
+                           4 * Hq * T, skeys,
                            in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
     if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
@@ -601,6 +605,9 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     if (st == KV_OK && meta->steps_evaluated == 0)
         st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
                      "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o->sink, o->local);
+    if (o->verbose && orc && kv_oracle_device_eval(orc))
+        fprintf(stderr, "oracle: layer %s: device evaluation; %ld head-steps' thresholds and profile redone on the host "
+                "(a profile sum within its rounding bound of a target)\n", meta->layer, kv_oracle_host_heads(orc));
     for (int i = 0; o->verbose && recs && i < n_recs; i++)
         fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (host timer)\n",
                 recs[i].m->name, meta->layer, recs[i].k, recs[i].search_total_s, recs[i].n_steps,

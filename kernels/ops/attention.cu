@@ -629,6 +629,24 @@ extern "C" kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, cons
     return KV_OK;
 }
 
+extern "C" kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n) {
+    *rows = NULL;
+    *n = 0;
+    if (a->n_last <= 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: scores asked before any step");
+    if (!a->hS) {
+        char what[128];
+        snprintf(what, sizeof what, "the oracle's host copy of the scores [%d][%d]", a->Hq, a->T);
+        KV_CUDA_ALLOC(a->hS, (size_t)a->Hq * a->T * sizeof(float), 1, what);
+    }
+    const size_t ld = (size_t)a->T * sizeof(float);
+    KV_CUDA_TRY(cudaMemcpy2DAsync(a->hS, ld, a->S, ld, (size_t)a->n_last * sizeof(float), (size_t)a->Hq,
+                                  cudaMemcpyDeviceToHost, a->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    *rows = a->hS;
+    *n = a->n_last;
+    return KV_OK;
+}
+
 extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     if (!a) return;
     if (a->st) cudaStreamSynchronize(a->st);
@@ -636,6 +654,7 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     kv_gpu_keys_destroy(a->V);
     cudaFree(a->q); cudaFree(a->S); cudaFree(a->res); cudaFree(a->gpos); cudaFree(a->gout); cudaFree(a->cnt);
     cudaFreeHost(a->hq); cudaFreeHost(a->hres); cudaFreeHost(a->hpos); cudaFreeHost(a->hout); cudaFreeHost(a->hcnt);
+    cudaFreeHost(a->hS);
     kv_topk_ws_destroy(&a->tk);
     kv_pv_ws_destroy(&a->pv);
     cudaFree(a->ev_ks); cudaFree(a->ev_key); cudaFree(a->ev_key2); cudaFree(a->ev_tmp); cudaFree(a->ev_res);

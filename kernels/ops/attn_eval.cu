@@ -39,7 +39,7 @@
 
 namespace {
 
-constexpr int EV_TH = 1024; /* the profile: one block per head */
+constexpr int EV_TH = 512;  /* the profile: one block per head (128 registers a thread) */
 constexpr int EV_DT = 128;  /* the diagnostics: one block per head */
 constexpr int EV_NP = 5;    /* KV_NPROFILE */
 constexpr double EV_U = 1.1102230246251565e-16; /* 2^-53 */
@@ -258,13 +258,16 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params p) 
     if (p.V)
         for (int d = tid; d < p.D; d += EV_DT) {
             double acc = 0;
+#pragma unroll 8 /* the loads of 8 rows in flight ahead of the (ordered) sums */
             for (int c = c0; c < c1; c++) acc = __dadd_rn(acc, __dmul_rn(w[c], ev_v(p, g, att[c], d)));
             sacc[d] = acc;
         }
     __syncthreads();
     if (tid != 0) return;
     double mass = 0, wsum = 0;
+#pragma unroll 8
     for (int c = c0; c < c1; c++) mass = __dadd_rn(mass, ew[c]);
+#pragma unroll 8
     for (int c = c0; c < c1; c++) wsum = __dadd_rn(wsum, w[c]);
     const float nanf_ = __int_as_float(0x7fc00000);
     const int kk = p.kk;
@@ -310,8 +313,8 @@ extern "C" kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int n
     a->ev_hbits = 0;
     while ((1 << a->ev_hbits) < a->Hq) a->ev_hbits++;
     size_t bytes = 0;
-    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(NULL, bytes, a->ev_key, a->ev_key2, (int)cells, 0, 32 + a->ev_hbits,
-                                               a->st));
+    cub::DoubleBuffer<unsigned long long> db(a->ev_key, a->ev_key2);
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(NULL, bytes, db, (int)cells, 0, 32 + a->ev_hbits, a->st));
     KV_CUDA_ALLOC(a->ev_tmp, bytes + 256, 0, "the oracle's sort storage");
     a->ev_tmp_bytes = bytes + 256;
     a->ev_words = (size_t)nk * a->Hq * 3 + (size_t)a->Hq * (EV_NP + 1);
@@ -342,13 +345,13 @@ extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split
     ev_keys_kernel<<<kb, 256, 0, a->st>>>(a->S, a->T, lo, n, Hq, a->ev_key);
     KV_LAUNCH_CHECK();
     size_t bytes = a->ev_tmp_bytes;
-    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(a->ev_tmp, bytes, a->ev_key, a->ev_key2, (int)total, 0,
-                                               32 + a->ev_hbits, a->st));
+    cub::DoubleBuffer<unsigned long long> db(a->ev_key, a->ev_key2); /* no third buffer: the sorted keys end in one */
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(a->ev_tmp, bytes, db, (int)total, 0, 32 + a->ev_hbits, a->st));
     float *dthr = (float *)a->ev_res;
     unsigned *dcnt = a->ev_res + (size_t)nk * Hq;
     int *dbud = (int *)(a->ev_res + (size_t)3 * nk * Hq), *dunc = dbud + (size_t)Hq * EV_NP;
     ev_prof_params pp = {};
-    pp.S = a->S; pp.ld = a->T; pp.keys = a->ev_key2; pp.n = n; pp.lo = lo; pp.hi = hi; pp.t = t; pp.nk = nk;
+    pp.S = a->S; pp.ld = a->T; pp.keys = db.Current(); pp.n = n; pp.lo = lo; pp.hi = hi; pp.t = t; pp.nk = nk;
     pp.profile = budget ? 1 : 0; pp.Hq = Hq; pp.ks = a->ev_ks;
     for (int j = 0; j < EV_NP; j++) pp.p[j] = ptarget ? ptarget[j] : 0.0;
     pp.thr = dthr; pp.budget = dbud; pp.uncertain = dunc;

@@ -21,6 +21,7 @@ struct kv_gpu_attn {
     kv_cuda_dev dev;
     kv_gpu_keys *K, *V;
     float *q, *S, *res, *hq, *hres, *gout, *hout;
+    float *hS; /* [Hq][T] pinned: kv_gpu_attn_scores (allocated on first use) */
     uint32_t *gpos, *hpos;
     unsigned *cnt, *hcnt; /* [2][Hq]: top-k members by key origin */
     kv_topk_ws tk;

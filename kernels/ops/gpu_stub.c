@@ -34,6 +34,13 @@ kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *coun
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
+kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n) {
+    (void)a;
+    *rows = NULL;
+    *n = 0;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
 void kv_gpu_attn_destroy(kv_gpu_attn *a) { (void)a; }
 
 kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile) {

@@ -63,6 +63,11 @@ kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, i
                            float *Z, float *thr, float *o_full, int split, int *ntop);
 /* Scores of the last step at idx[h*cap + j], j < count[h], to host out. */
 kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *count, int cap, float *out);
+/* Every score of the last step, [Hq][0, t] with row stride T, copied once
+ * (one 2-D copy into pinned host memory owned by the oracle) to *rows; *n
+ * = t + 1: the host evaluation (KVBENCH_HOST_EVAL=1, cli/oracle.c), the
+ * reference the device evaluation below is checked against. */
+kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);
 /* Several budgets and the budget profile on the device (issue 12; host
  * version: cli/oracle.c multi_head). kv_gpu_attn_multi_init once: budgets
