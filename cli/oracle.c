@@ -426,6 +426,8 @@ kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in) {
     return kv_gpu_attn_diag(o->gpu, slot, in);
 }
 
+kv_status kv_oracle_diag_flush(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_flush(o->gpu) : KV_OK; }
+
 kv_status kv_oracle_diag_wait(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_wait(o->gpu) : KV_OK; }
 
 const kv_gpu_diag_row *kv_oracle_diag_rows(const kv_oracle *o, int slot) {

@@ -74,9 +74,11 @@ int kv_oracle_device_eval(const kv_oracle *o);
 /* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h
  * kv_gpu_attn_diag; cli/protocol.c kv_protocol_submit and _collect).
  * n slots, one per method record; a slot's rows are valid after
- * kv_oracle_diag_wait (or the next kv_oracle_step, which waits too). */
+ * kv_oracle_diag_wait (or kv_oracle_diag_flush and then the next
+ * kv_oracle_step, which waits too). */
 kv_status kv_oracle_diag_slots(kv_oracle *o, int n);
 kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in);
+kv_status kv_oracle_diag_flush(kv_oracle *o); /* launches the packed slots (after a step's searches) */
 kv_status kv_oracle_diag_wait(kv_oracle *o);
 const kv_gpu_diag_row *kv_oracle_diag_rows(const kv_oracle *o, int slot);
 void kv_oracle_destroy(kv_oracle *o);

@@ -317,9 +317,11 @@ static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run 
  * (tests: run_golden_cpu). The GPU path stays serial: the GPU oracle's
  * gather buffers are shared. With the GPU oracle the protocol's arithmetic
  * runs on the device (kv_protocol_submit; issue 12: it was 1.2 ms per
- * method-step on the host): a step's scorings are queued on the oracle's
- * stream and their rows read back after the next oracle step (which waits
- * for them) or at the end, so the host never waits on them. */
+ * method-step on the host): a step's scorings are packed as the methods
+ * search, launched on the oracle's stream after the last search of the step
+ * (so none shares the GPU with a timed search), and their rows read back
+ * after the next oracle step (which waits for them) or at the end: the host
+ * never waits on them. */
 static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst *inst, int n_inst, kv_method_run *recs,
                           const int *keff, kv_oracle *orc, kv_run_meta *meta, kv_profile_rows *prof,
                           const char *layer) {
@@ -402,6 +404,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
             if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
+        if (st == KV_OK && pend && score) { /* the step's device scorings, after its searches */
+            double f0 = kv_now();
+            st = kv_oracle_diag_flush(orc);
+            diag += kv_now() - f0;
+        }
         ph[KV_PH_APPEND] += app;
         ph[KV_PH_SEARCH] += srch;
         ph[KV_PH_DIAG] += diag;

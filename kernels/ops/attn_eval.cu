@@ -407,6 +407,7 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     const size_t words = 2 * (size_t)Hq + 2 + 3 * N + NC;
     if (words > 0xffffffffu) return kv_fail(KV_ERR_INPUT, "GPU oracle: %zu diagnostics entries in one step", words);
     kv_attn_slot *s = &a->slots[slot];
+    if (s->pending) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slot %d packed twice", slot);
     if (words > s->cap) { /* the slot's previous upload may still be in flight */
         KV_CUDA_TRY(cudaStreamSynchronize(a->st));
         cudaFreeHost(s->hin); cudaFree(s->din); cudaFree(s->scratch);
@@ -430,30 +431,50 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
         off[h + 1] = off[h] + (uint32_t)c;
         coff[h + 1] = coff[h] + (uint32_t)cc;
     }
-    KV_CUDA_TRY(cudaMemcpyAsync(s->din, s->hin, words * sizeof(uint32_t), cudaMemcpyHostToDevice, a->st));
-    ev_diag_params p = {};
-    p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = (int)N; p.kk = in->kk; p.split = in->split;
-    p.has_cand = in->has_cand;
-    p.S = a->S; p.ld = a->T;
-    if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
-    p.D = a->D;
-    p.m = a->res; p.Z = a->res + Hq; p.of = a->res + 3 * Hq;
-    if (a->ev_nk) {
-        p.thr = (const float *)a->ev_res + (size_t)in->b * Hq;
-        p.ntop = a->ev_res + (size_t)a->ev_nk * Hq + (size_t)in->b * 2 * Hq;
-    } else {
-        p.thr = a->res + 2 * Hq;
-        p.ntop = a->cnt;
+    s->pending = 1;
+    s->words = words;
+    s->N = (int)N;
+    s->kk = in->kk;
+    s->split = in->split;
+    s->has_cand = in->has_cand;
+    s->b = in->b;
+    return KV_OK;
+}
+
+/* Launches every packed slot: one upload, one kernel, one row download each. */
+extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
+    const int Hq = a->Hq;
+    for (int i = 0; i < a->n_slots; i++) {
+        kv_attn_slot *s = &a->slots[i];
+        if (!s->pending) continue;
+        s->pending = 0;
+        KV_CUDA_TRY(cudaMemcpyAsync(s->din, s->hin, s->words * sizeof(uint32_t), cudaMemcpyHostToDevice, a->st));
+        ev_diag_params p = {};
+        p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = s->N; p.kk = s->kk; p.split = s->split;
+        p.has_cand = s->has_cand;
+        p.S = a->S; p.ld = a->T;
+        if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
+        p.D = a->D;
+        p.m = a->res; p.Z = a->res + Hq; p.of = a->res + 3 * Hq;
+        if (a->ev_nk) {
+            p.thr = (const float *)a->ev_res + (size_t)s->b * Hq;
+            p.ntop = a->ev_res + (size_t)a->ev_nk * Hq + (size_t)s->b * 2 * Hq;
+        } else {
+            p.thr = a->res + 2 * Hq;
+            p.ntop = a->cnt;
+        }
+        p.scratch = s->scratch;
+        p.out = s->drow;
+        ev_diag_kernel<<<Hq, EV_DT, (size_t)a->D * sizeof(double), a->st>>>(p);
+        KV_LAUNCH_CHECK();
+        KV_CUDA_TRY(cudaMemcpyAsync(s->hrow, s->drow, (size_t)Hq * sizeof(kv_gpu_diag_row), cudaMemcpyDeviceToHost,
+                                    a->st));
     }
-    p.scratch = s->scratch;
-    p.out = s->drow;
-    ev_diag_kernel<<<Hq, EV_DT, (size_t)a->D * sizeof(double), a->st>>>(p);
-    KV_LAUNCH_CHECK();
-    KV_CUDA_TRY(cudaMemcpyAsync(s->hrow, s->drow, (size_t)Hq * sizeof(kv_gpu_diag_row), cudaMemcpyDeviceToHost, a->st));
     return KV_OK;
 }
 
 extern "C" kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
+    KV_TRY(kv_gpu_attn_diag_flush(a));
     KV_CUDA_TRY(cudaStreamSynchronize(a->st));
     return KV_OK;
 }

@@ -14,6 +14,9 @@ typedef struct {
     size_t cap;            /* words of hin and din */
     double *scratch;       /* device [2][cap]: each entry's exp terms */
     kv_gpu_diag_row *drow, *hrow; /* [Hq] device / pinned */
+    int pending;           /* packed, not launched yet (kv_gpu_attn_diag_flush launches it) */
+    int N, kk, split, has_cand, b;
+    size_t words;
 } kv_attn_slot;
 
 struct kv_gpu_attn {

@@ -69,6 +69,11 @@ kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in) {
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
+kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
+    (void)a;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
 kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
     (void)a;
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);

@@ -95,7 +95,8 @@ kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out);
  * kv_protocol_score (no FMA contraction), reading the oracle's scores, V,
  * m, Z, o_full and budget b's threshold and origin counts of the last step.
  * Asynchronous on the oracle's stream: the rows of a slot are valid after
- * kv_gpu_attn_diag_wait (the next kv_gpu_attn_step waits too). */
+ * kv_gpu_attn_diag_wait (or a flush and then the next kv_gpu_attn_step,
+ * which waits too). */
 typedef struct {
     float recall, recall_sel, cand_recall, recall_pre, recall_gen, gen_share, mass, outerr;
     int n_sel, n_extra;
@@ -114,7 +115,12 @@ typedef struct {
     const int32_t *cidx;
 } kv_gpu_diag_in;
 kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
+/* Packs one method-step into `slot` (host only); kv_gpu_attn_diag_flush
+ * launches every packed slot on the oracle's stream (the run loop flushes
+ * after the step's searches, so the diagnostics never share the GPU with a
+ * timed search); _wait flushes and waits. */
 kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in);
+kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a);
 kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a);
 /* [Hq] rows of slot, after kv_gpu_attn_diag_wait. */
 const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot);
