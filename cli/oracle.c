@@ -416,6 +416,11 @@ long kv_oracle_host_heads(const kv_oracle *o) { return o->host_heads; }
 
 int kv_oracle_device_eval(const kv_oracle *o) { return o->gpu && !o->host_eval; }
 
+void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s) {
+    *step_s = *eval_s = *diag_s = 0;
+    if (o->gpu) kv_gpu_attn_times(o->gpu, step_s, eval_s, diag_s);
+}
+
 kv_status kv_oracle_diag_slots(kv_oracle *o, int n) {
     if (!kv_oracle_device_eval(o)) return kv_fail(KV_ERR_INTERNAL, "device diagnostics without the device evaluation");
     return kv_gpu_attn_diag_slots(o->gpu, n);

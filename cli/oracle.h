@@ -71,6 +71,8 @@ long kv_oracle_host_heads(const kv_oracle *o);
  * KVBENCH_HOST_EVAL=1, which keeps the host path (every score copied to the
  * host each step) as the reference to compare with. */
 int kv_oracle_device_eval(const kv_oracle *o);
+/* GPU oracle: device seconds of its steps, their evaluation and the diagnostics (kv_gpu_attn_times); 0 on the CPU. */
+void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s);
 /* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h
  * kv_gpu_attn_diag; cli/protocol.c kv_protocol_submit and _collect).
  * n slots, one per method record; a slot's rows are valid after

@@ -612,9 +612,13 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     if (st == KV_OK && meta->steps_evaluated == 0)
         st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
                      "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o->sink, o->local);
-    if (o->verbose && orc && kv_oracle_device_eval(orc))
-        fprintf(stderr, "oracle: layer %s: device evaluation; %ld head-steps' thresholds and profile redone on the host "
-                "(a profile sum within its rounding bound of a target)\n", meta->layer, kv_oracle_host_heads(orc));
+    if (o->verbose && orc && kv_oracle_device_eval(orc)) {
+        double ds, de, dd;
+        kv_oracle_gpu_times(orc, &ds, &de, &dd);
+        fprintf(stderr, "oracle: layer %s: device seconds (CUDA events): steps %.3f, thresholds and profile %.3f, "
+                "diagnostics %.3f; %ld head-steps' thresholds and profile redone on the host (a profile sum within "
+                "its rounding bound of a target)\n", meta->layer, ds, de, dd, kv_oracle_host_heads(orc));
+    }
     for (int i = 0; o->verbose && recs && i < n_recs; i++)
         fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (host timer)\n",
                 recs[i].m->name, meta->layer, recs[i].k, recs[i].search_total_s, recs[i].n_steps,

@@ -541,6 +541,8 @@ static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const fl
     KV_CUDA_ALLOC(a->hpos, (size_t)KV_GATHER_CHUNK * sizeof(uint32_t), 1, "oracle gather staging");
     KV_CUDA_ALLOC(a->hout, (size_t)KV_GATHER_CHUNK * sizeof(float), 1, "oracle gather staging");
     KV_CUDA_TRY(cudaStreamCreateWithFlags(&a->st, cudaStreamNonBlocking));
+    for (int i = 0; i < 6; i++) KV_CUDA_TRY(cudaEventCreate(&a->ev[i]));
+    a->ev_ready = 1;
     KV_TRY(kv_gpu_keys_write(a->K, 0, T, K));
     if (V) KV_TRY(kv_gpu_keys_write(a->V, 0, T, V));
     return KV_OK;
@@ -571,6 +573,7 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
     if (hi > n) hi = n;
     const int kk = hi > lo ? (k < hi - lo ? k : hi - lo) : 0;
     memcpy(a->hq, q, (size_t)Hq * D * sizeof(float));
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[0], a->st));
     KV_CUDA_TRY(cudaMemcpyAsync(a->q, a->hq, (size_t)Hq * D * sizeof(float), cudaMemcpyHostToDevice, a->st));
     kv_score_extras x = {kk > 0 ? a->tk.hist : NULL, lo, hi, kk > 0 ? a->tk.tmax : NULL, a->tk.tmax_ld, 0, -1};
     KV_TRY(kv_scores_launch(&a->K->a, a->q, Hq, scale, 0, n, a->S, a->T, &x, &a->dev, a->st));
@@ -589,7 +592,10 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
                         a->st));
     const size_t nres = (size_t)3 * Hq + (a->V ? (size_t)Hq * D : 0);
     KV_CUDA_TRY(cudaMemcpyAsync(a->hres, a->res, nres * sizeof(float), cudaMemcpyDeviceToHost, a->st));
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[1], a->st));
     KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    kv_attn_ev_add(a, 0, 1, &a->t_step);
+    if (a->diag_timed) { kv_attn_ev_add(a, 4, 5, &a->t_diag); a->diag_timed = 0; }
     for (int h = 0; h < Hq; h++) {
         m[h] = a->hres[h];
         Z[h] = a->hres[Hq + h];
@@ -665,5 +671,6 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     }
     free(a->slots);
     if (a->st) cudaStreamDestroy(a->st);
+    for (int i = 0; a->ev_ready && i < 6; i++) cudaEventDestroy(a->ev[i]);
     free(a);
 }

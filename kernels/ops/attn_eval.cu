@@ -342,6 +342,7 @@ extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split
     }
     const long long total = (long long)Hq * n;
     const int kb = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[2], a->st));
     ev_keys_kernel<<<kb, 256, 0, a->st>>>(a->S, a->T, lo, n, Hq, a->ev_key);
     KV_LAUNCH_CHECK();
     size_t bytes = a->ev_tmp_bytes;
@@ -364,7 +365,9 @@ extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split
                                                                                           hi, dcnt, Hq);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaMemcpyAsync(a->ev_hres, a->ev_res, a->ev_words * sizeof(uint32_t), cudaMemcpyDeviceToHost, a->st));
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[3], a->st));
     KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    kv_attn_ev_add(a, 2, 3, &a->t_eval);
     memcpy(thr, a->ev_hres, (size_t)nk * Hq * sizeof(float));
     for (int i = 0; i < 2 * nk * Hq; i++) ntop[i] = (int)a->ev_hres[(size_t)nk * Hq + i];
     const int *hb = (const int *)(a->ev_hres + (size_t)3 * nk * Hq);
@@ -444,6 +447,15 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
 /* Launches every packed slot: one upload, one kernel, one row download each. */
 extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
     const int Hq = a->Hq;
+    int any = 0;
+    for (int i = 0; i < a->n_slots; i++) any |= a->slots[i].pending;
+    if (!any) return KV_OK;
+    if (a->diag_timed) { /* the previous flush's interval (its events are long done when flushes follow steps) */
+        KV_CUDA_TRY(cudaEventSynchronize(a->ev[5]));
+        kv_attn_ev_add(a, 4, 5, &a->t_diag);
+        a->diag_timed = 0;
+    }
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[4], a->st));
     for (int i = 0; i < a->n_slots; i++) {
         kv_attn_slot *s = &a->slots[i];
         if (!s->pending) continue;
@@ -470,13 +482,24 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         KV_CUDA_TRY(cudaMemcpyAsync(s->hrow, s->drow, (size_t)Hq * sizeof(kv_gpu_diag_row), cudaMemcpyDeviceToHost,
                                     a->st));
     }
+    if (a->ev_ready) {
+        KV_CUDA_TRY(cudaEventRecord(a->ev[5], a->st));
+        a->diag_timed = 1;
+    }
     return KV_OK;
 }
 
 extern "C" kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
     KV_TRY(kv_gpu_attn_diag_flush(a));
     KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    if (a->diag_timed) { kv_attn_ev_add(a, 4, 5, &a->t_diag); a->diag_timed = 0; }
     return KV_OK;
+}
+
+extern "C" void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s) {
+    *step_s = a->t_step;
+    *eval_s = a->t_eval;
+    *diag_s = a->t_diag;
 }
 
 extern "C" const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot) {

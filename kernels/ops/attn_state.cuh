@@ -41,6 +41,19 @@ struct kv_gpu_attn {
     /* the protocol's diagnostics (kv_gpu_attn_diag) */
     int n_slots;
     kv_attn_slot *slots;
+    /* device time (CUDA events on the stream): [0, 1] a step, [2, 3] its evaluation, [4, 5] a flush of the
+     * diagnostics (read at the next wait); seconds summed (kv_gpu_attn_times) */
+    cudaEvent_t ev[6];
+    int ev_ready, diag_timed;
+    double t_step, t_eval, t_diag;
 };
+
+/* Adds the milliseconds between two completed events of the oracle, in seconds, to *acc. */
+static inline void kv_attn_ev_add(kv_gpu_attn *a, int e0, int e1, double *acc) {
+    float ms = 0;
+    if (!a->ev_ready) return;
+    if (cudaEventElapsedTime(&ms, a->ev[e0], a->ev[e1]) == cudaSuccess) *acc += ms / 1e3;
+    else (void)cudaGetLastError(); /* a timing is optional: never leave its error for a launch check to find */
+}
 
 #endif

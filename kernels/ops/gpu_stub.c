@@ -69,6 +69,11 @@ kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in) {
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
+void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s) {
+    (void)a;
+    *step_s = *eval_s = *diag_s = 0;
+}
+
 kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
     (void)a;
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);

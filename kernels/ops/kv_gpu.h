@@ -122,6 +122,11 @@ kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
 kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in);
 kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a);
 kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a);
+/* Device seconds so far (CUDA events on the oracle's stream): the steps
+ * (query upload, scores, threshold, softmax + PV, results back), their
+ * several-budget / profile evaluation (sort, profile, counts, back), the
+ * diagnostics (uploads, kernels, rows back). */
+void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s);
 /* [Hq] rows of slot, after kv_gpu_attn_diag_wait. */
 const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot);
 

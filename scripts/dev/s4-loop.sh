@@ -63,7 +63,7 @@ if [ "${RL_RUN:-1}" = 1 ]; then
         --method exact,pariskv,pqcache,quest,magicpig,streaming,random --device gpu --out "$O/rl" --force --quiet \
         --verbose >"$O/runloop.log" 2>&1
     say "[$((SECONDS - T0))s] 128K run: $(grep '^run:' "$O/runloop.log")"
-    grep "^phases" "$O/runloop.log" | cut -c1-200 | tee -a "$S"
+    grep -E "^phases|^oracle:" "$O/runloop.log" | cut -c1-230 | tee -a "$S"
     if [ "${RL_BENCH:-0}" = 1 ]; then
         for m in exact pariskv pqcache quest magicpig; do
             timeout 60 ./kvbench bench --method $m --tokens 131072 --csv "$O/bench-$m.csv" --force >/dev/null 2>&1
