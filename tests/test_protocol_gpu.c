@@ -78,41 +78,48 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &ph));
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &pg));
     CHECK_OK(kv_selection_alloc(&sel, lists, Hkv, kmax, T, T));
-    CHECK_OK(kv_oracle_diag_slots(o, 1));
-    kv_step_metric *a = malloc(sizeof *a * Hq), *b = malloc(sizeof *b * Hq);
+    /* every budget x (with, without candidates) is one slot: one flush launches them together */
+    int ns = 2 * nk;
+    CHECK_OK(kv_oracle_diag_slots(o, ns));
+    kv_step_metric *a = malloc(sizeof *a * Hq * ns), *b = malloc(sizeof *b * Hq);
+    float *metric = malloc(sizeof(float) * ns);
     for (int t = T / 2; t < T; t += T / 7) {
         for (int i = 0; i < Hq * D; i++) q[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 250.f;
         kv_oracle_out res;
         CHECK_OK(kv_oracle_step(o, t, q, &res));
-        for (int bi = 0; bi < nk; bi++) {
+        for (int bi = 0; bi < nk; bi++)
             for (int with_cand = 0; with_cand < 2; with_cand++) {
+                int slot = 2 * bi + with_cand;
                 random_sel(r, &sel, t, sink, local, ks[bi], with_cand);
                 kv_oracle_out ov;
                 kv_oracle_view(o, bi, &ov);
-                CHECK_OK(kv_protocol_score(ph, o, &ov, t, &m, &sel, ks[bi], a));
-                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], 0));
-                CHECK_OK(kv_oracle_diag_wait(o));
-                kv_protocol_collect(pg, o, 0, t, sel.metric, b);
-                for (int h = 0; h < Hq; h++) {
-                    const kv_step_metric *x = &a[h], *y = &b[h];
-                    int ok = x->step == y->step && x->head == y->head && x->n_sel == y->n_sel &&
-                             x->n_extra == y->n_extra && same_f(x->recall, y->recall) &&
-                             same_f(x->recall_sel, y->recall_sel) && same_f(x->cand_recall, y->cand_recall) &&
-                             same_f(x->recall_pre, y->recall_pre) && same_f(x->recall_gen, y->recall_gen) &&
-                             same_f(x->gen_share, y->gen_share) && same_f(x->mass, y->mass) &&
-                             same_f(x->outerr, y->outerr) && same_f(x->metric, y->metric);
-                    CHECK(ok,
-                          "Hq %d Hkv %d T %d D %d v %d nk %d per_kv %d logw %d cand %d, step %d head %d budget %d: "
-                          "host recall %.9g sel %.9g cand %.9g pre %.9g gen %.9g share %.9g mass %.9g outerr %.9g "
-                          "n %d/%d; device %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g n %d/%d",
-                          Hq, Hkv, T, D, with_v, nk, per_kv, logw, with_cand, t, h, ks[bi], x->recall, x->recall_sel,
-                          x->cand_recall, x->recall_pre, x->recall_gen, x->gen_share, x->mass, x->outerr, x->n_sel,
-                          x->n_extra, y->recall, y->recall_sel, y->cand_recall, y->recall_pre, y->recall_gen,
-                          y->gen_share, y->mass, y->outerr, y->n_sel, y->n_extra);
-                }
+                CHECK_OK(kv_protocol_score(ph, o, &ov, t, &m, &sel, ks[bi], a + (size_t)slot * Hq));
+                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot));
+                metric[slot] = sel.metric;
+            }
+        CHECK_OK(kv_oracle_diag_wait(o));
+        for (int slot = 0; slot < ns; slot++) {
+            kv_protocol_collect(pg, o, slot, t, metric[slot], b);
+            for (int h = 0; h < Hq; h++) {
+                const kv_step_metric *x = &a[(size_t)slot * Hq + h], *y = &b[h];
+                int ok = x->step == y->step && x->head == y->head && x->n_sel == y->n_sel &&
+                         x->n_extra == y->n_extra && same_f(x->recall, y->recall) &&
+                         same_f(x->recall_sel, y->recall_sel) && same_f(x->cand_recall, y->cand_recall) &&
+                         same_f(x->recall_pre, y->recall_pre) && same_f(x->recall_gen, y->recall_gen) &&
+                         same_f(x->gen_share, y->gen_share) && same_f(x->mass, y->mass) &&
+                         same_f(x->outerr, y->outerr) && same_f(x->metric, y->metric);
+                CHECK(ok,
+                      "Hq %d Hkv %d T %d D %d v %d nk %d per_kv %d logw %d, step %d head %d slot %d (budget %d, cand "
+                      "%d): host recall %.9g sel %.9g cand %.9g pre %.9g gen %.9g share %.9g mass %.9g outerr %.9g "
+                      "n %d/%d; device %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g n %d/%d",
+                      Hq, Hkv, T, D, with_v, nk, per_kv, logw, t, h, slot, ks[slot / 2], slot % 2, x->recall,
+                      x->recall_sel, x->cand_recall, x->recall_pre, x->recall_gen, x->gen_share, x->mass, x->outerr,
+                      x->n_sel, x->n_extra, y->recall, y->recall_sel, y->cand_recall, y->recall_pre, y->recall_gen,
+                      y->gen_share, y->mass, y->outerr, y->n_sel, y->n_extra);
             }
         }
     }
+    free(metric);
     free(a); free(b);
     kv_selection_free(&sel);
     kv_protocol_destroy(ph);

@@ -667,9 +667,10 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     cudaFreeHost(a->ev_hres);
     for (int i = 0; a->slots && i < a->n_slots; i++) {
         kv_attn_slot *sl = &a->slots[i];
-        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch); cudaFree(sl->drow); cudaFreeHost(sl->hrow);
+        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch);
     }
     free(a->slots);
+    cudaFree(a->drows); cudaFreeHost(a->hrows); cudaFree(a->dpar); cudaFreeHost(a->hpar);
     if (a->st) cudaStreamDestroy(a->st);
     for (int i = 0; a->ev_ready && i < 6; i++) cudaEventDestroy(a->ev[i]);
     free(a);

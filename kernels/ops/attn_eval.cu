@@ -206,8 +206,9 @@ __device__ __forceinline__ double ev_v(const ev_diag_params &p, int g, int i, in
     return p.Vhalf ? (double)__half2float(((const __half *)p.V)[e]) : (double)((const float *)p.V)[e];
 }
 
-/* Head blockIdx.x of one method-step: cli/protocol.c kv_protocol_score's row. */
-__global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params p) {
+/* Head blockIdx.x of method-step blockIdx.y (its parameters ps[blockIdx.y]): cli/protocol.c kv_protocol_score's row. */
+__global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps) {
+    const ev_diag_params &p = ps[blockIdx.y];
     extern __shared__ double sacc[]; /* [D] */
     __shared__ double s_lmax[EV_DT / 32];
     __shared__ int s_cnt[6];
@@ -389,9 +390,15 @@ extern "C" kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots) {
     a->slots = (kv_attn_slot *)kv_calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *a->slots, "diagnostics slots");
     if (!a->slots) return KV_ERR_NOMEM;
     a->n_slots = n_slots;
+    const size_t nr = (size_t)(n_slots > 0 ? n_slots : 1) * a->Hq;
+    KV_CUDA_ALLOC(a->drows, nr * sizeof(kv_gpu_diag_row), 0, "diagnostics rows");
+    KV_CUDA_ALLOC(a->hrows, nr * sizeof(kv_gpu_diag_row), 1, "diagnostics rows staging");
+    KV_CUDA_ALLOC(a->dpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 0, "diagnostics parameters");
+    KV_CUDA_ALLOC(a->hpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 1,
+                  "diagnostics parameters staging");
     for (int i = 0; i < n_slots; i++) {
-        KV_CUDA_ALLOC(a->slots[i].drow, (size_t)a->Hq * sizeof(kv_gpu_diag_row), 0, "diagnostics rows");
-        KV_CUDA_ALLOC(a->slots[i].hrow, (size_t)a->Hq * sizeof(kv_gpu_diag_row), 1, "diagnostics rows staging");
+        a->slots[i].drow = a->drows + (size_t)i * a->Hq;
+        a->slots[i].hrow = a->hrows + (size_t)i * a->Hq;
     }
     return KV_OK;
 }
@@ -444,7 +451,9 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     return KV_OK;
 }
 
-/* Launches every packed slot: one upload, one kernel, one row download each. */
+/* Launches every packed slot: an upload of each slot's lists, then one
+ * upload of the launch parameters, one kernel (a block per head and slot)
+ * and one download of every slot's rows. */
 extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
     const int Hq = a->Hq;
     int any = 0;
@@ -456,12 +465,15 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         a->diag_timed = 0;
     }
     if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[4], a->st));
+    ev_diag_params *par = (ev_diag_params *)a->hpar;
+    int np = 0;
     for (int i = 0; i < a->n_slots; i++) {
         kv_attn_slot *s = &a->slots[i];
         if (!s->pending) continue;
         s->pending = 0;
         KV_CUDA_TRY(cudaMemcpyAsync(s->din, s->hin, s->words * sizeof(uint32_t), cudaMemcpyHostToDevice, a->st));
-        ev_diag_params p = {};
+        ev_diag_params &p = par[np++];
+        p = ev_diag_params{};
         p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = s->N; p.kk = s->kk; p.split = s->split;
         p.has_cand = s->has_cand;
         p.S = a->S; p.ld = a->T;
@@ -477,11 +489,13 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         }
         p.scratch = s->scratch;
         p.out = s->drow;
-        ev_diag_kernel<<<Hq, EV_DT, (size_t)a->D * sizeof(double), a->st>>>(p);
-        KV_LAUNCH_CHECK();
-        KV_CUDA_TRY(cudaMemcpyAsync(s->hrow, s->drow, (size_t)Hq * sizeof(kv_gpu_diag_row), cudaMemcpyDeviceToHost,
-                                    a->st));
     }
+    KV_CUDA_TRY(cudaMemcpyAsync(a->dpar, a->hpar, (size_t)np * sizeof(ev_diag_params), cudaMemcpyHostToDevice, a->st));
+    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, (size_t)a->D * sizeof(double), a->st>>>(
+        (const ev_diag_params *)a->dpar);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaMemcpyAsync(a->hrows, a->drows, (size_t)a->n_slots * Hq * sizeof(kv_gpu_diag_row),
+                                cudaMemcpyDeviceToHost, a->st));
     if (a->ev_ready) {
         KV_CUDA_TRY(cudaEventRecord(a->ev[5], a->st));
         a->diag_timed = 1;

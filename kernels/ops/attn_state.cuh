@@ -41,6 +41,8 @@ struct kv_gpu_attn {
     /* the protocol's diagnostics (kv_gpu_attn_diag) */
     int n_slots;
     kv_attn_slot *slots;
+    kv_gpu_diag_row *drows, *hrows; /* [n_slots][Hq] device / pinned: every slot's rows, one download */
+    void *hpar, *dpar;               /* [n_slots] launch parameters (attn_eval.cu), pinned / device */
     /* device time (CUDA events on the stream): [0, 1] a step, [2, 3] its evaluation, [4, 5] a flush of the
      * diagnostics (read at the next wait); seconds summed (kv_gpu_attn_times) */
     cudaEvent_t ev[6];
