@@ -305,20 +305,6 @@ static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run 
     return KV_OK;
 }
 
-/* A step row buffer: pinned on the GPU path (the methods' per-step uploads
- * of q, k and v then need no staging copy in the driver), else malloc. */
-static float *step_alloc(int gpu, size_t bytes, const char *what) {
-    if (!gpu) return kv_malloc(bytes, what);
-    float *p = kv_gpu_host_alloc(bytes);
-    if (!p) kv_fail(KV_ERR_NOMEM, "out of memory: %s (%zu bytes)", what, bytes);
-    return p;
-}
-
-static void step_free(int gpu, void *p) {
-    if (gpu) kv_gpu_host_free(p);
-    else free(p);
-}
-
 /* One layer's decode loop: the oracle once per evaluated step, then every
  * instance appends position t and (at an evaluated step) searches at each
  * of its budgets b and is scored into its record recs[inst.first_rec + b].
@@ -345,12 +331,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int par = !meta->use_gpu && n_inst > 1 && omp_get_max_threads() > 1;
     int nth = par ? omp_get_max_threads() : 1;
     meta->parallel_methods |= par;
-    /* the step rows the GPU methods upload every step: pinned on the GPU path */
-    float *q = step_alloc(meta->use_gpu, (size_t)L->Hq * D * sizeof(float), "step queries");
+    float *q = kv_malloc((size_t)L->Hq * D * sizeof(float), "step queries");
     /* --lag d: the methods get the query of t-d (mq), the oracle the query of t (q) */
-    float *mq = o->lag ? step_alloc(meta->use_gpu, (size_t)L->Hq * D * sizeof(float), "lagged queries") : q;
-    float *k = step_alloc(meta->use_gpu, (size_t)L->Hkv * D * sizeof(float), "step keys");
-    float *v = step_alloc(meta->use_gpu, (size_t)L->Hkv * D * sizeof(float), "step values");
+    float *mq = o->lag ? kv_malloc((size_t)L->Hq * D * sizeof(float), "lagged queries") : q;
+    float *k = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step keys");
+    float *v = kv_malloc((size_t)L->Hkv * D * sizeof(float), "step values");
     kv_step_metric *rows = kv_malloc((size_t)nth * L->Hq * sizeof *rows, "step metrics");
     kv_protocol **proto = kv_calloc((size_t)nth, sizeof *proto, "protocol scratch");
     kv_status *ist = kv_calloc((size_t)n_inst + 1, sizeof *ist, "instance status");
@@ -445,10 +430,10 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     }
     free(pend_buf.t);
     free(pend_buf.metric);
-    if (mq != q) step_free(meta->use_gpu, mq);
+    if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
     free(proto); free(ist); free(msg);
-    step_free(meta->use_gpu, q); step_free(meta->use_gpu, k); step_free(meta->use_gpu, v); free(rows);
+    free(q); free(k); free(v); free(rows);
     return st;
 }
 

@@ -7,7 +7,6 @@
  * the CPU instead of failing at the first launch. Errors become statuses
  * with messages (kv_fail), never exits: only cli/ exits. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kv_cuda.h"
@@ -51,22 +50,6 @@ size_t kv_gpu_mem_free(void) {
         return 0;
     }
     return fr;
-}
-
-void *kv_gpu_host_alloc(size_t bytes) {
-    void *p = NULL;
-    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
-        cudaGetLastError();
-        return malloc(bytes ? bytes : 1);
-    }
-    return p;
-}
-
-void kv_gpu_host_free(void *p) {
-    if (p && cudaFreeHost(p) != cudaSuccess) {
-        cudaGetLastError();
-        free(p);
-    }
 }
 
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {

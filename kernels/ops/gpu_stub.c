@@ -1,7 +1,6 @@
 /* gpu_stub.c: the GPU entry points for a build without nvcc (see
  * kv_gpu.h). Each reports that this binary has no CUDA, so `--device gpu`
  * fails with a clear message and `--device auto` picks the CPU. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "kv_gpu.h"
@@ -15,10 +14,6 @@ void kv_gpu_probe(kv_gpu_info *info) {
 }
 
 size_t kv_gpu_mem_free(void) { return 0; }
-
-void *kv_gpu_host_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
-
-void kv_gpu_host_free(void *p) { free(p); }
 
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
                              kv_gpu_attn **out) {

@@ -28,12 +28,6 @@ typedef struct {
 void kv_gpu_probe(kv_gpu_info *info);
 /* Free device memory in bytes (cudaMemGetInfo on device 0); 0 when unknown or without CUDA. */
 size_t kv_gpu_mem_free(void);
-/* Pinned (page-locked) host memory for buffers the GPU paths copy every
- * step (the run loop's step rows: a copy from pageable memory is staged
- * through the driver's own pinned buffer first); plain malloc when pinning
- * fails or without CUDA. Free with kv_gpu_host_free only. */
-void *kv_gpu_host_alloc(size_t bytes);
-void kv_gpu_host_free(void *p);
 /* What every GPU path of a build without nvcc reports. */
 #define KV_NO_CUDA "this kvbench was built without CUDA (nvcc was not found at build time)"
 
