@@ -224,11 +224,6 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
     kv_status st = KV_OK;
     if (use_gpu) {
         st = kv_gpu_attn_create(L->Hq, L->Hkv, L->T, L->D, L->half, L->k, L->v, &o->gpu);
-        const char *he = getenv("KVBENCH_HOST_EVAL");
-        o->host_eval = he && !strcmp(he, "1");
-        if (st == KV_OK && multi(o) && o->host_eval) st = alloc_sorted(o);
-        if (st == KV_OK && multi(o) && !o->host_eval) st = kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
-        if (st == KV_OK && multi(o) && !(o->unc = kv_malloc((size_t)L->Hq * sizeof(int), "oracle heads"))) st = KV_ERR_NOMEM;
         if (st == KV_OK && !(o->kmax = kv_calloc((size_t)L->Hkv, sizeof(double), "oracle key norms"))) st = KV_ERR_NOMEM;
         for (int g = 0; st == KV_OK && g < L->Hkv; g++)
             for (int i = 0; i < L->T; i++) {
@@ -245,6 +240,12 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         o->ew = kv_malloc((size_t)L->Hq * L->T * sizeof(double), "oracle softmax terms");
         o->bad_pos = kv_malloc((size_t)L->Hq * sizeof(int), "oracle checks");
         if (!o->scores || !o->scratch || !o->acc || !o->ew || !o->bad_pos) st = KV_ERR_NOMEM;
+    }
+    if (st == KV_OK && o->gpu) { /* the evaluation on the device, or (KVBENCH_HOST_EVAL=1, the reference) the host */
+        const char *he = getenv("KVBENCH_HOST_EVAL");
+        o->host_eval = he && !strcmp(he, "1");
+        if (multi(o)) st = o->host_eval ? alloc_sorted(o) : kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
+        if (st == KV_OK && multi(o) && !(o->unc = kv_malloc((size_t)L->Hq * sizeof(int), "oracle heads"))) st = KV_ERR_NOMEM;
     }
     if (st != KV_OK) { kv_oracle_destroy(o); return st; }
     *out = o;
@@ -435,8 +436,8 @@ kv_status kv_oracle_diag_flush(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_
 
 kv_status kv_oracle_diag_wait(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_wait(o->gpu) : KV_OK; }
 
-const kv_gpu_diag_row *kv_oracle_diag_rows(const kv_oracle *o, int slot) {
-    return o->gpu ? kv_gpu_attn_diag_rows(o->gpu, slot) : NULL;
+const kv_gpu_diag_row *kv_oracle_diag_take(kv_oracle *o, int slot, int *t, float *metric) {
+    return o->gpu ? kv_gpu_attn_diag_take(o->gpu, slot, t, metric) : NULL;
 }
 
 void kv_oracle_destroy(kv_oracle *o) {

@@ -82,7 +82,8 @@ kv_status kv_oracle_diag_slots(kv_oracle *o, int n);
 kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in);
 kv_status kv_oracle_diag_flush(kv_oracle *o); /* launches the packed slots (after a step's searches) */
 kv_status kv_oracle_diag_wait(kv_oracle *o);
-const kv_gpu_diag_row *kv_oracle_diag_rows(const kv_oracle *o, int slot);
+/* A slot's rows once, with their step and method scalar (kv_gpu_attn_diag_take); NULL: none held. */
+const kv_gpu_diag_row *kv_oracle_diag_take(kv_oracle *o, int slot, int *t, float *metric);
 void kv_oracle_destroy(kv_oracle *o);
 
 #endif

@@ -307,8 +307,9 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
         if (sel->n_cand[l] >= 0) any = 1;
         need = sel->n_cand[l] > need ? sel->n_cand[l] : need;
     }
-    kv_gpu_diag_in in = {.b = b, .kk = kk, .split = p->split, .cap = p->cap, .count = p->count, .att = p->att,
-                         .flag = p->flag, .logw = p->logw, .has_cand = any && kk > 0};
+    kv_gpu_diag_in in = {.b = b, .kk = kk, .split = p->split, .t = t, .metric = m->metric_name ? sel->metric : NAN,
+                         .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
+                         .has_cand = any && kk > 0};
     if (in.has_cand) {
         if (need > p->ccap) {
             free(p->cscore); free(p->cidx);
@@ -334,8 +335,11 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
     return kv_oracle_diag(o, slot, &in);
 }
 
-void kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, int t, float metric, kv_step_metric *rows) {
-    const kv_gpu_diag_row *g = kv_oracle_diag_rows(o, slot);
+int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows) {
+    int t;
+    float metric;
+    const kv_gpu_diag_row *g = kv_oracle_diag_take(o, slot, &t, &metric);
+    if (!g) return 0;
     for (int h = 0; h < p->L->Hq; h++) {
         kv_step_metric *r = &rows[h];
         r->step = t; r->head = h; r->metric = metric;
@@ -343,4 +347,5 @@ void kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, int t, fl
         r->recall_pre = g[h].recall_pre; r->recall_gen = g[h].recall_gen; r->gen_share = g[h].gen_share;
         r->mass = g[h].mass; r->outerr = g[h].outerr; r->n_sel = g[h].n_sel; r->n_extra = g[h].n_extra;
     }
+    return 1;
 }

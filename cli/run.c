@@ -246,22 +246,14 @@ static void progress(double t_start, int done, int total, int force, const char 
     if (done == total) fputc('\n', stderr);
 }
 
-/* Scores whose arithmetic runs on the device (the GPU oracle, issue 12):
- * record i's submission of step t[i] (-1: none) with the method's scalar. */
-typedef struct {
-    int *t;
-    float *metric;
-} run_pending;
-
 /* Runs append (stage 0) or search + scoring (stage 1, budget b) of
  * instance i; returns its status, keeping the message (kv_fail's buffer is
  * per thread) in msg. Adds the search and diagnostics seconds to *srch and
- * *diag. With pend (the GPU oracle) the scoring is submitted to the device
- * and its rows collected later (collect_rows). */
+ * *diag. */
 static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k, const float *v, const float *mq,
                            const int *keff, kv_method_run *recs, kv_oracle *orc, const kv_oracle_out *ores,
                            kv_protocol *proto, kv_step_metric *rows, int Hq, double *srch, double *diag,
-                           run_pending *pend, char *msg, size_t msg_cap) {
+                           char *msg, size_t msg_cap) {
     kv_method_run *r = &in->r;
     kv_status st;
     if (stage == 0) {
@@ -276,15 +268,11 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s1 = kv_now();
         rec->search_s[rec->n_steps++] = s1 - s0;
         rec->search_total_s += s1 - s0;
-        int slot = in->first_rec + b - in->b0;
-        if (pend) {
-            if (st == KV_OK) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], slot);
-            pend->t[slot] = t;
-            pend->metric[slot] = r->m->metric_name ? r->sel.metric : NAN;
-        } else {
-            if (st == KV_OK) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
-            if (st == KV_OK) st = kv_rows_push(rec, rows, Hq);
-        }
+        /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
+        int dev = kv_oracle_device_eval(orc);
+        if (st == KV_OK && dev) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0);
+        if (st == KV_OK && !dev) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
+        if (st == KV_OK && !dev) st = kv_rows_push(rec, rows, Hq);
         *srch += s1 - s0;
         *diag += kv_now() - s1;
     }
@@ -292,16 +280,13 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
     return st;
 }
 
-/* The rows of every pending device scoring, into their records (after
- * kv_oracle_diag_wait or a kv_oracle_step: the oracle's stream is idle). */
-static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run *recs, int n_recs, run_pending *pend,
+/* The rows of every device scoring not collected yet, into their records
+ * (record i is diagnostics slot i; after kv_oracle_diag_wait or a
+ * kv_oracle_step, which waits for the oracle's stream). */
+static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run *recs, int n_recs,
                               kv_step_metric *rows, int Hq) {
-    for (int i = 0; i < n_recs; i++) {
-        if (pend->t[i] < 0) continue;
-        kv_protocol_collect(proto, orc, i, pend->t[i], pend->metric[i], rows);
-        pend->t[i] = -1;
-        KV_TRY(kv_rows_push(&recs[i], rows, Hq));
-    }
+    for (int i = 0; i < n_recs; i++)
+        if (kv_protocol_collect(proto, orc, i, rows)) KV_TRY(kv_rows_push(&recs[i], rows, Hq));
     return KV_OK;
 }
 
@@ -347,15 +332,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
-    run_pending pend_buf = {0}, *pend = NULL;
-    if (st == KV_OK && kv_oracle_device_eval(orc)) {
-        pend = &pend_buf;
-        pend->t = kv_malloc((size_t)(n_recs + 1) * sizeof(int), "pending scorings");
-        pend->metric = kv_malloc((size_t)(n_recs + 1) * sizeof(float), "pending scorings");
-        if (!pend->t || !pend->metric) st = KV_ERR_NOMEM;
-        for (int i = 0; st == KV_OK && i < n_recs; i++) pend->t[i] = -1;
-        if (st == KV_OK) st = kv_oracle_diag_slots(orc, n_recs);
-    }
+    int dev = st == KV_OK && kv_oracle_device_eval(orc); /* the device scores every record (a slot each) */
+    if (dev) st = kv_oracle_diag_slots(orc, n_recs);
     double t_start = kv_now();
     int show = isatty(2), done = 0;
     meta->steps_evaluated = meta->steps_skipped = 0;
@@ -376,8 +354,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             st = kv_oracle_step(orc, t, q, &ores);
             double c2 = kv_now();
             ph[KV_PH_ORACLE] += c2 - c1;
-            if (st == KV_OK && pend) { /* the previous step's device scorings are done: the oracle waited */
-                st = collect_rows(orc, proto[0], recs, n_recs, pend, rows, L->Hq);
+            if (st == KV_OK && dev) { /* the previous step's device scorings are done: the oracle waited */
+                st = collect_rows(orc, proto[0], recs, n_recs, rows, L->Hq);
                 ph[KV_PH_DIAG] += kv_now() - c2;
                 c2 = kv_now();
             }
@@ -393,18 +371,18 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
             ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
-                               &srch, &diag, NULL, im, MSG);
+                               &srch, &diag, im, MSG);
             app += kv_now() - a0;
             for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
                 kv_oracle_out ov;
                 kv_oracle_view(orc, b, &ov);
                 ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
-                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, pend, im, MSG);
+                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
             }
         }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
             if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
-        if (st == KV_OK && pend && score) { /* the step's device scorings, after its searches */
+        if (st == KV_OK && dev && score) { /* the step's device scorings, after its searches */
             double f0 = kv_now();
             st = kv_oracle_diag_flush(orc);
             diag += kv_now() - f0;
@@ -422,14 +400,12 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
         ph[KV_PH_BOOK] += kv_now() - c4;
     }
-    if (st == KV_OK && pend) { /* the last step's device scorings */
+    if (st == KV_OK && dev) { /* the last step's device scorings */
         double c0 = kv_now();
         st = kv_oracle_diag_wait(orc);
-        if (st == KV_OK) st = collect_rows(orc, proto[0], recs, n_recs, pend, rows, L->Hq);
+        if (st == KV_OK) st = collect_rows(orc, proto[0], recs, n_recs, rows, L->Hq);
         ph[KV_PH_DIAG] += kv_now() - c0;
     }
-    free(pend_buf.t);
-    free(pend_buf.metric);
     if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
     free(proto); free(ist); free(msg);
@@ -457,8 +433,7 @@ static int has_seed_param(const kv_method *m) {
  *   the documented estimate; compressed indexes hold less), plus the
  *   oracle's score rows 4 Hq T.
  * Device (--device gpu): the oracle's K and V, e (1 + has_v) Hkv T D with
- *   e = 2 for a float16 trace, 4 otherwise, its scores 4 Hq T and, with
- *   several budgets or the profile, its sort keys 16 Hq T; per
+ *   e = 2 for a float16 trace, 4 otherwise, and its scores 4 Hq T; per
  *   method instance on the GPU e Hkv T D + 4 Hq T.
  * Available: MemAvailable of /proc/meminfo (KVBENCH_MEM_LIMIT=BYTES, or
  * the loader's KVBENCH_MEM_AVAILABLE, overrides it) and the device's free memory (KVBENCH_GPU_MEM_LIMIT). */
@@ -479,9 +454,7 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
     }
     double per_cpu = 4 * Hkv * T * D + 4 * Hq * T, per_gpu = e * Hkv * T * D + 4 * Hq * T;
     host += n_cpu * per_cpu;
-    /* the device evaluation's sort keys (several budgets or the profile): two [Hq][T] 8-byte buffers */
-    double skeys = o->nk > 1 || !o->no_profile ? 16 * Hq * T : 0;
-    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + skeys + n_gpu * per_gpu;
+    if (use_gpu) dev = e * (1 + hv) * Hkv * T * D + 4 * Hq * T + n_gpu * per_gpu;
     double avail = kv_mem_available();
     if (avail >= 0 && host > avail)
         return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of host memory but %.0f bytes (%.2f GB) "
@@ -499,11 +472,10 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
         if (gfree > 0 && dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
                            "(%.2f GB) are free%s: the oracle's K%s as %s %.0f + %d GPU method instance(s) x %.0f "
-                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f and sort keys %.0f "
-                           "(T=%d, Hq=%d, Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev,
-                           dev / 1e9, gfree, gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)",
-                           hv ? ", V" : "", half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu,
-                           4 * Hq * T, skeys,
+                           "(K and a score row per q head, the estimate) + the oracle's scores %.0f (T=%d, Hq=%d, "
+                           "Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, dev, dev / 1e9, gfree,
+                           gfree / 1e9, glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", hv ? ", V" : "",
+                           half ? "float16" : "float32", e * (1 + hv) * Hkv * T * D, n_gpu, per_gpu, 4 * Hq * T,
                            in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
     if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))

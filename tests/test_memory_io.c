@@ -95,8 +95,7 @@ int test_run_memory_preflight_gpu(void) {
     CHECK(sh("'%s' synth --out '%s' --tokens 3000 --prefill 2000 --q-heads 4 --kv-heads 2 --dim 32 --force", B, tr) == 0,
           "synth: %s", err);
     long long T = 3000, D = 32, Hq = 4, Hkv = 2;
-    /* K, V float16; the oracle's scores; its sort keys (the profile is on); one exact instance: K and scores */
-    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + 16 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
+    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
     int rc = sh("KVBENCH_GPU_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact --device gpu --out '%s/memg-out' "
                 "--force --quiet", need - 1, B, tr, tmp);
     CHECK(rc == 2, "exit %d (want 2); stderr: %s", rc, err);

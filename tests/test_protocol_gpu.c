@@ -82,7 +82,6 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     int ns = 2 * nk;
     CHECK_OK(kv_oracle_diag_slots(o, ns));
     kv_step_metric *a = malloc(sizeof *a * Hq * ns), *b = malloc(sizeof *b * Hq);
-    float *metric = malloc(sizeof(float) * ns);
     for (int t = T / 2; t < T; t += T / 7) {
         for (int i = 0; i < Hq * D; i++) q[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 250.f;
         kv_oracle_out res;
@@ -95,11 +94,11 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
                 kv_oracle_view(o, bi, &ov);
                 CHECK_OK(kv_protocol_score(ph, o, &ov, t, &m, &sel, ks[bi], a + (size_t)slot * Hq));
                 CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot));
-                metric[slot] = sel.metric;
             }
         CHECK_OK(kv_oracle_diag_wait(o));
         for (int slot = 0; slot < ns; slot++) {
-            kv_protocol_collect(pg, o, slot, t, metric[slot], b);
+            CHECK(kv_protocol_collect(pg, o, slot, b) == 1, "step %d slot %d: no rows to collect", t, slot);
+            CHECK(kv_protocol_collect(pg, o, slot, b) == 0, "step %d slot %d: rows collected twice", t, slot);
             for (int h = 0; h < Hq; h++) {
                 const kv_step_metric *x = &a[(size_t)slot * Hq + h], *y = &b[h];
                 int ok = x->step == y->step && x->head == y->head && x->n_sel == y->n_sel &&
@@ -119,7 +118,6 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
             }
         }
     }
-    free(metric);
     free(a); free(b);
     kv_selection_free(&sel);
     kv_protocol_destroy(ph);

@@ -541,8 +541,6 @@ static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const fl
     KV_CUDA_ALLOC(a->hpos, (size_t)KV_GATHER_CHUNK * sizeof(uint32_t), 1, "oracle gather staging");
     KV_CUDA_ALLOC(a->hout, (size_t)KV_GATHER_CHUNK * sizeof(float), 1, "oracle gather staging");
     KV_CUDA_TRY(cudaStreamCreateWithFlags(&a->st, cudaStreamNonBlocking));
-    for (int i = 0; i < 6; i++) KV_CUDA_TRY(cudaEventCreate(&a->ev[i]));
-    a->ev_ready = 1;
     KV_TRY(kv_gpu_keys_write(a->K, 0, T, K));
     if (V) KV_TRY(kv_gpu_keys_write(a->V, 0, T, V));
     return KV_OK;
@@ -573,7 +571,11 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
     if (hi > n) hi = n;
     const int kk = hi > lo ? (k < hi - lo ? k : hi - lo) : 0;
     memcpy(a->hq, q, (size_t)Hq * D * sizeof(float));
-    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[0], a->st));
+    if (!a->ev_ready) { /* the device-time events (attn_state.cuh), made at the first step */
+        for (int i = 0; i < 6; i++) KV_CUDA_TRY(cudaEventCreate(&a->ev[i]));
+        a->ev_ready = 1;
+    }
+    KV_CUDA_TRY(cudaEventRecord(a->ev[0], a->st));
     KV_CUDA_TRY(cudaMemcpyAsync(a->q, a->hq, (size_t)Hq * D * sizeof(float), cudaMemcpyHostToDevice, a->st));
     kv_score_extras x = {kk > 0 ? a->tk.hist : NULL, lo, hi, kk > 0 ? a->tk.tmax : NULL, a->tk.tmax_ld, 0, -1};
     KV_TRY(kv_scores_launch(&a->K->a, a->q, Hq, scale, 0, n, a->S, a->T, &x, &a->dev, a->st));

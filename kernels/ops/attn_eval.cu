@@ -442,6 +442,9 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
         coff[h + 1] = coff[h] + (uint32_t)cc;
     }
     s->pending = 1;
+    s->held = 1;
+    s->t = in->t;
+    s->metric = in->metric;
     s->words = words;
     s->N = (int)N;
     s->kk = in->kk;
@@ -516,6 +519,11 @@ extern "C" void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *
     *diag_s = a->t_diag;
 }
 
-extern "C" const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot) {
-    return slot >= 0 && slot < a->n_slots ? a->slots[slot].hrow : NULL;
+extern "C" const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric) {
+    if (slot < 0 || slot >= a->n_slots || !a->slots[slot].held || a->slots[slot].pending) return NULL;
+    kv_attn_slot *s = &a->slots[slot];
+    s->held = 0;
+    *t = s->t;
+    *metric = s->metric;
+    return s->hrow;
 }

@@ -15,7 +15,9 @@ typedef struct {
     double *scratch;       /* device [2][cap]: each entry's exp terms */
     kv_gpu_diag_row *drow, *hrow; /* [Hq] device / pinned */
     int pending;           /* packed, not launched yet (kv_gpu_attn_diag_flush launches it) */
-    int N, kk, split, has_cand, b;
+    int held;              /* packed and not taken yet (kv_gpu_attn_diag_take) */
+    int N, kk, split, has_cand, b, t;
+    float metric;
     size_t words;
 } kv_attn_slot;
 

@@ -84,8 +84,8 @@ kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
-const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot) {
-    (void)a; (void)slot;
+const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric) {
+    (void)a; (void)slot; (void)t; (void)metric;
     return NULL;
 }
 

@@ -104,6 +104,8 @@ typedef struct {
 typedef struct {
     int b;           /* budget index (kv_gpu_attn_multi's), 0 without it */
     int kk, split;   /* min(k, region size); the prefill length */
+    int t;           /* the step, and the method's own scalar (NAN: none): kept with the rows */
+    float metric;
     int cap;         /* row stride of att, flag, logw */
     const int *count;
     const int32_t *att;
@@ -127,8 +129,10 @@ kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a);
  * several-budget / profile evaluation (sort, profile, counts, back), the
  * diagnostics (uploads, kernels, rows back). */
 void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s);
-/* [Hq] rows of slot, after kv_gpu_attn_diag_wait. */
-const kv_gpu_diag_row *kv_gpu_attn_diag_rows(const kv_gpu_attn *a, int slot);
+/* After kv_gpu_attn_diag_wait (or the next step): the [Hq] rows of slot's
+ * last packing, with its step and scalar, once; NULL when the slot holds
+ * none (nothing packed, or already taken). */
+const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric);
 
 /* ---- device-resident keys (or values) [H][T][D] ---- */
 /* Largest k the GPU top-k returns indices for (its final stage sorts in
