@@ -14,10 +14,13 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 O=${OUT:-/tmp/kvbench-dev}/s4-loop
-mkdir -p "$O"
+W=/tmp/s4-loop-work # the bulky outputs (result directories) stay here; $O gets logs, summaries and the tarball
+mkdir -p "$O" "$W"
 T0=$SECONDS
 S=$O/summary.txt
 : >"$S"
+: >"$O/runloop.log"
+: >"$O/eq.log"
 say() { echo "$*" | tee -a "$S"; }
 
 if [ "${RL_TESTS:-1}" = 1 ]; then
@@ -29,7 +32,7 @@ if [ "${RL_TESTS:-1}" = 1 ]; then
 fi
 
 if [ "${RL_EQ:-1}" = 1 ]; then
-    REF=$O/golden-ref
+    REF=$W/golden-ref
     rm -rf "$REF"
     if [ -n "${BASE_BIN:-}" ]; then
         python3 scripts/golden_run.py make "$BASE_BIN" "$REF" --device gpu >"$O/golden.log" 2>&1
@@ -39,37 +42,38 @@ if [ "${RL_EQ:-1}" = 1 ]; then
     python3 scripts/golden_run.py check ./kvbench "$REF" --device gpu >>"$O/golden.log" 2>&1
     rc=$?
     say "[$((SECONDS - T0))s] golden config, device eval vs ${BASE_BIN:+BASE_BIN}${BASE_BIN:-KVBENCH_HOST_EVAL=1}: rc $rc $(tail -1 "$O/golden.log" | cut -c1-110)"
-    rm -rf "$O/run-gpu" && cp -r "$REF" "$O/run-gpu" && tar -C "$O" -czf "$O/golden-run-gpu.tgz" run-gpu && rm -rf "$O/run-gpu"
+    rm -rf "$W/run-gpu" && cp -r "$REF" "$W/run-gpu" && tar -C "$W" -czf "$O/golden-run-gpu.tgz" run-gpu
     # steps.csv, drift.csv and profile.csv of two more demo runs (the profile on, several budgets; one budget
     # without the profile: the oracle's other path), host evaluation vs device
     for cfg in "--k 16,64,200 --stride 9" "--k 100 --no-profile --stride 11"; do
         for e in 0 1; do
             KVBENCH_HOST_EVAL=$e ./kvbench run --trace datasets/demo.h5 --method exact,pariskv,quest,pqcache,magicpig,streaming,random \
-                $cfg --device gpu --out "$O/eq$e" --force --quiet >>"$O/eq.log" 2>&1
+                $cfg --device gpu --out "$W/eq$e" --force --quiet >>"$O/eq.log" 2>&1
         done
         r=""
         for f in steps.csv drift.csv profile.csv; do
-            [ -f "$O/eq1/$f" ] || continue
-            cmp -s "$O/eq0/$f" "$O/eq1/$f" && r="$r $f=same" || r="$r $f=DIFFERS"
+            [ -f "$W/eq1/$f" ] || continue
+            cmp -s "$W/eq0/$f" "$W/eq1/$f" && r="$r $f=same" || r="$r $f=DIFFERS"
         done
-        say "[$((SECONDS - T0))s] demo $cfg: device vs host eval:$r ($(wc -l <"$O/eq0/steps.csv") step rows)"
+        say "[$((SECONDS - T0))s] demo $cfg: device vs host eval:$r ($(wc -l <"$W/eq0/steps.csv") step rows)"
     done
 fi
 
 if [ "${RL_RUN:-1}" = 1 ]; then
     TR=/tmp/kvb-runloop-128k.h5
-    [ -f $TR ] || ./kvbench synth --out $TR --tokens 131072 --prefill 126976 --force >"$O/synth.log" 2>&1
+    [ -f $TR ] || ./kvbench synth --out $TR --tokens 131072 --prefill 126976 --force >>"$O/runloop.log" 2>&1
     /usr/bin/time -f "run: %e s wall, %U s user, %S s sys, %M KB max RSS" timeout 300 ./kvbench run --trace $TR \
-        --method exact,pariskv,pqcache,quest,magicpig,streaming,random --device gpu --out "$O/rl" --force --quiet \
-        --verbose >"$O/runloop.log" 2>&1
+        --method exact,pariskv,pqcache,quest,magicpig,streaming,random --device gpu --out "$W/rl" --force --quiet \
+        --verbose >>"$O/runloop.log" 2>&1
     say "[$((SECONDS - T0))s] 128K run: $(grep '^run:' "$O/runloop.log")"
     grep -E "^phases|^oracle:" "$O/runloop.log" | cut -c1-230 | tee -a "$S"
     if [ "${RL_BENCH:-0}" = 1 ]; then
         for m in exact pariskv pqcache quest magicpig; do
-            timeout 60 ./kvbench bench --method $m --tokens 131072 --csv "$O/bench-$m.csv" --force >/dev/null 2>&1
+            timeout 60 ./kvbench bench --method $m --tokens 131072 --csv "$W/bench-$m.csv" --force >/dev/null 2>&1
         done
     fi
-    python3 - "$O/rl/summary.json" "$O" <<'EOF' | tee -a "$S"
+    cp "$W/rl/summary.json" "$O/rl-summary.json" 2>/dev/null
+    python3 - "$W/rl/summary.json" "$W" <<'EOF' | tee -a "$S"
 import csv, glob, json, sys
 s = json.load(open(sys.argv[1]))
 bench, src = {}, "this call's kvbench bench"
