@@ -40,9 +40,12 @@ struct kv_oracle {
     int *ntop_all;            /* [nk][2][Hq]: prefill, generated */
     float *sorted;            /* [Hq][T]: each head's region, descending (several budgets or the profile) */
     uint32_t *rtmp;           /* [Hq][T]: the radix sort's second buffer (the profile's long sorts) */
-    const float *hs;          /* GPU + several budgets or profile: the last step's scores [Hq][T] on the host
-                               * (pinned, owned by the GPU oracle), n = hs_n */
+    int *unc;                 /* GPU + several budgets or profile: [Hq] heads the host recomputes (attn_eval.cu) */
+    int host_eval;            /* GPU, KVBENCH_HOST_EVAL=1: every score to the host, sorts and protocol there (the
+                               * reference of the device evaluation) */
+    const float *hs;          /* host_eval: the last step's scores [Hq][T] (pinned, owned by the GPU oracle) */
     int hs_n;
+    long host_heads;          /* how many it did */
 };
 
 const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
@@ -171,6 +174,17 @@ static void multi_head(kv_oracle *o, int h, int t, const float *s, double m, dou
     }
 }
 
+/* The host's sorted regions (the CPU path; on the GPU path only for a head
+ * the device left to the host, allocated then). */
+static kv_status alloc_sorted(kv_oracle *o) {
+    const kv_layer *L = o->L;
+    if (!o->sorted && !(o->sorted = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle sorted regions")))
+        return KV_ERR_NOMEM;
+    if (o->profile && !o->rtmp && !(o->rtmp = kv_malloc((size_t)L->Hq * L->T * sizeof(uint32_t), "oracle sort buffer")))
+        return KV_ERR_NOMEM;
+    return KV_OK;
+}
+
 kv_status kv_oracle_create(const kv_layer *L, float scale, int sink, int local, int k, int split, int use_gpu,
                            kv_oracle **out) {
     return kv_oracle_create_ks(L, scale, sink, local, &k, 1, split, use_gpu, 0, out);
@@ -199,8 +213,7 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
-    if (multi(o) && (!(o->sorted = kv_malloc((size_t)L->Hq * L->T * sizeof(float), "oracle sorted regions")) ||
-                     (o->profile && !(o->rtmp = kv_malloc((size_t)L->Hq * L->T * sizeof(uint32_t), "oracle sort buffer"))))) {
+    if (multi(o) && !use_gpu && alloc_sorted(o) != KV_OK) {
         kv_oracle_destroy(o);
         return KV_ERR_NOMEM;
     }
@@ -232,6 +245,12 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         o->ew = kv_malloc((size_t)L->Hq * L->T * sizeof(double), "oracle softmax terms");
         o->bad_pos = kv_malloc((size_t)L->Hq * sizeof(int), "oracle checks");
         if (!o->scores || !o->scratch || !o->acc || !o->ew || !o->bad_pos) st = KV_ERR_NOMEM;
+    }
+    if (st == KV_OK && o->gpu) { /* the evaluation on the device, or (KVBENCH_HOST_EVAL=1, the reference) the host */
+        const char *he = getenv("KVBENCH_HOST_EVAL");
+        o->host_eval = he && !strcmp(he, "1");
+        if (multi(o)) st = o->host_eval ? alloc_sorted(o) : kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
+        if (st == KV_OK && multi(o) && !(o->unc = kv_malloc((size_t)L->Hq * sizeof(int), "oracle heads"))) st = KV_ERR_NOMEM;
     }
     if (st != KV_OK) { kv_oracle_destroy(o); return st; }
     *out = o;
@@ -317,14 +336,15 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
     const kv_layer *L = o->L;
     if (o->gpu) {
         int lo = o->sink, hi = t + 1 - o->local;
-        KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, o->k, o->res.m, o->res.Z, o->res.thr,
-                                o->res.o_full, o->split, o->res.ntop_pre));
+        /* several budgets or the profile on the device: no threshold of the step's own (k = 0) */
+        int dev = multi(o) && !o->host_eval;
+        KV_TRY(kv_gpu_attn_step(o->gpu, t, q, o->scale, lo, hi, dev ? 0 : o->k, o->res.m, o->res.Z, o->res.thr,
+                                o->res.o_full, o->split, dev ? NULL : o->res.ntop_pre));
         KV_TRY(check_gpu(o, t, q));
-        if (multi(o)) {
+        if (multi(o) && o->host_eval) {
             /* every score of the step to the host in one copy, then the CPU's
-             * sort, heads in parallel: the thresholds are the GPU's own scores
-             * (the k-th of the same numbers the GPU top-k picks its threshold
-             * from), and the protocol's gathers read the same copy */
+             * sort, heads in parallel (the path before issue 12's device
+             * evaluation); the protocol's gathers read the same copy */
             int n = 0;
             KV_TRY(kv_gpu_attn_scores(o->gpu, &o->hs, &n));
             o->hs_n = n;
@@ -335,6 +355,26 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
                 for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
                 for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
                 multi_head(o, h, t, s, m, Z);
+            }
+        } else if (multi(o)) {
+            /* issue 12: the thresholds, origin counts and profile from a sort on
+             * the device (kernels/ops/attn_eval.cu; the thresholds are the GPU's
+             * own scores, the k-th of the numbers the protocol compares); a head
+             * whose profile sums fall within their rounding bound of a target is
+             * redone here from its scores with the host's arithmetic */
+            KV_TRY(kv_gpu_attn_multi(o->gpu, lo, hi, o->split, kv_profile_p, o->thr_all, o->ntop_all,
+                                     o->profile ? o->res.budget : NULL, o->unc));
+            for (int h = 0; h < L->Hq; h++) {
+                if (!o->unc[h]) continue;
+                if (!o->row && !(o->row = kv_malloc((size_t)L->T * sizeof(float), "oracle check row"))) return KV_ERR_NOMEM;
+                KV_TRY(alloc_sorted(o));
+                KV_TRY(kv_gpu_attn_row(o->gpu, h, o->row));
+                const float *s = o->row;
+                double m = s[0], Z = 0;
+                for (int i = 1; i <= t; i++) m = s[i] > m ? s[i] : m;
+                for (int i = 0; i <= t; i++) Z += exp((double)s[i] - m);
+                multi_head(o, h, t, s, m, Z);
+                o->host_heads++;
             }
         }
     } else {
@@ -352,7 +392,7 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 }
 
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out) {
-    if (o->gpu && o->hs) { /* the host copy of the GPU's scores (several budgets or the profile) */
+    if (o->gpu && o->hs) { /* the host copy of the GPU's scores (KVBENCH_HOST_EVAL=1, several budgets or the profile) */
         for (int h = 0; h < o->L->Hq; h++) {
             const float *s = o->hs + (size_t)h * o->L->T;
             for (int j = 0; j < count[h]; j++) {
@@ -383,6 +423,33 @@ void kv_oracle_view(const kv_oracle *o, int i, kv_oracle_out *res) {
 
 const char *kv_oracle_device(const kv_oracle *o) { return o->gpu ? "gpu" : "cpu"; }
 
+long kv_oracle_host_heads(const kv_oracle *o) { return o->host_heads; }
+
+int kv_oracle_device_eval(const kv_oracle *o) { return o->gpu && !o->host_eval; }
+
+void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s) {
+    *step_s = *eval_s = *diag_s = 0;
+    if (o->gpu) kv_gpu_attn_times(o->gpu, step_s, eval_s, diag_s);
+}
+
+kv_status kv_oracle_diag_slots(kv_oracle *o, int n) {
+    if (!kv_oracle_device_eval(o)) return kv_fail(KV_ERR_INTERNAL, "device diagnostics without the device evaluation");
+    return kv_gpu_attn_diag_slots(o->gpu, n);
+}
+
+kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in) {
+    if (!o->gpu) return kv_fail(KV_ERR_INTERNAL, "device diagnostics without the GPU oracle");
+    return kv_gpu_attn_diag(o->gpu, slot, in);
+}
+
+kv_status kv_oracle_diag_flush(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_flush(o->gpu) : KV_OK; }
+
+kv_status kv_oracle_diag_wait(kv_oracle *o) { return o->gpu ? kv_gpu_attn_diag_wait(o->gpu) : KV_OK; }
+
+const kv_gpu_diag_row *kv_oracle_diag_take(kv_oracle *o, int slot, int *t, float *metric) {
+    return o->gpu ? kv_gpu_attn_diag_take(o->gpu, slot, t, metric) : NULL;
+}
+
 void kv_oracle_destroy(kv_oracle *o) {
     if (!o) return;
     if (o->gpu) kv_gpu_attn_destroy(o->gpu);
@@ -401,5 +468,6 @@ void kv_oracle_destroy(kv_oracle *o) {
     free(o->bad_pos);
     free(o->row);
     free(o->kmax);
+    free(o->unc);
     free(o);
 }

@@ -22,6 +22,7 @@
 #define KV_ORACLE_H
 
 #include "../datasets/kv_trace.h"
+#include "../kernels/ops/kv_gpu.h"
 
 typedef struct kv_oracle kv_oracle;
 
@@ -61,6 +62,28 @@ kv_status kv_oracle_step(kv_oracle *o, int t, const float *q, kv_oracle_out *res
 /* After kv_oracle_step: out[h*cap + j] = s at idx[h*cap + j], j < count[h]. */
 kv_status kv_oracle_gather(kv_oracle *o, const int32_t *idx, const int *count, int cap, float *out);
 const char *kv_oracle_device(const kv_oracle *o);
+/* GPU oracle with several budgets or the profile: heads whose thresholds and
+ * profile the host recomputed so far (the device's sums were within their
+ * rounding bound of a profile target; kernels/ops/attn_eval.cu). */
+long kv_oracle_host_heads(const kv_oracle *o);
+/* 1: the GPU oracle evaluates on the device (thresholds, profile and, through
+ * kv_protocol_submit, the protocol's diagnostics); 0 on the CPU and with
+ * KVBENCH_HOST_EVAL=1, which keeps the host path (every score copied to the
+ * host each step) as the reference to compare with. */
+int kv_oracle_device_eval(const kv_oracle *o);
+/* GPU oracle: device seconds of its steps, their evaluation and the diagnostics (kv_gpu_attn_times); 0 on the CPU. */
+void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s);
+/* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h
+ * kv_gpu_attn_diag; cli/protocol.c kv_protocol_submit and _collect).
+ * n slots, one per method record; a slot's rows are valid after
+ * kv_oracle_diag_wait (or kv_oracle_diag_flush and then the next
+ * kv_oracle_step, which waits too). */
+kv_status kv_oracle_diag_slots(kv_oracle *o, int n);
+kv_status kv_oracle_diag(kv_oracle *o, int slot, const kv_gpu_diag_in *in);
+kv_status kv_oracle_diag_flush(kv_oracle *o); /* launches the packed slots (after a step's searches) */
+kv_status kv_oracle_diag_wait(kv_oracle *o);
+/* A slot's rows once, with their step and method scalar (kv_gpu_attn_diag_take); NULL: none held. */
+const kv_gpu_diag_row *kv_oracle_diag_take(kv_oracle *o, int slot, int *t, float *metric);
 void kv_oracle_destroy(kv_oracle *o);
 
 #endif

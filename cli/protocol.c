@@ -295,3 +295,59 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
     }
     return candidate_recall(p, o, ores, m, sel, kk, rows);
 }
+
+/* The GPU oracle's path (issue 12): the lists of kv_protocol_score, built
+ * and checked here, the arithmetic on the device (kernels/ops/attn_eval.cu).
+ * The candidate lists are copied per head as candidate_recall does, each
+ * position checked against [0, t] (the device reads scores there). */
+kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
+                             int k, int slot) {
+    const kv_layer *L = p->L;
+    int nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR, need = 0, any = 0;
+    KV_TRY(build_lists(p, t, m, sel, k));
+    for (int l = 0; l < sel->n_lists; l++) {
+        if (sel->n_cand[l] >= 0) any = 1;
+        need = sel->n_cand[l] > need ? sel->n_cand[l] : need;
+    }
+    kv_gpu_diag_in in = {.b = b, .kk = kk, .split = p->split, .t = t, .metric = m->metric_name ? sel->metric : NAN,
+                         .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
+                         .has_cand = any && kk > 0};
+    if (in.has_cand) {
+        if (need > p->ccap) {
+            free(p->cscore); free(p->cidx);
+            p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
+            p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
+            p->ccap = need;
+            if (!p->cscore || !p->cidx) { p->ccap = 0; return KV_ERR_NOMEM; }
+        }
+        for (int h = 0; h < L->Hq; h++) {
+            int list = m->per_kv_head ? h / p->G : h;
+            const int32_t *c = sel->cand + (size_t)list * sel->cand_cap;
+            p->ccount[h] = sel->n_cand[list] > 0 ? sel->n_cand[list] : 0;
+            for (int j = 0; j < p->ccount[h]; j++)
+                if (c[j] < 0 || c[j] > t)
+                    return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
+                                   c[j], t + 1);
+            memcpy(p->cidx + (size_t)h * p->ccap, c, (size_t)p->ccount[h] * sizeof(int32_t));
+        }
+        in.ccap = p->ccap;
+        in.ccount = p->ccount;
+        in.cidx = p->cidx;
+    }
+    return kv_oracle_diag(o, slot, &in);
+}
+
+int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows) {
+    int t;
+    float metric;
+    const kv_gpu_diag_row *g = kv_oracle_diag_take(o, slot, &t, &metric);
+    if (!g) return 0;
+    for (int h = 0; h < p->L->Hq; h++) {
+        kv_step_metric *r = &rows[h];
+        r->step = t; r->head = h; r->metric = metric;
+        r->recall = g[h].recall; r->recall_sel = g[h].recall_sel; r->cand_recall = g[h].cand_recall;
+        r->recall_pre = g[h].recall_pre; r->recall_gen = g[h].recall_gen; r->gen_share = g[h].gen_share;
+        r->mass = g[h].mass; r->outerr = g[h].outerr; r->n_sel = g[h].n_sel; r->n_extra = g[h].n_extra;
+    }
+    return 1;
+}

@@ -40,6 +40,16 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
  * every head's sums is then computed once and shared by the methods scored
  * at t (same numbers). Without it every score computes everything. */
 void kv_protocol_new_step(kv_protocol *p, int t);
+/* The same scoring with the GPU oracle (issue 12): the attended and
+ * candidate lists are built and checked here (the same errors), the
+ * arithmetic runs on the device into `slot` (kv_oracle_diag; b = the budget's
+ * index in the oracle's list); after kv_oracle_diag_wait (or the next
+ * kv_oracle_step), kv_protocol_collect writes the Hq rows of that submission
+ * (its step, the method's scalar) and returns 1, once; 0 when the slot holds
+ * none. */
+kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
+                             int k, int slot);
+int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows);
 void kv_protocol_destroy(kv_protocol *p);
 
 #endif

@@ -348,13 +348,26 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s1 = kv_now();
         rec->search_s[rec->n_steps++] = s1 - s0;
         rec->search_total_s += s1 - s0;
-        if (st == KV_OK) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
-        if (st == KV_OK) st = kv_rows_push(rec, rows, Hq);
+        /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
+        int dev = kv_oracle_device_eval(orc);
+        if (st == KV_OK && dev) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0);
+        if (st == KV_OK && !dev) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
+        if (st == KV_OK && !dev) st = kv_rows_push(rec, rows, Hq);
         *srch += s1 - s0;
         *diag += kv_now() - s1;
     }
     if (st != KV_OK) snprintf(msg, msg_cap, "%s", kv_last_error());
     return st;
+}
+
+/* The rows of every device scoring not collected yet, into their records
+ * (record i is diagnostics slot i; after kv_oracle_diag_wait or a
+ * kv_oracle_step, which waits for the oracle's stream). */
+static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run *recs, int n_recs,
+                              kv_step_metric *rows, int Hq) {
+    for (int i = 0; i < n_recs; i++)
+        if (kv_protocol_collect(proto, orc, i, rows)) KV_TRY(kv_rows_push(&recs[i], rows, Hq));
+    return KV_OK;
 }
 
 /* One layer's decode loop: the oracle once per evaluated step, then every
@@ -367,7 +380,13 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
  * with its thread's own protocol scratch; a method's internal OpenMP loops
  * then run single-threaded inside. Every number is the serial loop's
  * (tests: run_golden_cpu). The GPU path stays serial: the GPU oracle's
- * gather buffers are shared. */
+ * gather buffers are shared. With the GPU oracle the protocol's arithmetic
+ * runs on the device (kv_protocol_submit; issue 12: it was 1.2 ms per
+ * method-step on the host): a step's scorings are packed as the methods
+ * search, launched on the oracle's stream after the last search of the step
+ * (so none shares the GPU with a timed search), and their rows read back
+ * after the next oracle step (which waits for them) or at the end: the host
+ * never waits on them. */
 static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst *inst, int n_inst, kv_method_run *recs,
                           const int *keff, kv_oracle *orc, kv_run_meta *meta, kv_profile_rows *prof,
                           const char *layer) {
@@ -396,6 +415,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
+    int dev = st == KV_OK && kv_oracle_device_eval(orc); /* the device scores every record (a slot each) */
+    if (dev) st = kv_oracle_diag_slots(orc, n_recs);
     double t_start = kv_now();
     int show = isatty(2), done = 0;
     meta->steps_evaluated = meta->steps_skipped = 0;
@@ -416,6 +437,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             st = kv_oracle_step(orc, t, q, &ores);
             double c2 = kv_now();
             ph[KV_PH_ORACLE] += c2 - c1;
+            if (st == KV_OK && dev) { /* the previous step's device scorings are done: the oracle waited */
+                st = collect_rows(orc, proto[0], recs, n_recs, rows, L->Hq);
+                ph[KV_PH_DIAG] += kv_now() - c2;
+                c2 = kv_now();
+            }
             if (st == KV_OK && prof && ores.budget) st = kv_profile_push(prof, t, ores.budget);
             for (int i = 0; i < nth; i++) kv_protocol_new_step(proto[i], t);
             ph[KV_PH_BOOK] += kv_now() - c2;
@@ -448,6 +474,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         }
         for (int i = 0; i < n_inst && st == KV_OK; i++)
             if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
+        if (st == KV_OK && dev && score) { /* the step's device scorings, after its searches */
+            double f0 = kv_now();
+            st = kv_oracle_diag_flush(orc);
+            diag += kv_now() - f0;
+        }
         ph[KV_PH_APPEND] += app;
         ph[KV_PH_SEARCH] += srch;
         ph[KV_PH_DIAG] += diag;
@@ -460,6 +491,12 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         if (show && (done % 16 == 0 || done == total))
             progress(t_start, done, total, done == total && kv_now() - t_start > 2.0, layer);
         ph[KV_PH_BOOK] += kv_now() - c4;
+    }
+    if (st == KV_OK && dev) { /* the last step's device scorings */
+        double c0 = kv_now();
+        st = kv_oracle_diag_wait(orc);
+        if (st == KV_OK) st = collect_rows(orc, proto[0], recs, n_recs, rows, L->Hq);
+        ph[KV_PH_DIAG] += kv_now() - c0;
     }
     if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
@@ -654,6 +691,13 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
     if (st == KV_OK && meta->steps_evaluated == 0)
         st = kv_fail(KV_ERR_INPUT, "%s: no decode step has a non-empty retrievable region (T=%d, P=%d, sink=%d, "
                      "local=%d): nothing to evaluate", in->path, in->num_tokens, in->prefill_len, o->sink, o->local);
+    if (o->verbose && orc && kv_oracle_device_eval(orc)) {
+        double ds, de, dd;
+        kv_oracle_gpu_times(orc, &ds, &de, &dd);
+        fprintf(stderr, "oracle: layer %s: device seconds (CUDA events): steps %.3f, thresholds and profile %.3f, "
+                "diagnostics %.3f; %ld head-steps' thresholds and profile redone on the host (a profile sum within "
+                "its rounding bound of a target)\n", meta->layer, ds, de, dd, kv_oracle_host_heads(orc));
+    }
     for (int i = 0; o->verbose && recs && i < n_recs; i++)
         fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (host timer)\n",
                 recs[i].m->name, meta->layer, recs[i].k, recs[i].search_total_s, recs[i].n_steps,

@@ -133,6 +133,8 @@ extern char kv_test_reason[512];
     X(profile_brute_force, 0)                              \
     X(profile_long_regions, 0)                             \
     X(gpu_oracle_multi_k_profile_matches_cpu, KV_NEEDS_GPU) \
+    X(gpu_oracle_profile_long_regions, KV_NEEDS_GPU)       \
+    X(gpu_protocol_diag_matches_host, KV_NEEDS_GPU)        \
     X(run_multi_k_layer_seed_equals_single, KV_NEEDS_SUBPROCESS) \
     X(sweep_script, KV_NEEDS_SUBPROCESS)                   \
     X(run_golden_cpu, KV_NEEDS_SUBPROCESS)                 \

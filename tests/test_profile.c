@@ -162,8 +162,12 @@ static int cmp_desc(const void *a, const void *b) {
  * sort_desc up to 4096 tokens, by a radix sort beyond): every entry against
  * a full sort of the region done here, and a uniform layer (all scores 0)
  * against the count by hand: smallest c with sink + local + c >= p (t + 1).
- * Steps t0, t0 + step, .. T - 1. */
-static int long_regions(int T, int t0, int step) {
+ * Steps t0, t0 + step, .. T - 1. With gpu, the GPU oracle (its device sort
+ * and block-scan profile, kernels/ops/attn_eval.cu): the same answers, and
+ * `ties` (> 0) asks that the uniform layer's exact ties with a target (t + 1
+ * even: p = 0.5 lands on a whole count) sent at least that many heads back to
+ * the host. */
+static int long_regions(int T, int t0, int step, int gpu, int ties) {
     enum { D = 16, HQ = 2, S = 4, W = 64 };
     kv_layer L = {.Hq = HQ, .Hkv = 1, .T = T, .D = D};
     L.k = calloc((size_t)T * D, sizeof(float));
@@ -175,7 +179,8 @@ static int long_regions(int T, int t0, int step) {
         if (pass == 1)
             for (int i = 0; i < T * D; i++) L.k[i] = (float)((rand_r(&seed) % 2001) - 1000) / 4000.f;
         kv_oracle *o;
-        CHECK_OK(kv_oracle_create_ks(&L, 1.0f, S, W, ks, 2, 800, 0, 1, &o));
+        CHECK_OK(kv_oracle_create_ks(&L, 1.0f, S, W, ks, 2, 800, gpu, 1, &o));
+        CHECK(!gpu || !strcmp(kv_oracle_device(o), "gpu"), "the GPU oracle runs on %s", kv_oracle_device(o));
         int beyond = 0;
         for (int t = t0; t < T; t += step) {
             for (int i = 0; i < HQ * D; i++) q[i] = (float)((rand_r(&seed) % 2001) - 1000) / 1000.f;
@@ -209,8 +214,10 @@ static int long_regions(int T, int t0, int step) {
             }
         }
         /* the fallback sorts the region's n - 512 other tokens: by the radix sort when that is over 4096 */
-        CHECK(beyond > 0, "%s, T=%d: no entry above the 512 tokens sorted first: the fallback went untested",
+        CHECK(gpu || beyond > 0, "%s, T=%d: no entry above the 512 tokens sorted first: the fallback went untested",
               pass ? "random" : "uniform", T);
+        CHECK(!gpu || pass || kv_oracle_host_heads(o) >= ties, "uniform, T=%d: %ld heads redone on the host, want >= %d",
+              T, kv_oracle_host_heads(o), ties);
         kv_oracle_destroy(o);
     }
     free(L.k); free(L.q); free(s); free(srt);
@@ -218,6 +225,14 @@ static int long_regions(int T, int t0, int step) {
 }
 
 int test_profile_long_regions(void) {
-    int r = long_regions(1600, 1400, 50);
-    return r == KV_TEST_PASS ? long_regions(9000, 8800, 100) : r;
+    int r = long_regions(1600, 1400, 50, 0, 0);
+    return r == KV_TEST_PASS ? long_regions(9000, 8800, 100, 0, 0) : r;
+}
+
+/* The GPU oracle's profile on long regions (many elements per scan thread),
+ * random and uniform; the uniform layer at even t + 1 ties p = 0.5 exactly,
+ * which the device must hand back to the host (and the host gets right). */
+int test_gpu_oracle_profile_long_regions(void) {
+    int r = long_regions(1600, 1399, 50, 1, 1);
+    return r == KV_TEST_PASS ? long_regions(40000, 39001, 200, 1, 1) : r;
 }

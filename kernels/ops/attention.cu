@@ -25,7 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kv_cuda.h"
+#include "attn_state.cuh"
 
 namespace {
 
@@ -517,18 +517,6 @@ __global__ void kv_count_top_kernel(const float *S, long long ld, const float *t
 }
 }  // namespace
 
-struct kv_gpu_attn {
-    int Hq, Hkv, T, D, n_last;
-    kv_cuda_dev dev;
-    kv_gpu_keys *K, *V;
-    float *q, *S, *res, *hq, *hres, *gout, *hout;
-    float *hS; /* [Hq][T] pinned: kv_gpu_attn_scores (allocated on first use) */
-    uint32_t *gpos, *hpos;
-    unsigned *cnt, *hcnt; /* [2][Hq]: top-k members by key origin */
-    kv_topk_ws tk;
-    kv_pv_ws pv;
-    cudaStream_t st;
-};
 
 static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const float *V, const uint16_t *K16,
                               const uint16_t *V16) {
@@ -596,6 +584,11 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
     if (hi > n) hi = n;
     const int kk = hi > lo ? (k < hi - lo ? k : hi - lo) : 0;
     memcpy(a->hq, q, (size_t)Hq * D * sizeof(float));
+    if (!a->ev_ready) { /* the device-time events (attn_state.cuh), made at the first step */
+        for (int i = 0; i < 6; i++) KV_CUDA_TRY(cudaEventCreate(&a->ev[i]));
+        a->ev_ready = 1;
+    }
+    KV_CUDA_TRY(cudaEventRecord(a->ev[0], a->st));
     KV_CUDA_TRY(cudaMemcpyAsync(a->q, a->hq, (size_t)Hq * D * sizeof(float), cudaMemcpyHostToDevice, a->st));
     kv_score_extras x = {kk > 0 ? a->tk.hist : NULL, lo, hi, kk > 0 ? a->tk.tmax : NULL, a->tk.tmax_ld, 0, -1};
     KV_TRY(kv_scores_launch(&a->K->a, a->q, Hq, scale, 0, n, a->S, a->T, &x, &a->dev, a->st));
@@ -614,7 +607,10 @@ extern "C" kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, flo
                         a->st));
     const size_t nres = (size_t)3 * Hq + (a->V ? (size_t)Hq * D : 0);
     KV_CUDA_TRY(cudaMemcpyAsync(a->hres, a->res, nres * sizeof(float), cudaMemcpyDeviceToHost, a->st));
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[1], a->st));
     KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    kv_attn_ev_add(a, 0, 1, &a->t_step);
+    if (a->diag_timed) { kv_attn_ev_add(a, 4, 5, &a->t_diag); a->diag_timed = 0; }
     for (int h = 0; h < Hq; h++) {
         m[h] = a->hres[h];
         Z[h] = a->hres[Hq + h];
@@ -682,6 +678,15 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     cudaFreeHost(a->hS);
     kv_topk_ws_destroy(&a->tk);
     kv_pv_ws_destroy(&a->pv);
+    cudaFree(a->ev_ks); cudaFree(a->ev_key); cudaFree(a->ev_key2); cudaFree(a->ev_tmp); cudaFree(a->ev_res);
+    cudaFreeHost(a->ev_hres);
+    for (int i = 0; a->slots && i < a->n_slots; i++) {
+        kv_attn_slot *sl = &a->slots[i];
+        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch);
+    }
+    free(a->slots);
+    cudaFree(a->drows); cudaFreeHost(a->hrows); cudaFree(a->dpar); cudaFreeHost(a->hpar);
     if (a->st) cudaStreamDestroy(a->st);
+    for (int i = 0; a->ev_ready && i < 6; i++) cudaEventDestroy(a->ev[i]);
     free(a);
 }

@@ -43,6 +43,52 @@ kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n) {
 
 void kv_gpu_attn_destroy(kv_gpu_attn *a) { (void)a; }
 
+kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile) {
+    (void)a; (void)ks; (void)nk; (void)profile;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split, const double *ptarget, float *thr, int *ntop,
+                            int *budget, int *uncertain) {
+    (void)a; (void)lo; (void)hi; (void)split; (void)ptarget; (void)thr; (void)ntop; (void)budget; (void)uncertain;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out) {
+    (void)a; (void)h; (void)out;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots) {
+    (void)a; (void)n_slots;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in) {
+    (void)a; (void)slot; (void)in;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s) {
+    (void)a;
+    *step_s = *eval_s = *diag_s = 0;
+}
+
+kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
+    (void)a;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
+    (void)a;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric) {
+    (void)a; (void)slot; (void)t; (void)metric;
+    return NULL;
+}
+
 kv_status kv_gpu_keys_create(int H, int T, int D, int half, kv_gpu_keys **out) {
     (void)H; (void)T; (void)D; (void)half;
     *out = NULL;

@@ -68,10 +68,74 @@ kv_status kv_gpu_attn_step(kv_gpu_attn *a, int t, const float *q, float scale, i
 kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *count, int cap, float *out);
 /* Every score of the last step, [Hq][0, t] with row stride T, copied once
  * (one 2-D copy into pinned host memory owned by the oracle) to *rows; *n
- * = t + 1. Issue 12: the host's sort and profile read these instead of a
- * gather of every position. */
+ * = t + 1: the host evaluation (KVBENCH_HOST_EVAL=1, cli/oracle.c), the
+ * reference the device evaluation below is checked against. */
 kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);
+/* Several budgets and the budget profile on the device (issue 12; host
+ * version: cli/oracle.c multi_head). kv_gpu_attn_multi_init once: budgets
+ * ks[0..nk) and whether the profile is wanted. Then after each
+ * kv_gpu_attn_step (called with k = 0: no threshold of its own), for the
+ * region [lo, hi) of that step: each head's region sorted descending on the
+ * device; thr[b*Hq + h] = the min(ks[b], n)-th largest (INFINITY for n = 0);
+ * ntop[b*2*Hq + h] / [b*2*Hq + Hq + h] the top-k members at positions <
+ * split / >= split; with the profile, budget[h*5 + j] the region tokens
+ * needed for mass ptarget[j] (kv_profile_head's definition). The profile's
+ * sums are taken in another order than the host's, so each crossing is
+ * checked against a bound on both rounding errors (and on one ulp of exp per
+ * term); uncertain[h] = 1 when some crossing of head h is within it: the
+ * caller recomputes that head on the host (kv_gpu_attn_row). Synchronous. */
+kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile);
+kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split, const double *ptarget, float *thr, int *ntop,
+                            int *budget, int *uncertain);
+/* Head h's scores of the last step, [0, t], to host out (t + 1 floats). */
+kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out);
+
+/* The protocol's per-head diagnostics of one method-step on the device
+ * (cli/protocol.c kv_protocol_submit: the attended lists are built and
+ * checked on the host, the O(k D) arithmetic runs here): the same
+ * definitions and the same double operations in the same order as
+ * kv_protocol_score (no FMA contraction), reading the oracle's scores, V,
+ * m, Z, o_full and budget b's threshold and origin counts of the last step.
+ * Asynchronous on the oracle's stream: the rows of a slot are valid after
+ * kv_gpu_attn_diag_wait (or a flush and then the next kv_gpu_attn_step,
+ * which waits too). */
+typedef struct {
+    float recall, recall_sel, cand_recall, recall_pre, recall_gen, gen_share, mass, outerr;
+    int n_sel, n_extra;
+} kv_gpu_diag_row;
+typedef struct {
+    int b;           /* budget index (kv_gpu_attn_multi's), 0 without it */
+    int kk, split;   /* min(k, region size); the prefill length */
+    int t;           /* the step, and the method's own scalar (NAN: none): kept with the rows */
+    float metric;
+    int cap;         /* row stride of att, flag, logw */
+    const int *count;
+    const int32_t *att;
+    const uint8_t *flag; /* 1: in the region, 2: selected, 4: extra */
+    const float *logw;
+    int has_cand;    /* 0: cand_recall NAN */
+    int ccap;
+    const int *ccount;
+    const int32_t *cidx;
+} kv_gpu_diag_in;
+kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
+/* Packs one method-step into `slot` (host only); kv_gpu_attn_diag_flush
+ * launches every packed slot on the oracle's stream (the run loop flushes
+ * after the step's searches, so the diagnostics never share the GPU with a
+ * timed search); _wait flushes and waits. */
+kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in);
+kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a);
+kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a);
+/* Device seconds so far (CUDA events on the oracle's stream): the steps
+ * (query upload, scores, threshold, softmax + PV, results back), their
+ * several-budget / profile evaluation (sort, profile, counts, back), the
+ * diagnostics (uploads, kernels, rows back). */
+void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s);
+/* After kv_gpu_attn_diag_wait (or the next step): the [Hq] rows of slot's
+ * last packing, with its step and scalar, once; NULL when the slot holds
+ * none (nothing packed, or already taken). */
+const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric);
 
 /* ---- device-resident keys (or values) [H][T][D] ---- */
 /* Largest k the GPU top-k returns indices for (its final stage sorts in

@@ -1,0 +1,529 @@
+/* attn_eval.cu: the evaluation of a decode step where the oracle's scores
+ * are (issue 12, goal 1): the run loop spent 20 ms a step copying every
+ * score to the host and sorting it there for the several-budget thresholds
+ * and the budget profile (issue 11), and 1.2 ms per method-step on the
+ * protocol's diagnostics. Both now run on the device, after the step's
+ * softmax + PV (attention.cu), on the oracle's stream, and only O(Hq) numbers
+ * come back.
+ *
+ * Several budgets and the profile (kv_gpu_attn_multi): each head's region is
+ * sorted descending by one device radix sort of (head, order-preserving
+ * score key) pairs; the k-th largest of each budget is read from it and the
+ * origin counts are taken against it, as the host did (the same float
+ * numbers, so identical). The profile's crossing j of mass p (the smallest j
+ * with sink/local mass + the j largest region terms >= p Z, kv_profile_head)
+ * is found with a block scan: its double sums run in another order than the
+ * host's sequential ones, and exp may differ by an ulp, so the two sums can
+ * differ by at most about 4 (t + 2) 2^-53 Z; every crossing whose sums are
+ * within 8 (t + 3) 2^-53 Z of the target is reported uncertain and the host
+ * recomputes that head with its own arithmetic (cli/oracle.c), so the result
+ * is the host's in every case.
+ *
+ * Diagnostics (kv_gpu_attn_diag): the host builds and checks each head's
+ * attended list (cli/protocol.c: sink, local, selected, extra, deduplicated,
+ * the method's contract) and packs it with the candidate lists into one
+ * upload; one block per query head then computes the protocol's row with the
+ * host's double operations in the host's order (per element d the output sum
+ * over the list in list order, then the error's sums over d; explicit
+ * __dadd_rn/__dmul_rn so nothing is contracted into an FMA), the hit counts
+ * from the same float scores and threshold. exp is CUDA's, within an ulp of
+ * glibc's; the rows are stored as float, so a difference would have to fall
+ * on a float rounding boundary to show (scripts/golden_run.py checks the
+ * printed numbers bit for bit). */
+#include <math.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "attn_state.cuh"
+
+namespace {
+
+constexpr int EV_TH = 512;  /* the profile: one block per head (128 registers a thread) */
+constexpr int EV_DT = 128;  /* the diagnostics: one block per head */
+constexpr int EV_NP = 5;    /* KV_NPROFILE */
+constexpr double EV_U = 1.1102230246251565e-16; /* 2^-53 */
+
+/* descending floats as ascending keys (cli/oracle.c radix_sort_desc) and back */
+__device__ __forceinline__ unsigned ev_desc(float f) {
+    const unsigned b = __float_as_uint(f);
+    return (b & 0x80000000u) ? b : (~b & 0x7fffffffu);
+}
+__device__ __forceinline__ float ev_undesc(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? k : (~k & 0x7fffffffu));
+}
+
+__global__ void ev_keys_kernel(const float *S, long long ld, int lo, int n, int Hq, unsigned long long *out) {
+    const long long total = (long long)Hq * n;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int h = (int)(e / n), j = (int)(e % n);
+        out[e] = ((unsigned long long)h << 32) | ev_desc(S[(size_t)h * ld + lo + j]);
+    }
+}
+
+/* exclusive block prefix sum of v (any order of additions: bounded error) */
+__device__ double ev_block_exscan(double v, double *total, double *sw) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sw[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        double w = lane < nw ? sw[lane] : 0.0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < nw) sw[lane] = w;
+    }
+    __syncthreads();
+    double ex = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) ex = 0.0;
+    *total = sw[nw - 1];
+    return (warp ? sw[warp - 1] : 0.0) + ex;
+}
+
+struct ev_prof_params {
+    const float *S;
+    long long ld;
+    const unsigned long long *keys; /* sorted, [Hq][n] */
+    int n, lo, hi, t, nk, profile, Hq;
+    const int *ks;
+    double p[EV_NP];
+    float *thr;     /* [nk][Hq] */
+    int *budget;    /* [Hq][EV_NP] */
+    int *uncertain; /* [Hq] */
+};
+
+/* Head blockIdx.x: thresholds of every budget, then (profile) the crossings. */
+__global__ void __launch_bounds__(EV_TH) ev_profile_kernel(const ev_prof_params p) {
+    __shared__ double sw[32];
+    __shared__ double s_m, s_base;
+    __shared__ int sj[EV_NP], sflag;
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const unsigned long long *K = p.keys + (size_t)h * p.n;
+    const float *row = p.S + (size_t)h * p.ld;
+    if (tid == 0) {
+        /* m = the largest score of [0, t]; the sink/local mass in index order (kv_profile_head) */
+        float m = ev_undesc((unsigned)K[0]);
+        for (int i = 0; i < p.lo; i++) m = fmaxf(m, row[i]);
+        for (int i = p.hi; i <= p.t; i++) m = fmaxf(m, row[i]);
+        const double md = m;
+        double base = 0;
+        for (int i = 0; i < p.lo; i++) base += exp((double)row[i] - md);
+        for (int i = p.hi; i <= p.t; i++) base += exp((double)row[i] - md);
+        s_m = md;
+        s_base = base;
+        for (int b = 0; b < p.nk; b++) {
+            const int kk = min(p.ks[b], p.n);
+            p.thr[(size_t)b * p.Hq + h] = kk > 0 ? ev_undesc((unsigned)K[kk - 1]) : INFINITY;
+        }
+        for (int j = 0; j < EV_NP; j++) sj[j] = p.n;
+        sflag = 0;
+    }
+    __syncthreads();
+    if (!p.profile) return;
+    const double m = s_m, base = s_base;
+    const int chunk = (p.n + EV_TH - 1) / EV_TH, a = min(p.n, tid * chunk), b = min(p.n, a + chunk);
+    double s = 0;
+    for (int j = a; j < b; j++) s += exp((double)ev_undesc((unsigned)K[j]) - m);
+    double total;
+    const double pre = ev_block_exscan(s, &total, sw);
+    const double Z = base + total, margin = 8.0 * (p.t + 3.0) * EV_U * Z;
+    double tgt[EV_NP], up[EV_NP], dn[EV_NP];
+    int fj[EV_NP];
+#pragma unroll
+    for (int q = 0; q < EV_NP; q++) { tgt[q] = p.p[q] * Z; fj[q] = -1; up[q] = dn[q] = 0; }
+    double cum = base + pre, prev = -INFINITY; /* cum = the mass before term j; prev = before term j - 1 */
+    if (a > 0 && a < b) prev = cum - exp((double)ev_undesc((unsigned)K[a - 1]) - m);
+    for (int j = a; j < b; j++) {
+#pragma unroll
+        for (int q = 0; q < EV_NP; q++)
+            if (fj[q] < 0 && cum >= tgt[q]) { fj[q] = j; up[q] = cum - tgt[q]; dn[q] = j > 0 ? tgt[q] - prev : INFINITY; }
+        prev = cum;
+        cum += exp((double)ev_undesc((unsigned)K[j]) - m);
+    }
+#pragma unroll
+    for (int q = 0; q < EV_NP; q++)
+        if (fj[q] >= 0) atomicMin(&sj[q], fj[q]);
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < EV_NP; q++) {
+        const int J = sj[q];
+        if (J < p.n) {
+            if (fj[q] == J && (up[q] <= margin || dn[q] <= margin)) sflag = 1;
+        } else if (a < b && b == p.n && tgt[q] - prev <= margin) /* no crossing: the last mass must be clearly below */
+            sflag = 1;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int q = 0; q < EV_NP; q++) p.budget[h * EV_NP + q] = sj[q];
+        p.uncertain[h] = sflag;
+    }
+}
+
+/* cnt[b][0][h] / cnt[b][1][h] += scores of [lo, split) / [split, hi) >= thr[b][h] */
+__global__ void ev_count_kernel(const float *S, long long ld, const float *thr, int lo, int split, int hi,
+                                unsigned *cnt, int Hq) {
+    const int h = blockIdx.y, b = blockIdx.z;
+    const float th = thr[(size_t)b * Hq + h];
+    unsigned x = 0, y = 0;
+    for (int i = lo + blockIdx.x * blockDim.x + threadIdx.x; i < hi; i += gridDim.x * blockDim.x)
+        if (S[(size_t)h * ld + i] >= th) (i < split ? x : y)++;
+    for (int o = 16; o; o >>= 1) {
+        x += __shfl_down_sync(0xffffffffu, x, o);
+        y += __shfl_down_sync(0xffffffffu, y, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (x) atomicAdd(&cnt[(size_t)b * 2 * Hq + h], x);
+        if (y) atomicAdd(&cnt[(size_t)b * 2 * Hq + Hq + h], y);
+    }
+}
+
+struct ev_diag_params {
+    const uint32_t *in; /* [Hq+1] list offsets, [Hq+1] candidate offsets, att[N], flag[N], logw[N], cand[NC] */
+    int Hq, G, N, kk, split, has_cand;
+    const float *S;
+    long long ld;
+    const void *V; /* NULL: no values */
+    int Vhalf;
+    long long VT;
+    int D;
+    const float *m, *Z, *of, *thr;
+    const unsigned *ntop; /* [2][Hq] */
+    double *scratch;      /* [2][N] */
+    kv_gpu_diag_row *out;
+};
+
+__device__ __forceinline__ double ev_v(const ev_diag_params &p, int g, int i, int d) {
+    const size_t e = ((size_t)g * p.VT + i) * p.D + d;
+    return p.Vhalf ? (double)__half2float(((const __half *)p.V)[e]) : (double)((const float *)p.V)[e];
+}
+
+/* Head blockIdx.x of method-step blockIdx.y (its parameters ps[blockIdx.y]): cli/protocol.c kv_protocol_score's row. */
+__global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps) {
+    const ev_diag_params &p = ps[blockIdx.y];
+    extern __shared__ double sacc[]; /* [D] */
+    __shared__ double s_lmax[EV_DT / 32];
+    __shared__ int s_cnt[6];
+    const int h = blockIdx.x, tid = threadIdx.x, g = h / p.G, lane = tid & 31, warp = tid >> 5;
+    const uint32_t *off = p.in, *coff = p.in + p.Hq + 1;
+    const int32_t *att = (const int32_t *)(p.in + 2 * p.Hq + 2);
+    const uint32_t *flg = p.in + 2 * p.Hq + 2 + p.N;
+    const float *lw = (const float *)(p.in + 2 * p.Hq + 2 + 2 * (size_t)p.N);
+    const int32_t *cand = (const int32_t *)(p.in + 2 * p.Hq + 2 + 3 * (size_t)p.N);
+    const int c0 = (int)off[h], c1 = (int)off[h + 1];
+    double *ew = p.scratch, *w = p.scratch + p.N;
+    const float *row = p.S + (size_t)h * p.ld;
+    const double m = (double)p.m[h];
+    const float th = p.thr[h];
+    if (tid < 6) s_cnt[tid] = 0;
+    __syncthreads();
+    int hits = 0, hits_pre = 0, hits_sel = 0, n_sel = 0, n_extra = 0, chits = 0;
+    double lmax = -INFINITY;
+    for (int c = c0 + tid; c < c1; c += EV_DT) {
+        const unsigned f = flg[c];
+        const float s = row[att[c]];
+        const int good = (f & 1u) && s >= th;
+        hits += good && (f & 6u);
+        hits_pre += good && (f & 6u) && att[c] < p.split;
+        hits_sel += good && (f & 2u);
+        n_sel += (f & 2u) != 0;
+        n_extra += (f & 4u) && !(f & 2u) && (f & 1u);
+        ew[c] = exp((double)s - m);
+        const double l = (double)s + (double)lw[c];
+        lmax = l > lmax ? l : lmax;
+    }
+    if (p.has_cand)
+        for (int c = (int)coff[h] + tid; c < (int)coff[h + 1]; c += EV_DT) chits += row[cand[c]] >= th;
+    for (int o = 16; o; o >>= 1) lmax = fmax(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
+    if (lane == 0) s_lmax[warp] = lmax;
+    atomicAdd(&s_cnt[0], hits);
+    atomicAdd(&s_cnt[1], hits_pre);
+    atomicAdd(&s_cnt[2], hits_sel);
+    atomicAdd(&s_cnt[3], n_sel);
+    atomicAdd(&s_cnt[4], n_extra);
+    atomicAdd(&s_cnt[5], chits);
+    __syncthreads();
+    lmax = s_lmax[0];
+    for (int i = 1; i < EV_DT / 32; i++) lmax = s_lmax[i] > lmax ? s_lmax[i] : lmax;
+    /* the output's weights: exp(s + logw - lmax) (equal to exp(s - m) where the host reuses those) */
+    for (int c = c0 + tid; c < c1; c += EV_DT) w[c] = exp(((double)row[att[c]] + (double)lw[c]) - lmax);
+    __syncthreads();
+    if (p.V)
+        for (int d = tid; d < p.D; d += EV_DT) {
+            double acc = 0;
+#pragma unroll 8 /* the loads of 8 rows in flight ahead of the (ordered) sums */
+            for (int c = c0; c < c1; c++) acc = __dadd_rn(acc, __dmul_rn(w[c], ev_v(p, g, att[c], d)));
+            sacc[d] = acc;
+        }
+    __syncthreads();
+    if (tid != 0) return;
+    double mass = 0, wsum = 0;
+#pragma unroll 8
+    for (int c = c0; c < c1; c++) mass = __dadd_rn(mass, ew[c]);
+#pragma unroll 8
+    for (int c = c0; c < c1; c++) wsum = __dadd_rn(wsum, w[c]);
+    const float nanf_ = __int_as_float(0x7fc00000);
+    const int kk = p.kk;
+    hits = s_cnt[0]; hits_pre = s_cnt[1]; hits_sel = s_cnt[2]; chits = s_cnt[5];
+    kv_gpu_diag_row r;
+    r.n_sel = s_cnt[3];
+    r.n_extra = s_cnt[4];
+    r.recall = (float)(hits < kk ? hits : kk) / (float)kk;
+    r.recall_sel = (float)(hits_sel < kk ? hits_sel : kk) / (float)kk;
+    r.cand_recall = p.has_cand && kk > 0 ? (float)(chits < kk ? chits : kk) / (float)kk : nanf_;
+    const int np = (int)p.ntop[h], ng = (int)p.ntop[p.Hq + h], hits_gen = hits - hits_pre;
+    r.recall_pre = np > 0 ? (float)(hits_pre < np ? hits_pre : np) / (float)np : nanf_;
+    r.recall_gen = ng > 0 ? (float)(hits_gen < ng ? hits_gen : ng) / (float)ng : nanf_;
+    r.gen_share = np + ng > 0 ? (float)ng / (float)(np + ng) : nanf_;
+    r.mass = (float)__ddiv_rn(mass, (double)p.Z[h]);
+    r.outerr = nanf_;
+    if (p.V) {
+        double num = 0, den = 0;
+        const float *of = p.of + (size_t)h * p.D;
+        for (int d = 0; d < p.D; d++) {
+            const double diff = __dsub_rn(__ddiv_rn(sacc[d], wsum), (double)of[d]);
+            num = __dadd_rn(num, __dmul_rn(diff, diff));
+            den = __dadd_rn(den, __dmul_rn((double)of[d], (double)of[d]));
+        }
+        r.outerr = (float)(den > 0 ? __dsqrt_rn(__ddiv_rn(num, den)) : __dsqrt_rn(num));
+    }
+    p.out[h] = r;
+}
+
+}  // namespace
+
+extern "C" kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile) {
+    if (nk < 1) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: %d budgets", nk);
+    const size_t cells = (size_t)a->Hq * a->T;
+    if (cells > 0x7fffffffu) return kv_fail(KV_ERR_INPUT, "GPU oracle: Hq*T = %zu exceeds 2^31 for the device sort", cells);
+    KV_CUDA_ALLOC(a->ev_ks, (size_t)nk * sizeof(int), 0, "oracle budgets");
+    KV_CUDA_TRY(cudaMemcpy(a->ev_ks, ks, (size_t)nk * sizeof(int), cudaMemcpyHostToDevice));
+    char what[160];
+    snprintf(what, sizeof what, "the oracle's sort keys [2][%d][%d] (several budgets or the budget profile)", a->Hq,
+             a->T);
+    KV_CUDA_ALLOC(a->ev_key, cells * sizeof(unsigned long long), 0, what);
+    KV_CUDA_ALLOC(a->ev_key2, cells * sizeof(unsigned long long), 0, what);
+    a->ev_hbits = 0;
+    while ((1 << a->ev_hbits) < a->Hq) a->ev_hbits++;
+    size_t bytes = 0;
+    cub::DoubleBuffer<unsigned long long> db(a->ev_key, a->ev_key2);
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(NULL, bytes, db, (int)cells, 0, 32 + a->ev_hbits, a->st));
+    KV_CUDA_ALLOC(a->ev_tmp, bytes + 256, 0, "the oracle's sort storage");
+    a->ev_tmp_bytes = bytes + 256;
+    a->ev_words = (size_t)nk * a->Hq * 3 + (size_t)a->Hq * (EV_NP + 1);
+    KV_CUDA_ALLOC(a->ev_res, a->ev_words * sizeof(uint32_t), 0, "oracle budget results");
+    KV_CUDA_ALLOC(a->ev_hres, a->ev_words * sizeof(uint32_t), 1, "oracle budget results staging");
+    a->ev_nk = nk;
+    a->ev_profile = profile;
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split, const double *ptarget, float *thr,
+                                       int *ntop, int *budget, int *uncertain) {
+    const int Hq = a->Hq, nk = a->ev_nk, t = a->n_last - 1;
+    if (!nk) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: kv_gpu_attn_multi before kv_gpu_attn_multi_init");
+    if (t < 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: kv_gpu_attn_multi before any step");
+    if (lo < 0) lo = 0;
+    if (hi > t + 1) hi = t + 1;
+    const int n = hi > lo ? hi - lo : 0;
+    if (n == 0) { /* an empty region: what the host computes for it */
+        for (int i = 0; i < nk * Hq; i++) thr[i] = INFINITY;
+        memset(ntop, 0, (size_t)nk * 2 * Hq * sizeof(int));
+        if (budget) memset(budget, 0, (size_t)Hq * EV_NP * sizeof(int));
+        memset(uncertain, 0, (size_t)Hq * sizeof(int));
+        return KV_OK;
+    }
+    const long long total = (long long)Hq * n;
+    const int kb = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[2], a->st));
+    ev_keys_kernel<<<kb, 256, 0, a->st>>>(a->S, a->T, lo, n, Hq, a->ev_key);
+    KV_LAUNCH_CHECK();
+    size_t bytes = a->ev_tmp_bytes;
+    cub::DoubleBuffer<unsigned long long> db(a->ev_key, a->ev_key2); /* no third buffer: the sorted keys end in one */
+    KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(a->ev_tmp, bytes, db, (int)total, 0, 32 + a->ev_hbits, a->st));
+    float *dthr = (float *)a->ev_res;
+    unsigned *dcnt = a->ev_res + (size_t)nk * Hq;
+    int *dbud = (int *)(a->ev_res + (size_t)3 * nk * Hq), *dunc = dbud + (size_t)Hq * EV_NP;
+    ev_prof_params pp = {};
+    pp.S = a->S; pp.ld = a->T; pp.keys = db.Current(); pp.n = n; pp.lo = lo; pp.hi = hi; pp.t = t; pp.nk = nk;
+    pp.profile = budget ? 1 : 0; pp.Hq = Hq; pp.ks = a->ev_ks;
+    for (int j = 0; j < EV_NP; j++) pp.p[j] = ptarget ? ptarget[j] : 0.0;
+    pp.thr = dthr; pp.budget = dbud; pp.uncertain = dunc;
+    KV_CUDA_TRY(cudaMemsetAsync(dcnt, 0, (size_t)2 * nk * Hq * sizeof(unsigned), a->st));
+    KV_CUDA_TRY(cudaMemsetAsync(dbud, 0, (size_t)Hq * (EV_NP + 1) * sizeof(int), a->st));
+    ev_profile_kernel<<<Hq, EV_TH, 0, a->st>>>(pp);
+    KV_LAUNCH_CHECK();
+    const int bx = (n + 255) / 256, cap = (2 * a->dev.sm_count + Hq * nk - 1) / (Hq * nk);
+    ev_count_kernel<<<dim3(bx < cap ? bx : (cap < 1 ? 1 : cap), Hq, nk), 256, 0, a->st>>>(a->S, a->T, dthr, lo, split,
+                                                                                          hi, dcnt, Hq);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaMemcpyAsync(a->ev_hres, a->ev_res, a->ev_words * sizeof(uint32_t), cudaMemcpyDeviceToHost, a->st));
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[3], a->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    kv_attn_ev_add(a, 2, 3, &a->t_eval);
+    memcpy(thr, a->ev_hres, (size_t)nk * Hq * sizeof(float));
+    for (int i = 0; i < 2 * nk * Hq; i++) ntop[i] = (int)a->ev_hres[(size_t)nk * Hq + i];
+    const int *hb = (const int *)(a->ev_hres + (size_t)3 * nk * Hq);
+    if (budget) memcpy(budget, hb, (size_t)Hq * EV_NP * sizeof(int));
+    memcpy(uncertain, hb + (size_t)Hq * EV_NP, (size_t)Hq * sizeof(int));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out) {
+    if (h < 0 || h >= a->Hq || a->n_last <= 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: row %d of no step", h);
+    KV_CUDA_TRY(cudaMemcpyAsync(out, a->S + (size_t)h * a->T, (size_t)a->n_last * sizeof(float),
+                                cudaMemcpyDeviceToHost, a->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots) {
+    if (a->slots) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slots allocated twice");
+    a->slots = (kv_attn_slot *)kv_calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *a->slots, "diagnostics slots");
+    if (!a->slots) return KV_ERR_NOMEM;
+    a->n_slots = n_slots;
+    const size_t nr = (size_t)(n_slots > 0 ? n_slots : 1) * a->Hq;
+    KV_CUDA_ALLOC(a->drows, nr * sizeof(kv_gpu_diag_row), 0, "diagnostics rows");
+    KV_CUDA_ALLOC(a->hrows, nr * sizeof(kv_gpu_diag_row), 1, "diagnostics rows staging");
+    KV_CUDA_ALLOC(a->dpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 0, "diagnostics parameters");
+    KV_CUDA_ALLOC(a->hpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 1,
+                  "diagnostics parameters staging");
+    for (int i = 0; i < n_slots; i++) {
+        a->slots[i].drow = a->drows + (size_t)i * a->Hq;
+        a->slots[i].hrow = a->hrows + (size_t)i * a->Hq;
+    }
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_diag_in *in) {
+    if (slot < 0 || slot >= a->n_slots) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slot %d", slot);
+    const int Hq = a->Hq;
+    if (a->n_last <= 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics before any step");
+    if (in->b < 0 || in->b >= (a->ev_nk ? a->ev_nk : 1))
+        return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics of budget %d", in->b);
+    size_t N = 0, NC = 0;
+    for (int h = 0; h < Hq; h++) {
+        N += (size_t)in->count[h];
+        if (in->has_cand) NC += (size_t)in->ccount[h];
+    }
+    const size_t words = 2 * (size_t)Hq + 2 + 3 * N + NC;
+    if (words > 0xffffffffu) return kv_fail(KV_ERR_INPUT, "GPU oracle: %zu diagnostics entries in one step", words);
+    kv_attn_slot *s = &a->slots[slot];
+    if (s->pending) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slot %d packed twice", slot);
+    if (words > s->cap) { /* the slot's previous upload may still be in flight */
+        KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+        cudaFreeHost(s->hin); cudaFree(s->din); cudaFree(s->scratch);
+        s->hin = s->din = NULL; s->scratch = NULL; s->cap = 0;
+        const size_t cap = words + words / 2 + 1024;
+        KV_CUDA_ALLOC(s->hin, cap * sizeof(uint32_t), 1, "diagnostics lists staging");
+        KV_CUDA_ALLOC(s->din, cap * sizeof(uint32_t), 0, "diagnostics lists");
+        KV_CUDA_ALLOC(s->scratch, 2 * cap * sizeof(double), 0, "diagnostics terms");
+        s->cap = cap;
+    }
+    uint32_t *w = s->hin, *off = w, *coff = w + Hq + 1, *att = w + 2 * Hq + 2, *flg = att + N, *lw = flg + N,
+             *cand = lw + N;
+    off[0] = coff[0] = 0;
+    for (int h = 0; h < Hq; h++) {
+        const int c = in->count[h], cc = in->has_cand ? in->ccount[h] : 0;
+        const size_t r = (size_t)h * in->cap;
+        memcpy(att + off[h], in->att + r, (size_t)c * sizeof(uint32_t));
+        memcpy(lw + off[h], in->logw + r, (size_t)c * sizeof(float));
+        for (int j = 0; j < c; j++) flg[off[h] + j] = in->flag[r + j];
+        if (cc) memcpy(cand + coff[h], in->cidx + (size_t)h * in->ccap, (size_t)cc * sizeof(uint32_t));
+        off[h + 1] = off[h] + (uint32_t)c;
+        coff[h + 1] = coff[h] + (uint32_t)cc;
+    }
+    s->pending = 1;
+    s->held = 1;
+    s->t = in->t;
+    s->metric = in->metric;
+    s->words = words;
+    s->N = (int)N;
+    s->kk = in->kk;
+    s->split = in->split;
+    s->has_cand = in->has_cand;
+    s->b = in->b;
+    return KV_OK;
+}
+
+/* Launches every packed slot: an upload of each slot's lists, then one
+ * upload of the launch parameters, one kernel (a block per head and slot)
+ * and one download of every slot's rows. */
+extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
+    const int Hq = a->Hq;
+    int any = 0;
+    for (int i = 0; i < a->n_slots; i++) any |= a->slots[i].pending;
+    if (!any) return KV_OK;
+    if (a->diag_timed) { /* the previous flush's interval (its events are long done when flushes follow steps) */
+        KV_CUDA_TRY(cudaEventSynchronize(a->ev[5]));
+        kv_attn_ev_add(a, 4, 5, &a->t_diag);
+        a->diag_timed = 0;
+    }
+    if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[4], a->st));
+    ev_diag_params *par = (ev_diag_params *)a->hpar;
+    int np = 0;
+    for (int i = 0; i < a->n_slots; i++) {
+        kv_attn_slot *s = &a->slots[i];
+        if (!s->pending) continue;
+        s->pending = 0;
+        KV_CUDA_TRY(cudaMemcpyAsync(s->din, s->hin, s->words * sizeof(uint32_t), cudaMemcpyHostToDevice, a->st));
+        ev_diag_params &p = par[np++];
+        p = ev_diag_params{};
+        p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = s->N; p.kk = s->kk; p.split = s->split;
+        p.has_cand = s->has_cand;
+        p.S = a->S; p.ld = a->T;
+        if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
+        p.D = a->D;
+        p.m = a->res; p.Z = a->res + Hq; p.of = a->res + 3 * Hq;
+        if (a->ev_nk) {
+            p.thr = (const float *)a->ev_res + (size_t)s->b * Hq;
+            p.ntop = a->ev_res + (size_t)a->ev_nk * Hq + (size_t)s->b * 2 * Hq;
+        } else {
+            p.thr = a->res + 2 * Hq;
+            p.ntop = a->cnt;
+        }
+        p.scratch = s->scratch;
+        p.out = s->drow;
+    }
+    KV_CUDA_TRY(cudaMemcpyAsync(a->dpar, a->hpar, (size_t)np * sizeof(ev_diag_params), cudaMemcpyHostToDevice, a->st));
+    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, (size_t)a->D * sizeof(double), a->st>>>(
+        (const ev_diag_params *)a->dpar);
+    KV_LAUNCH_CHECK();
+    KV_CUDA_TRY(cudaMemcpyAsync(a->hrows, a->drows, (size_t)a->n_slots * Hq * sizeof(kv_gpu_diag_row),
+                                cudaMemcpyDeviceToHost, a->st));
+    if (a->ev_ready) {
+        KV_CUDA_TRY(cudaEventRecord(a->ev[5], a->st));
+        a->diag_timed = 1;
+    }
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_attn_diag_wait(kv_gpu_attn *a) {
+    KV_TRY(kv_gpu_attn_diag_flush(a));
+    KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+    if (a->diag_timed) { kv_attn_ev_add(a, 4, 5, &a->t_diag); a->diag_timed = 0; }
+    return KV_OK;
+}
+
+extern "C" void kv_gpu_attn_times(const kv_gpu_attn *a, double *step_s, double *eval_s, double *diag_s) {
+    *step_s = a->t_step;
+    *eval_s = a->t_eval;
+    *diag_s = a->t_diag;
+}
+
+extern "C" const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, float *metric) {
+    if (slot < 0 || slot >= a->n_slots || !a->slots[slot].held || a->slots[slot].pending) return NULL;
+    kv_attn_slot *s = &a->slots[slot];
+    s->held = 0;
+    *t = s->t;
+    *metric = s->metric;
+    return s->hrow;
+}
