@@ -540,7 +540,7 @@ int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntil
     if (s->C <= PK_SMALL_C && kk <= PK_SMALL_K) return 0;
     int P = 32;
     while (P < kk) P <<= 1;
-    if (kk <= PK_SMALL_K && (size_t)ntiles * kk * 4 + (size_t)P * 8 <= (size_t)p->dev.smem_optin) return 2;
+    if (kk <= PK_SMALL_K && (size_t)ntiles * kk * 4 + (size_t)P * 8 <= p->merge_smax) return 2;
     return 0;
 }
 
@@ -583,8 +583,13 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
-    KV_CUDA_TRY(cudaFuncSetAttribute(pk_merge_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     p->dev.smem_optin));
+    {   /* the opt-in limit counts the kernel's static shared arrays too (pk_topk_row's) */
+        cudaFuncAttributes fa;
+        KV_CUDA_TRY(cudaFuncGetAttributes(&fa, pk_merge_topk_kernel));
+        p->merge_smax = (size_t)p->dev.smem_optin - fa.sharedSizeBytes;
+        KV_CUDA_TRY(cudaFuncSetAttribute(pk_merge_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)p->merge_smax));
+    }
     {
         const int sr = (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K) > (int)pk_sr_smem(c->dp, 1, PK_LAST_C, PK_SMALL_K)
                            ? (int)pk_sr_smem(c->dp, 2, PK_LAST_C, PK_SMALL_K)

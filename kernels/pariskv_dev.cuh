@@ -34,6 +34,7 @@ struct kv_pariskv_gpu {
     uint16_t *scores;
     int32_t *cand, *pos, *hpos;
     kv_topk_ws tk;
+    size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
     int last_lo, last_n, last_C; /* of the last search, for read_last */
     int fused;           /* the search in 3-4 launches (pk_stage); KVBENCH_PK_FUSED=0 at create: six */
     int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
