@@ -49,8 +49,9 @@
  * 16384; beyond, each tile's own top-k list, merged by one block per row
  * instead of the cooperative kv_topk_launch); the
  * "last tile" steps are threadfence reductions, and the results are the
- * unfused chain's exactly. KVBENCH_PK_FUSED=0 (read at create) keeps the six
- * launches for comparison. The whole search runs as one CUDA graph per
+ * unfused chain's exactly. KVBENCH_PK_FUSED=1 (read at create) selects it;
+ * the default is the six launches, which the H100 ran faster at every
+ * length (create's comment has the numbers). The whole search runs as one CUDA graph per
  * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
  * the per-launch host cost.
  * Index layout on the device (chosen for coalesced reads): centroid ids
@@ -799,8 +800,11 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     p->stage_tokens = c->max_update > 4096 ? c->max_update : 4096;
     if (p->stage_tokens > c->T) p->stage_tokens = c->T;
     p->kmax = c->T < KV_GPU_TOPK_MAX ? c->T : KV_GPU_TOPK_MAX;
-    const char *fe = getenv("KVBENCH_PK_FUSED"); /* 0: the unfused search (six launches), for comparison */
-    p->fused = !(fe && fe[0] == '0' && !fe[1]);
+    /* 1: the fused search (3-4 launches). Not the default: on the H100 it
+     * took 52.8 / 74.9 / 243.9 us at 16K / 128K / 1M against the six-launch
+     * path's 46.9 / 73.7 / 177.5 (scripts/dev/s4-pk.sh, same call) */
+    const char *fe = getenv("KVBENCH_PK_FUSED");
+    p->fused = fe && fe[0] == '1' && !fe[1];
     const char *s8 = getenv("KVBENCH_PK_SCORE8"); /* 1: 8-bit collision scores (fused path; scores <= 254) */
     p->score8 = p->fused && s8 && s8[0] == '1' && !s8[1] && PK_TIERS * c->nb <= 254;
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
@@ -968,7 +972,7 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
              "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "
              "candidate; rerank = per candidate index 4 + codes + weights 2B + score 4; final_topk = 4 per "
              "candidate; search = ids B per key + codes + weights per candidate",
-             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : "unfused (KVBENCH_PK_FUSED=0, 6 launches)",
+             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : "unfused (the default; KVBENCH_PK_FUSED=1 fuses, 6 launches)",
              R, c->nb, p->cb, C, (int)ke, out->stage[0].t.med_us / n);
     out->l2_bytes = tm->dev.l2_bytes;
     out->flush_bytes = tm->flush_n * sizeof(uint4);

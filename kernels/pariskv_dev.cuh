@@ -36,7 +36,7 @@ struct kv_pariskv_gpu {
     kv_topk_ws tk;
     size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
     int last_lo, last_n, last_C; /* of the last search, for read_last */
-    int fused;           /* the search in 3-4 launches (pk_stage); KVBENCH_PK_FUSED=0 at create: six */
+    int fused;           /* the search in 3-4 launches (pk_stage) with KVBENCH_PK_FUSED=1 at create; default six */
     int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
     unsigned *ctr;       /* [2][rows] last-tile counters (collision, select-rerank), zero between launches */
     unsigned long long *list; /* fused, long lists: [rows][tiles][kk] each tile's top-kk (~key << 32 | index) */

@@ -11,7 +11,7 @@ D=${OUT:-/tmp/out}/s4-pk
 mkdir -p "$D"
 T0=$SECONDS
 left() { local l=$((${1} - (SECONDS - T0))); [ "$l" -lt 1 ] && l=1; echo "$l"; }
-export KVBENCH_BIN=$PWD/kvbench KVBENCH_REQUIRE_GPU=1
+export KVBENCH_BIN=$PWD/kvbench KVBENCH_REQUIRE_GPU=1 KVBENCH_PK_FUSED=1 # the fused ParisKV path is opt-in (kernels/pariskv.cu)
 TOK=16384,131072,1048576
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >"$D/device.txt" 2>&1
 git log -1 --format='commit %H' >>"$D/device.txt" 2>/dev/null
