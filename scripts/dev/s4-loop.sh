@@ -2,15 +2,16 @@
 # scripts/dev/s4-loop.sh: the device checks of branch s4-loop (issue 12 goal 1 and the GPU half of goal 6: the
 # GPU oracle's thresholds and budget profile and the protocol's diagnostics evaluated on the device). For the
 # lead's combined device call; assumes ./kvbench and tests/run_tests are built in the repo root. Logs in
-# $OUT/s4-loop/, a short summary last. Stages (environment, 1 = on): RL_TESTS=1 the GPU tests, RL_EQ=1 the device
-# evaluation against the host evaluation of the same binary (KVBENCH_HOST_EVAL=1: every score copied to the host
-# and sorted there, the protocol on the host, i.e. the path before this branch) on the demo trace, bit for bit:
-# the golden configuration (scripts/golden_run.py) and two more runs comparing steps.csv, drift.csv and
-# profile.csv; writes $OUT/s4-loop/golden-run-gpu.tgz (that reference, made by the host path, for
-# tests/golden/run-gpu; BASE_BIN=a kvbench of 21e04c7 + 9d51ffe aadf90a 61341f7 makes it from that binary
-# instead), RL_RUN=1 the 7-method 4096-step run on a 131072-token synth trace with its phases, RL_BENCH=0 (1: also
-# `kvbench bench` of the five searching methods at 131072 for the ratio; otherwise the ratio is against the bench
-# values measured last session, named so).
+# $OUT/s4-loop/, a short summary last. Stages in this order (environment, 1 = on): RL_TESTS=1 the GPU tests;
+# RL_RUN=1 the 7-method 4096-step run on a 131072-token synth trace with its phases and the in-run / bench search
+# ratios (RL_BENCH=1 also runs `kvbench bench` of the five searching methods at 131072; otherwise the ratio is
+# against the bench values measured last session, named so); RL_EQ=1 the device evaluation against the host
+# evaluation of the same binary (KVBENCH_HOST_EVAL=1: every score copied to the host and sorted there, the protocol
+# on the host, i.e. the path before this branch) on the demo trace, bit for bit: the golden configuration
+# (scripts/golden_run.py; against BASE_BIN, a kvbench of 21e04c7 + 9d51ffe aadf90a 61341f7, when given and it
+# runs) and two more runs comparing steps.csv, drift.csv and profile.csv; writes $OUT/s4-loop/golden-run-gpu.tgz
+# (the reference it compared with, for tests/golden/run-gpu). A method whose build fails on the device is dropped
+# from the runs and named (runm).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 O=${OUT:-/tmp/kvbench-dev}/s4-loop
@@ -46,6 +47,36 @@ if [ "${RL_TESTS:-1}" = 1 ]; then
     grep -E "FAIL|failed:|check failed" "$O/tests.log" | head -4 | tee -a "$S"
 fi
 
+if [ "${RL_RUN:-1}" = 1 ]; then
+    TR=/tmp/kvb-runloop-128k.h5
+    [ -f $TR ] || ./kvbench synth --out $TR --tokens 131072 --prefill 126976 --force >>"$O/runloop.log" 2>&1
+    rm -rf "$W/rl"
+    runm "$O/runloop.log" exact,pariskv,pqcache,quest,magicpig,streaming,random /usr/bin/time \
+        -f "run: %e s wall, %U s user, %S s sys, %M KB max RSS" timeout 300 ./kvbench run --trace $TR --device gpu \
+        --out "$W/rl" --force --quiet --verbose
+    say "[$((SECONDS - T0))s] 128K run ($MOK): $(grep '^run:' "$O/runloop.log" | tail -1)"
+    grep -E "^phases|^oracle:" "$O/runloop.log" | tail -2 | cut -c1-230 | tee -a "$S"
+    if [ "${RL_BENCH:-0}" = 1 ]; then
+        for m in exact pariskv pqcache quest magicpig; do
+            timeout 60 ./kvbench bench --method $m --tokens 131072 --csv "$W/bench-$m.csv" --force >/dev/null 2>&1
+        done
+    fi
+    cp "$W/rl/summary.json" "$O/rl-summary.json" 2>/dev/null
+    [ -f "$W/rl/summary.json" ] && python3 - "$W/rl/summary.json" "$W" <<'EOF' | tee -a "$S"
+import csv, glob, json, sys
+s = json.load(open(sys.argv[1]))
+bench, src = {}, "this call's kvbench bench"
+for p in glob.glob(sys.argv[2] + "/bench-*.csv"):
+    for r in csv.DictReader(open(p)):
+        if r["stage"] in ("exact", "search") and int(r["tokens"]) == 131072:
+            bench[r["method"]] = float(r["median_us"])
+if not bench:  # last session's device_check.sh RUNLOOP=1 (H100), as the brief of this branch states them
+    bench, src = {"exact": 127.8, "pariskv": 82.6, "pqcache": 58.4, "quest": 33.6, "magicpig": 141.8}, "last session's bench"
+print(f"wall {s['wall_seconds']:.1f} s; in-run search median (host timer) vs {src} at 131072:")
+print("  " + ", ".join(f"{m['method']} {m['search_us_median']:.1f}/{bench[m['method']]:.1f} "
+                       f"({m['search_us_median'] / bench[m['method']]:.2f}x)" for m in s["methods"] if m["method"] in bench))
+EOF
+fi
 if [ "${RL_EQ:-1}" = 1 ]; then
     REF=$W/golden-ref
     rm -rf "$REF"
@@ -81,36 +112,6 @@ if [ "${RL_EQ:-1}" = 1 ]; then
     done
 fi
 
-if [ "${RL_RUN:-1}" = 1 ]; then
-    TR=/tmp/kvb-runloop-128k.h5
-    [ -f $TR ] || ./kvbench synth --out $TR --tokens 131072 --prefill 126976 --force >>"$O/runloop.log" 2>&1
-    rm -rf "$W/rl"
-    runm "$O/runloop.log" exact,pariskv,pqcache,quest,magicpig,streaming,random /usr/bin/time \
-        -f "run: %e s wall, %U s user, %S s sys, %M KB max RSS" timeout 300 ./kvbench run --trace $TR --device gpu \
-        --out "$W/rl" --force --quiet --verbose
-    say "[$((SECONDS - T0))s] 128K run ($MOK): $(grep '^run:' "$O/runloop.log" | tail -1)"
-    grep -E "^phases|^oracle:" "$O/runloop.log" | tail -2 | cut -c1-230 | tee -a "$S"
-    if [ "${RL_BENCH:-0}" = 1 ]; then
-        for m in exact pariskv pqcache quest magicpig; do
-            timeout 60 ./kvbench bench --method $m --tokens 131072 --csv "$W/bench-$m.csv" --force >/dev/null 2>&1
-        done
-    fi
-    cp "$W/rl/summary.json" "$O/rl-summary.json" 2>/dev/null
-    [ -f "$W/rl/summary.json" ] && python3 - "$W/rl/summary.json" "$W" <<'EOF' | tee -a "$S"
-import csv, glob, json, sys
-s = json.load(open(sys.argv[1]))
-bench, src = {}, "this call's kvbench bench"
-for p in glob.glob(sys.argv[2] + "/bench-*.csv"):
-    for r in csv.DictReader(open(p)):
-        if r["stage"] in ("exact", "search") and int(r["tokens"]) == 131072:
-            bench[r["method"]] = float(r["median_us"])
-if not bench:  # last session's device_check.sh RUNLOOP=1 (H100), as the brief of this branch states them
-    bench, src = {"exact": 127.8, "pariskv": 82.6, "pqcache": 58.4, "quest": 33.6, "magicpig": 141.8}, "last session's bench"
-print(f"wall {s['wall_seconds']:.1f} s; in-run search median (host timer) vs {src} at 131072:")
-print("  " + ", ".join(f"{m['method']} {m['search_us_median']:.1f}/{bench[m['method']]:.1f} "
-                       f"({m['search_us_median'] / bench[m['method']]:.2f}x)" for m in s["methods"] if m["method"] in bench))
-EOF
-fi
 say "[$((SECONDS - T0))s] done"
 echo "---- summary ($S)"
 cat "$S" | tail -20
