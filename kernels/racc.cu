@@ -147,8 +147,8 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     g->fused = racc_vote_fused_ok(g->D);
     /* KVBENCH_RACC_VOTE=fused keeps the two-sweep kernel (the comparison in docs; the tiled one is the default) */
     const char *env = getenv("KVBENCH_RACC_VOTE");
-    if (env && *env && strcmp(env, "tiled") && strcmp(env, "loop") && strcmp(env, "fused"))
-        return kv_fail(KV_ERR_INPUT, "KVBENCH_RACC_VOTE: expected tiled, loop or fused, found '%s'", env);
+    if (env && *env && strcmp(env, "tiled") && strcmp(env, "fused"))
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_RACC_VOTE: expected tiled or fused, found '%s'", env);
     const long long lds = ((long long)T + 3) / 4 * 4;
     g->tiled = racc_vote_tiled_ok(g->D) && (long long)R * lds <= RACC_TILED_MAX && !(env && !strcmp(env, "fused"));
     size_t sfl = !g->fused && (size_t)R * C > Hkv * T ? (size_t)R * C : Hkv * T; /* the fused vote needs no S */
@@ -183,7 +183,6 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
         KV_CUDA_ALLOC(w->zp, R * (size_t)w->zld * sizeof(double), 0, "racc vote row-sum partials");
         const char *pf = getenv("KVBENCH_RACC_PREFETCH"); /* 0: no L2 prefetch of the next key tile (comparison) */
         w->prefetch = !(pf && !strcmp(pf, "0"));
-        w->loop = env && !strcmp(env, "loop"); /* the tiled vote with its chains in a loop (opt-in: not yet run on a GPU) */
     }
     return KV_OK;
 }

@@ -32,7 +32,6 @@ typedef struct {
     double *zp;  /* [R][zld] row-sum partials, zld >= racc_vote_zchunks(T) */
     int zld;
     int prefetch; /* 1: the score sweep prefetches the next key tile to L2 */
-    int loop;     /* 1: the score sweep loops over one chain body (KVBENCH_RACC_VOTE=loop; not yet run on a GPU) */
 } racc_vote_scratch;
 int racc_vote_zchunks(int T);
 int racc_vote_chunks(int T);

@@ -42,9 +42,9 @@
  * kernel). Needs D in {64, 128, 256} (templated: the chains unroll fully).
  * H100, 1M tokens: scores 3.91 ms (~52% of the FP32 issue rate; ncu: 30% of
  * the stall cycles are instruction fetch, the fully unrolled body is ~4K
- * FP instructions), row sums 0.47 ms, votes 0.76 ms. KVBENCH_RACC_VOTE=loop
- * runs the 8 chains as a loop over one chain body instead (same
- * association, ~1/2 of the code; not yet run on a GPU). */
+ * FP instructions), row sums 0.47 ms, votes 0.76 ms. The 8 chains as a loop
+ * over one chain body (half the code) measured slower (5.24 vs 5.21 ms at
+ * 1M, 723 vs 681 us at 128K) and was dropped. */
 #include <math.h>
 
 #include "ops/kv_cuda.h"
@@ -162,49 +162,8 @@ __device__ __forceinline__ void rs_add(float a[4][4], const float b[4][4]) {
         for (int c = 0; c < 4; c++) a[r][c] = __fadd_rn(a[r][c], b[r][c]);
 }
 
-/* The next tile's keys (positions pn, -1: none) to L2. */
-template <int D>
-__device__ __forceinline__ void rs_prefetch(const rs_args &a, int g, const int *pn) {
-    constexpr int NE = RS_KT * (D / 8) / RS_TH;
-#pragma unroll
-    for (int u = 0; u < NE; u++)
-        if (pn[u] >= 0) {
-            const int m = (threadIdx.x + u * RS_TH) % (D / 8);
-            const char *p = a.half ? (const char *)((const __half *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m)
-                                   : (const char *)((const float *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-        }
-}
-
-/* The 8 chains of a tile as a loop over one chain body (LOOP: KVBENCH_RACC_VOTE=loop; half the PTX of the
- * unrolled sequence, whose instruction fetch was 30% of the stall cycles on the H100), the same association:
- * pairs a_j + a_{j+4} in the order j = 0, 1, 2, 3; (a0+a4) + (a1+a5) in shared memory, (a2+a6) held, then
- * ((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7)). */
-template <int D>
-__device__ __forceinline__ void rs_chains_loop(const rs_args &a, int g, const int *pn, bool pf, const float *sq,
-                                               const float *sk, float *sh, int rg, int kg, float h[4][4]) {
-    float x[4][4], h1[4][4];
-#pragma unroll 1
-    for (int t = 0; t < 8; t++) {
-        rs_chain<D>(sq, sk, rg, kg, (t >> 1) + 4 * (t & 1), x); /* j = 0, 4, 1, 5, 2, 6, 3, 7 */
-        if (t == 0 && pf) rs_prefetch<D>(a, g, pn);
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float v = (t & 1) ? __fadd_rn(h[r][c], x[r][c]) : x[r][c]; /* odd t: a_j + a_{j+4} */
-                float *st = sh + (4 * r + c) * RS_TH + threadIdx.x;
-                if (t == 1) *st = v;                                       /* a0 + a4 */
-                else if (t == 3) *st = __fadd_rn(*st, v);                  /* (a0 + a4) + (a1 + a5) */
-                else if (t == 5) h1[r][c] = v;                             /* a2 + a6 */
-                else if (t == 7) v = __fadd_rn(*st, __fadd_rn(h1[r][c], v));
-                h[r][c] = v;
-            }
-    }
-}
-
 /* Sweep 1: S and the row maxima. */
-template <int D, bool LOOP>
+template <int D>
 __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_args a) { /* D 256: 1 block per SM (smem) */
     constexpr int DP = D + 4;
     extern __shared__ float smem[];
@@ -233,11 +192,16 @@ __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_arg
                 pn[u] = pf && ri < cnt ? __ldg(a.rpos + (long long)g * a.T + ri) : -1;
             }
             float h0[4][4], h1[4][4], h2[4][4], x[4][4];
-            if (LOOP) {
-                rs_chains_loop<D>(a, g, pn, pf, sq, sk, sh, rg, kg, h0);
-            } else {
             rs_chain<D>(sq, sk, rg, kg, 0, h0);
-            if (pf) rs_prefetch<D>(a, g, pn);
+            if (pf)
+#pragma unroll
+                for (int u = 0; u < NE; u++)
+                    if (pn[u] >= 0) {
+                        const int m = (threadIdx.x + u * RS_TH) % (D / 8);
+                        const char *p = a.half ? (const char *)((const __half *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m)
+                                               : (const char *)((const float *)a.K + g * a.ks + (long long)pn[u] * D + 8 * m);
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+                    }
             rs_chain<D>(sq, sk, rg, kg, 4, x);
             rs_add(h0, x); /* a0 + a4 */
             rs_chain<D>(sq, sk, rg, kg, 1, h1);
@@ -260,7 +224,6 @@ __global__ void __launch_bounds__(RS_TH, D == 256 ? 1 : 2) racc_rs_scores(rs_arg
             for (int r = 0; r < 4; r++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) h0[r][c] = __fadd_rn(sh[(4 * r + c) * RS_TH + threadIdx.x], h1[r][c]);
-            }
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int row = r0 + rg + 16 * r;
@@ -343,13 +306,13 @@ __global__ void racc_rs_vote(const float *S, long long lds, int rpg, const int *
 
 template <int D> size_t rs_smem() { return ((size_t)(RS_RT + RS_KT) * (D + 4) + 16 * RS_TH) * sizeof(float); }
 
-template <int D, bool LOOP>
+template <int D>
 kv_status rs_scores_launch(const rs_args &a, dim3 grid, cudaStream_t st) {
     const size_t sm = rs_smem<D>();
-    KV_CUDA_TRY(cudaFuncSetAttribute(racc_rs_scores<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    KV_CUDA_TRY(cudaFuncSetAttribute(racc_rs_scores<D, LOOP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    KV_CUDA_TRY(cudaFuncSetAttribute(racc_rs_scores<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    KV_CUDA_TRY(cudaFuncSetAttribute(racc_rs_scores<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared));
-    racc_rs_scores<D, LOOP><<<grid, RS_TH, sm, st>>>(a);
+    racc_rs_scores<D><<<grid, RS_TH, sm, st>>>(a);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
@@ -380,15 +343,9 @@ kv_status racc_vote_tiled(const kv_dev_kv *K, const uint8_t *ev, int T, const fl
     const dim3 grid(nb, Hkv);
     const size_t sm = D == 64 ? rs_smem<64>() : D == 128 ? rs_smem<128>() : rs_smem<256>();
     if (sm > (size_t)dev->smem_optin) return kv_fail(KV_ERR_INPUT, "racc GPU vote: %zu bytes of shared memory needed", sm);
-    if (w->loop) {
-        if (D == 64) KV_TRY((rs_scores_launch<64, true>(a, grid, st)));
-        else if (D == 128) KV_TRY((rs_scores_launch<128, true>(a, grid, st)));
-        else KV_TRY((rs_scores_launch<256, true>(a, grid, st)));
-    } else {
-        if (D == 64) KV_TRY((rs_scores_launch<64, false>(a, grid, st)));
-        else if (D == 128) KV_TRY((rs_scores_launch<128, false>(a, grid, st)));
-        else KV_TRY((rs_scores_launch<256, false>(a, grid, st)));
-    }
+    if (D == 64) KV_TRY(rs_scores_launch<64>(a, grid, st));
+    else if (D == 128) KV_TRY(rs_scores_launch<128>(a, grid, st));
+    else KV_TRY(rs_scores_launch<256>(a, grid, st));
     const int nzc = racc_vote_zchunks(span);
     if (nzc > w->zld) return kv_fail(KV_ERR_INTERNAL, "racc GPU vote: %d row-sum chunks, room for %d", nzc, w->zld);
     racc_rs_z<<<dim3(R, nzc), 256, 0, st>>>(w->S, w->lds, rpg, w->rcnt, w->mkey, w->zp, w->zld);
