@@ -1,6 +1,6 @@
 /* pages_pipe.cu: the group-mean page selection (Quest's pool=mean, which is
  * FreeKV's speculative selection and its correction; issue 10, point 4) as
- * three short launches; the default path of pm_launch (kernels/pages_mean.cu
+ * two short launches (1 and 3 below; three with KVBENCH_PAGES_FUSE=0); the default path of pm_launch (kernels/pages_mean.cu
  * keeps the older one, KVBENCH_PAGES_PIPE=0 selects it).
  *
  * 1. p2_scan: one block per tile of TP = 128 or 256 consecutive pages of
@@ -31,6 +31,14 @@
  *    memory once and selects the head's kp from them. The older path read
  *    the partials in one thread's serial loop and the candidates again in
  *    every round, a chain of dependent L2 round trips.
+ * By default (KVBENCH_PAGES_FUSE unset or not 0) 2 is folded into 3: each
+ * p2_pool_topk block computes its chunk's partials exactly as p2_zpart
+ * would (same pages per thread, same m_h, same sum order: the same bits),
+ * writes them, and meets the other blocks of its kv head at a barrier on
+ * ctr[g] (all blocks must be resident at once: checked by the occupancy,
+ * else the two launches); the expf terms are kept for the pooled scores.
+ * One kernel boundary and one read of the bounds fewer on the critical
+ * path. KVBENCH_PAGES_FUSE=0 keeps the two launches.
  * 2 and 3 are launched with programmatic dependent launch (their blocks
  * are scheduled while the previous kernel drains and wait for its data in
  * griddepcontrol.wait; KVBENCH_PAGES_PDL=0 launches them plainly), which
@@ -287,14 +295,84 @@ __device__ __forceinline__ p2_item p2_block_best(p2_item b, p2_item *sw) {
     return b;
 }
 
-template <int GT>
+/* The fused pool's reductions: all GT heads at once, one __syncthreads each, no trailing one (every call
+ * gets its own shared array, or the other half of a pair); per head the same order as p2_bmax / p2_bsum /
+ * p2_block_best, so the same bits. */
+template <int GT> __device__ __forceinline__ void p2_bmax_n(float (&v)[GT], float (*sw)[P2_RT / 32]) {
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) v[h] = fmaxf(v[h], __shfl_xor_sync(0xffffffffu, v[h], o));
+        if ((threadIdx.x & 31) == 0) sw[h][threadIdx.x >> 5] = v[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        v[h] = sw[h][0];
+#pragma unroll
+        for (int k = 1; k < P2_RT / 32; k++) v[h] = fmaxf(v[h], sw[h][k]);
+    }
+}
+template <int GT> __device__ __forceinline__ void p2_bsum_n(double (&v)[GT], double (*sw)[P2_RT / 32]) {
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+        if ((threadIdx.x & 31) == 0) sw[h][threadIdx.x >> 5] = v[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        v[h] = sw[h][0];
+#pragma unroll
+        for (int k = 1; k < P2_RT / 32; k++) v[h] += sw[h][k];
+    }
+}
+__device__ __forceinline__ p2_item p2_block_best1(p2_item b, p2_item *sw) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        p2_item x;
+        x.v = __shfl_xor_sync(0xffffffffu, b.v, o);
+        x.j = __shfl_xor_sync(0xffffffffu, b.j, o);
+        if (p2_beats(x, b)) b = x;
+    }
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = b;
+    __syncthreads();
+    b = sw[0];
+#pragma unroll
+    for (int k = 1; k < P2_RT / 32; k++)
+        if (p2_beats(sw[k], b)) b = sw[k];
+    return b;
+}
+/* Round r of a block argmax: p2_block_best, or (FZ) p2_block_best1 on the r-th half of sb2. */
+template <bool FZ>
+__device__ __forceinline__ p2_item p2_round_best(p2_item x, int r, p2_item *sbest, p2_item (*sb2)[P2_RT / 32]) {
+    return FZ ? p2_block_best1(x, sb2[r & 1]) : p2_block_best(x, sbest);
+}
+
+/* Acquire load of a counter other blocks bump (the fused pool's barrier). */
+__device__ __forceinline__ unsigned p2_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* FZ (fused softmax sums, the default): the block computes its chunk's partials itself, exactly as
+ * p2_zpart (same pages per thread, same m_h, same p2_bsum order, so the same bits), writes them, and
+ * waits at a barrier of the kv head's blocks (ctr[g] counts to gridDim.x) instead of a kernel boundary;
+ * the merge's last block is then the one that brings ctr[g] to 2 * gridDim.x. Needs all blocks resident
+ * at once (pm2_launch checks the occupancy, else launches p2_zpart and FZ = false). */
+template <int GT, bool FZ>
 __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long long PS, int ncand, float scale,
                                                       const int *flag, const float *tmax, int ntile,
-                                                      const double *zpart, int nbz, int kp, float *cv, int *cj,
+                                                      double *zpart, int nbz, int kp, float *cv, int *cj,
                                                       unsigned *ctr, int32_t *pages) {
     __shared__ float swf[P2_RT / 32];
     __shared__ double swd[P2_RT / 32];
     __shared__ p2_item sbest[P2_RT / 32];
+    __shared__ p2_item sb2[2][P2_RT / 32];          /* FZ: the argmax rounds, alternating */
+    __shared__ float sfm[FZ ? GT : 1][P2_RT / 32];  /* FZ: m_h */
+    __shared__ double sdz[FZ ? 2 * GT : 1][P2_RT / 32]; /* FZ: chunk partials, then Z_h */
     __shared__ p2_item scand[P2_CCAP];
     const int g = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
     p2_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
@@ -312,14 +390,51 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
         }
         mp[h] = p2_tmax_part(tmax, ntile, g * GT + h);
         double z = 0;
-        for (int c = threadIdx.x; c < nbz; c += P2_RT) z += __ldcg(zpart + hr * nbz + c);
+        if (!FZ)
+            for (int c = threadIdx.x; c < nbz; c += P2_RT) z += __ldcg(zpart + hr * nbz + c);
         zp[h] = z;
     }
     float m[GT], w[GT];
+    if (FZ) {
 #pragma unroll
-    for (int h = 0; h < GT; h++) {
-        m[h] = p2_bmax(mp[h], swf);
-        w[h] = (float)(1.0 / (p2_bsum(zp[h], swd) * GT));
+        for (int h = 0; h < GT; h++) m[h] = mp[h];
+        p2_bmax_n<GT>(m, sfm);
+        /* b becomes expf(scale * b - m_h), the term of both the partial and the pooled score */
+        double z[GT];
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            z[h] = 0;
+#pragma unroll
+            for (int p = 0; p < P2_PPT; p++) {
+                b[h][p] = expf(__fmul_rn(scale, b[h][p]) - m[h]);
+                if (j0 + p * P2_RT + (int)threadIdx.x < ncand) z[h] += (double)b[h][p];
+            }
+        }
+        p2_bsum_n<GT>(z, sdz);
+        if (threadIdx.x == 0) { /* the partials, then the barrier of the kv head's blocks */
+#pragma unroll
+            for (int h = 0; h < GT; h++) zpart[(long long)(g * GT + h) * nbz + blockIdx.x] = z[h];
+            __threadfence();
+            atomicAdd(ctr + g, 1u);
+            while (p2_ld_acquire(ctr + g) < gridDim.x) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            z[h] = 0;
+            for (int c = threadIdx.x; c < nbz; c += P2_RT) z[h] += __ldcg(zpart + (long long)(g * GT + h) * nbz + c);
+        }
+        p2_bsum_n<GT>(z, sdz + GT);
+#pragma unroll
+        for (int h = 0; h < GT; h++) w[h] = (float)(1.0 / (z[h] * GT));
+    } else {
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            m[h] = p2_bmax(mp[h], swf);
+            w[h] = (float)(1.0 / (p2_bsum(zp[h], swd) * GT));
+        }
     }
     p2_item it[P2_PPT];
 #pragma unroll
@@ -331,7 +446,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             float acc = 0.f;
 #pragma unroll
             for (int h = 0; h < GT; h++) {
-                const float e = expf(__fmul_rn(scale, b[h][p]) - m[h]);
+                const float e = FZ ? b[h][p] : expf(__fmul_rn(scale, b[h][p]) - m[h]);
                 acc = __fadd_rn(acc, __fmul_rn(e, w[h]));
             }
             it[p].v = acc;
@@ -345,11 +460,11 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
 #pragma unroll
         for (int p = 0; p < P2_PPT; p++)
             if (p2_after(it[p], prev) && (x.j == INT_MAX || p2_beats(it[p], x))) x = it[p];
-        x = p2_block_best(x, sbest);
+        x = p2_round_best<FZ>(x, r, sbest, sb2);
         if (threadIdx.x == 0) { cv[cb + r] = x.v; cj[cb + r] = x.j; }
         prev = x;
     }
-    if (!kv_arrives_last(ctr + g, gridDim.x)) return;
+    if (!kv_arrives_last(ctr + g, FZ ? 2 * gridDim.x : gridDim.x)) return;
     /* the last block of kv head g: the kp best of the chunks' candidates, read once */
     const int nc = gridDim.x * kp;
     const float *gv = cv + (long long)g * nc;
@@ -365,7 +480,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             const p2_item y = insm ? scand[c] : p2_item{__ldcg(gv + c), __ldcg(gj + c)};
             if (p2_after(y, prev) && (x.j == INT_MAX || p2_beats(y, x))) x = y;
         }
-        x = p2_block_best(x, sbest);
+        x = p2_round_best<FZ>(x, r, sbest, sb2);
         if (threadIdx.x == 0) pages[(long long)g * kp + r] = x.j;
         prev = x;
     }
@@ -441,6 +556,40 @@ int p2_ppt(int ncand, int Hkv) {
     return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
 }
 
+/* Fused softmax sums (p2_pool_topk<GT, true>) unless KVBENCH_PAGES_FUSE=0 (read once), and only when all
+ * nblk blocks fit on the device at once (its barrier spins). */
+template <int GT> kv_status p2_fuse_ok(int nblk, bool *ok) {
+    static int env = -1, cap = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_FUSE");
+        env = !(e && !strcmp(e, "0"));
+    }
+    if (env && cap < 0) {
+        int dev, nsm, per;
+        KV_CUDA_TRY(cudaGetDevice(&dev));
+        KV_CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+        KV_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, p2_pool_topk<GT, true>, P2_RT, 0));
+        cap = nsm * per;
+    }
+    *ok = env && nblk <= cap;
+    return KV_OK;
+}
+
+template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cudaStream_t st) {
+    bool fz;
+    KV_TRY(p2_fuse_ok<GT>(nbz * a->Hkv, &fz));
+    const dim3 grid(nbz, a->Hkv);
+    if (fz)
+        return p2_launch_pdl(p2_pool_topk<GT, true>, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale,
+                             (const int *)a->flag, (const float *)a->bmax, ntile, a->zpart, nbz, a->kp, a->cv, a->cj,
+                             a->ctr, a->pages);
+    KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * GT), st, (const float *)a->bound, a->PS, a->ncand, a->scale,
+                         (const int *)a->flag, GT, (const float *)a->bmax, ntile, a->zpart, nbz));
+    return p2_launch_pdl(p2_pool_topk<GT, false>, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale,
+                         (const int *)a->flag, (const float *)a->bmax, ntile, a->zpart, nbz, a->kp, a->cv, a->cj,
+                         a->ctr, a->pages);
+}
+
 }  // namespace
 
 kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
@@ -461,19 +610,11 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
         KV_TRY(s);
     }
     if (which != 0) {
-        const float *bound = a->bound, *tmax = a->bmax;
-        const double *zp = a->zpart;
-        KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * G), st, bound, a->PS, ncand, a->scale, a->flag, G, tmax,
-                             ntile, a->zpart, nbz));
-        const dim3 grid(nbz, a->Hkv);
         switch (G) {
-#define P2_T(GT)                                                                                                    \
-    case GT:                                                                                                        \
-        KV_TRY(p2_launch_pdl(p2_pool_topk<GT>, grid, st, bound, a->PS, ncand, a->scale, a->flag, tmax, ntile, zp,   \
-                             nbz, a->kp, a->cv, a->cj, a->ctr, a->pages));                                          \
-        break;
-            P2_T(1) P2_T(2) P2_T(4) P2_T(8)
-#undef P2_T
+        case 1: return p2_pool_go<1>(a, ntile, nbz, st);
+        case 2: return p2_pool_go<2>(a, ntile, nbz, st);
+        case 4: return p2_pool_go<4>(a, ntile, nbz, st);
+        case 8: return p2_pool_go<8>(a, ntile, nbz, st);
         default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", G);
         }
     }

@@ -2,8 +2,8 @@
 # scripts/dev/s4-fk.sh: branch s4-fk's device check for the lead's combined call (<= ~60 s; ./kvbench and
 # tests/run_tests already built in the repo root). FreeKV/Quest GPU tests on the pipelined group-mean path
 # (kernels/pages_pipe.cu), kvbench bench for freekv and quest, the freekv bench at 1M on the older path
-# (KVBENCH_PAGES_PIPE=0), the PyTorch FreeKV peer, then (if time is left) the 1M freekv bench with 512-page
-# tiles and without PDL. Logs in $OUT/s4-fk/; a <= 20-line summary printed last.
+# (KVBENCH_PAGES_PIPE=0), the PyTorch FreeKV peer, then (if time is left) the 1M freekv bench with the
+# softmax sums in their own launch (KVBENCH_PAGES_FUSE=0: the tail before the fused pool) and without PDL. Logs in $OUT/s4-fk/; a <= 20-line summary printed last.
 set -u
 cd "$(dirname "$0")/../.."
 O=${OUT:-/tmp/out}/s4-fk
@@ -19,7 +19,7 @@ KVBENCH_PAGES_PIPE=0 timeout 12 ./kvbench bench --method freekv --tokens 1048576
     >"$O/bench_old.log" 2>&1
 PYTHONUNBUFFERED=1 timeout 25 python3 scripts/torch_ref/freekv.py --tokens $L --csv "$O/torch_freekv.csv" \
     >"$O/torch_freekv.log" 2>&1
-for v in PPT=4 PDL=0; do
+for v in FUSE=0 PDL=0; do
     [ $((SECONDS - T0)) -lt 48 ] || break
     env KVBENCH_PAGES_$v timeout 10 ./kvbench bench --method freekv --tokens 1048576 --csv "$O/bench_$v.csv" \
         --force >"$O/bench_$v.log" 2>&1
@@ -42,7 +42,7 @@ for n in ("16384", "131072", "1048576"):
     print(f"freekv {n}: " + ", ".join(s))
 print("quest: " + ", ".join(f"{r['tokens']} {r['stage']} {float(r['median_us']):.1f} ({r['pct_copy']}%)"
       for r in b if r["method"] == "quest" and r["stage"] == "search"))
-for f, name in (("bench_old.csv", "older path"), ("bench_PPT=4.csv", "PPT=4"), ("bench_PDL=0.csv", "PDL=0")):
+for f, name in (("bench_old.csv", "older path"), ("bench_FUSE=0.csv", "FUSE=0"), ("bench_PDL=0.csv", "PDL=0")):
     r = rows(f)
     print(f"freekv 1M {name}: " + (", ".join(f"{x['stage']} {float(x['median_us']):.1f} ({x['pct_copy']}%)"
           for x in r if x["stage"] in ("bound_scan", "pool_topk", "select_spec")) or "not run / failed"))
