@@ -31,7 +31,8 @@
  *             x sizeof(kv_step_metric)
  * Device (--device gpu)
  *   oracle    K and V as e' = 2 (k stored as float16) or 4, e' (1 + has_v) Hkv T D,
- *             and its scores 4 Hq T
+ *             its scores 4 Hq T, and with several budgets or the profile the
+ *             device evaluation's sort keys, two [Hq][T] of 8 bytes, 16 Hq T
  *   methods   per instance on the GPU e' Hkv T D + 4 Hq T (the estimate). */
 #include <math.h>
 
@@ -61,7 +62,7 @@ void kv_mem_estimate(const kv_mem_shape *s, kv_mem_need *n) {
     n->rows = (double)s->n_recs * s->steps * Hq * sizeof(kv_step_metric);
     n->host = n->layer + n->prefill + n->methods + n->selections + n->oracle + n->rows;
     if (s->use_gpu) {
-        n->dev_oracle = ed * (1 + hv) * Hkv * T * D + 4 * Hq * T;
+        n->dev_oracle = ed * (1 + hv) * Hkv * T * D + 4 * Hq * T + (multi ? 16 * Hq * T : 0);
         n->dev_methods = s->n_gpu * (ed * Hkv * T * D + 4 * Hq * T);
         n->dev = n->dev_oracle + n->dev_methods;
     }

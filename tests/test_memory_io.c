@@ -194,7 +194,8 @@ int test_run_memory_largest_context(void) {
     /* by hand: exact alone on the GPU at T = 1048576, P = T - 8192, 8192 steps:
      * host: layer 2*(16+16)*T*128, no prefill copy (exact takes the float16 form), no CPU method,
      * selections 4*T*(3*16 + 8), oracle 4*16*T (pinned scores) + 4*16*T (sorted) + 4*16*T (radix),
-     * rows 1 x 8192 x 16 x 52; device: oracle 2*2*8*T*128 + 4*16*T, exact 2*8*T*128 + 4*16*T */
+     * rows 1 x 8192 x 16 x 52; device: oracle 2*2*8*T*128 + 4*16*T + 16*16*T (the profile's device sort keys),
+     * exact 2*8*T*128 + 4*16*T */
     const kv_method *ex = kv_method_find("exact");
     CHECK(ex, "no exact");
     double T = 1048576, P = T - 8192;
@@ -204,7 +205,7 @@ int test_run_memory_largest_context(void) {
     kv_mem_need n;
     kv_mem_estimate(&s, &n);
     double host = 2 * 32 * T * 128 + 4 * T * (3 * 16 + 8) + 3 * 4 * 16 * T + 8192.0 * 16 * 52;
-    double dev = 2 * 2 * 8 * T * 128 + 4 * 16 * T + 2 * 8 * T * 128 + 4 * 16 * T;
+    double dev = 2 * 2 * 8 * T * 128 + 4 * 16 * T + 16 * 16 * T + 2 * 8 * T * 128 + 4 * 16 * T;
     CHECK(n.host == host && n.dev == dev, "exact at 1M: host %.0f (want %.0f), device %.0f (want %.0f)", n.host, host,
           n.dev, dev);
     CHECK(n.layer == 2 * 32 * T * 128 && n.prefill == 0, "layer %.0f, prefill %.0f", n.layer, n.prefill);
