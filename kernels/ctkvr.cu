@@ -9,9 +9,11 @@
  * The lists are also kept sorted by position (lsrt: ct_sort_lists after the
  * build and after each DCU commit) for the one-launch search's merge.
  * Search (default): the whole search as ONE launch, ctkvr_search.cuh
- * (version 2; its header has the design; the same numbers as the staged
- * path below) within its shared-memory limit; KVBENCH_CTKVR_FUSED=1 runs
- * version 1 (ctkvr_fused.cuh, the set <= 4096 keys) instead, and
+ * (version 3 = version 2 with the rerank's key reads coalesced through
+ * per-warp shared tiles; its header has the design; the same numbers as
+ * the staged path below) within its shared-memory limit; KVBENCH_CTKVR_V2=1
+ * runs version 2 (the same kernel, one thread per key reading its own row),
+ * KVBENCH_CTKVR_FUSED=1 version 1 (ctkvr_fused.cuh, the set <= 4096 keys), and
  * KVBENCH_CTKVR_STAGED=1 or a search outside those limits the staged path.
  * Staged search: cosines of the query to every slot (one thread per (kv
  * head, slot), kv_dot_ref's order with __fmul_rn/__fadd_rn, so bitwise the CPU's),
@@ -226,6 +228,7 @@ struct kv_ct_gpu {
     int *cslot;
     int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
     int fused_v1;           /* KVBENCH_CTKVR_FUSED=1: the one-launch search's version 1 (ctkvr_fused.cuh) */
+    int v2;                 /* KVBENCH_CTKVR_V2=1: cts_search's rerank as version 2 (rr = 0), else tiled (rr = 1) */
     size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
     size_t search_smem_max; /* the same for cts_search (ctkvr_search.cuh) */
     unsigned long long *ts; /* the bench's phase stamps of cts_search when tracing, else NULL */
@@ -297,6 +300,8 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     g->staged = env && env[0] == '1';
     env = getenv("KVBENCH_CTKVR_FUSED");
     g->fused_v1 = env && env[0] == '1';
+    env = getenv("KVBENCH_CTKVR_V2");
+    g->v2 = env && env[0] == '1';
     return KV_OK;
 }
 
@@ -458,11 +463,15 @@ kv_status ct_search2(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, i
     if (g->staged || cpe < 1 || spb < 1 || c.D % 8 || ((uintptr_t)g->K->p & 15)) return KV_OK;
     const int nb = (c.C + spb - 1) / spb, cpb = cpe < spb ? cpe : spb, krho = dcu == 1 ? c.rho : 0,
               kmax = k > krho ? k : krho;
-    const size_t smem = cts_smem(G, c.D, spb, nb * cpb, cpe, c.rho, nmax, kmax);
+    size_t smem = cts_smem(G, c.D, spb, nb * cpb, cpe, c.rho, nmax, kmax);
     if (smem > g->search_smem_max) return KV_OK;
+    /* the tiled rerank (version 3) where its tiles fit too, else version 2's */
+    const size_t toff = (smem + 15) / 16 * 16;
+    const int rr = !g->v2 && toff + cts_tile_smem() <= g->search_smem_max;
+    if (rr) smem = toff + cts_tile_smem();
     cts_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, G, c.Hq, c.D, cpe, spb, nb, cpb, g->ckey, g->ctr, g->cslot,
                   g->lsrt, g->lcnt, c.rho, c.sink, gen_lo, hi, nmax, kmax, g->K->p, g->K->T, c.scale, g->top,
-                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts};
+                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts, rr, (int)toff};
     if (g->K->half) cts_search<__half><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     else cts_search<float><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     KV_LAUNCH_CHECK();
@@ -580,8 +589,9 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
 }
 
 /* ---- kvbench bench --method ctkvr ---- */
-/* KVBENCH_CTKVR_TRACE=1: 5 more searches (L2 flushed before each) with cts_search's phase stamps, printed to
- * stderr in microseconds from the first block's start (where the time of one launch goes). */
+/* KVBENCH_CTKVR_TRACE=1: 5 + 5 more searches (the default, then version 2; L2 flushed before each) with
+ * cts_search's phase stamps, printed to stderr in microseconds from the first block's start (where the time
+ * of one launch goes). */
 kv_status ct_trace_one(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, int nmax, unsigned long long *h) {
     for (int i = 0; i < CTS_NT; i++) h[i] = i == 0 ? ~0ull : 0ull;
     KV_TRY(kv_bench_flush(&x.tm));
@@ -597,28 +607,35 @@ kv_status ct_trace(kv_mbench<kv_ct_gpu> &x, kv_ct_gpu *g, int cp, int k, int n, 
                                        "topk", "end"};
     KV_CUDA_ALLOC(g->ts, CTS_NT * sizeof(unsigned long long), 0, "ctkvr trace stamps");
     kv_status st = KV_OK;
-    for (int r = 0; r < 5 && st == KV_OK; r++) {
+    const int v2 = g->v2;
+    for (int r = 0; r < 10 && st == KV_OK; r++) { /* 5 of the default (version 3), then 5 of version 2 */
         unsigned long long h[CTS_NT];
+        g->v2 = r < 5 ? v2 : 1;
         st = ct_trace_one(x, g, cp, k, n, nmax, h);
         if (st != KV_OK) break;
-        fprintf(stderr, "ctkvr trace n=%d rep %d (us from the first block's start):", n, r);
+        fprintf(stderr, "ctkvr trace n=%d %s rep %d (us from the first block's start):", n,
+                r < 5 && !v2 ? "v3" : "v2", r % 5);
         for (int i = 1; i < CTS_NT; i++) fprintf(stderr, " %s %.2f", name[i], h[i] ? (h[i] - h[0]) * 1e-3 : -1.0);
         fprintf(stderr, "\n");
     }
+    g->v2 = v2;
     cudaFree(g->ts);
     g->ts = NULL;
     return st;
 }
 
 /* The bench's own check of the one-launch searches on its data (float16 keys, D = 128 by default; the
- * tests run float32 keys): path 0 = staged, 1 = version 2, 2 = version 1; per path the sets and the top k
- * (positions in the set) of every kv head into hs / ho, the set sizes into hn. */
+ * tests run float32 keys): path 0 = staged, 1 = the default (version 3: version 2 with the tiled rerank),
+ * 2 = version 1, 3 = version 2 (KVBENCH_CTKVR_V2=1); per path the sets and the top k (positions in the set) of
+ * every kv head into hs / ho, the set sizes into hn. */
 kv_status ct_check_run(kv_ct_gpu *g, int path, int cp, int k, int n, int nmax, int32_t *hs, int32_t *ho, int *hn) {
-    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax, v1 = g->fused_v1;
+    const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax, v1 = g->fused_v1, v2 = g->v2;
     g->fused_v1 = path == 2;
+    g->v2 = path == 3;
     const kv_status st =
         path == 0 ? ct_staged_launch(g, cp, k, n, n, nmax) : ct_search_launch(g, cp, k, n, n, 0, nmax, n);
     g->fused_v1 = v1;
+    g->v2 = v2;
     KV_TRY(st);
     KV_CUDA_TRY(cudaMemcpyAsync(hn, g->nset, Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(hs, nmax * sizeof(int32_t), g->set, g->sld * sizeof(int32_t), nmax * sizeof(int32_t),
@@ -629,17 +646,17 @@ kv_status ct_check_run(kv_ct_gpu *g, int path, int cp, int k, int n, int nmax, i
     return KV_OK;
 }
 
-/* Prints (stderr) whether versions 2 and 1 give the staged path's sets and top k (the lse's summation order
+/* Prints (stderr) whether versions 3, 1 and 2 give the staged path's sets and top k (the lse's summation order
  * differs between the three, so a top-k entry may differ only at a tie to the last bit). */
 kv_status ct_bench_check(kv_ct_gpu *g, int cp, int k, int n, int nmax) {
     const int Hkv = g->c.Hkv, kk = k < nmax ? k : nmax;
     const size_t ns = (size_t)Hkv * nmax, no = (size_t)Hkv * (kk > 0 ? kk : 1);
-    int32_t *hs = (int32_t *)malloc(3 * ns * sizeof(int32_t)), *ho = (int32_t *)malloc(3 * no * sizeof(int32_t));
-    int *hn = (int *)malloc(3 * (size_t)Hkv * sizeof(int));
+    int32_t *hs = (int32_t *)malloc(4 * ns * sizeof(int32_t)), *ho = (int32_t *)malloc(4 * no * sizeof(int32_t));
+    int *hn = (int *)malloc(4 * (size_t)Hkv * sizeof(int));
     kv_status st = hs && ho && hn ? KV_OK : kv_fail(KV_ERR_NOMEM, "ctkvr bench check buffers");
-    for (int p = 0; p < 3 && st == KV_OK; p++)
+    for (int p = 0; p < 4 && st == KV_OK; p++)
         st = ct_check_run(g, p, cp, k, n, nmax, hs + p * ns, ho + p * no, hn + p * Hkv);
-    for (int p = 1; p < 3 && st == KV_OK; p++) {
+    for (int p = 1; p < 4 && st == KV_OK; p++) {
         int sets = 0, same = 0, all = 0;
         for (int r = 0; r < Hkv; r++) {
             const int m = hn[r];
@@ -651,7 +668,7 @@ kv_status ct_bench_check(kv_ct_gpu *g, int cp, int k, int n, int nmax) {
             }
         }
         fprintf(stderr, "ctkvr bench check n=%d: %s vs staged: %d of %d sets equal, %d of %d top-k entries equal\n", n,
-                p == 1 ? "search (version 2)" : "search_v1", sets, Hkv, same, all);
+                p == 1 ? "search (version 3)" : p == 2 ? "search_v1" : "search_v2", sets, Hkv, same, all);
     }
     free(hs); free(ho); free(hn);
     return st;
@@ -673,7 +690,7 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
                                                                               s->Hq, C, n, g->cq, g->cnorm, g->valid);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    kv_gpu_timing t[7];
+    kv_gpu_timing t[8];
     /* the build is long: 3 runs, or KVBENCH_CTKVR_BUILD_REPS (1..3: a short device check) */
     const char *brs = getenv("KVBENCH_CTKVR_BUILD_REPS");
     int br = brs ? atoi(brs) : 3;
@@ -707,6 +724,11 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     const kv_status sv1 = x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[6]);
     g->fused_v1 = v1;
     KV_TRY(sv1);
+    const int v2 = g->v2;
+    g->v2 = 1; /* version 2 (version 3 less its tiled rerank) */
+    const kv_status sv2 = x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[7]);
+    g->v2 = v2;
+    KV_TRY(sv2);
     KV_TRY(x.time([&]() { return ct_search_launch(g, cp, k, n, n, 0, nmax, n); }, &t[5]));
     KV_TRY(ct_bench_check(g, cp, k, n, nmax));
     const char *tr = getenv("KVBENCH_CTKVR_TRACE");
@@ -720,7 +742,7 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
                  lists = (double)s->Hkv * cp * bp->rho * 4, keys = u * s->D * es,
                  build = (double)C * (s->Hkv * (double)n * s->D * es + s->Hkv * (double)bp->rho * 4),
                  all = slots + qb + lists + keys + s->Hkv * (double)k * 4;
-    out->n = 7;
+    out->n = 8;
     out->stage[0] = kv_gpu_stage{"build", t[0], build};
     out->stage[1] = kv_gpu_stage{"recall", t[1], slots + qb + s->Hkv * (double)cp * 4};
     out->stage[2] = kv_gpu_stage{"gather", t[2], lists + u * 4};
@@ -728,11 +750,13 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     out->stage[4] = kv_gpu_stage{"search_staged", t[4], all};
     out->stage[5] = kv_gpu_stage{"search", t[5], all};
     out->stage[6] = kv_gpu_stage{"search_v1", t[6], all};
+    out->stage[7] = kv_gpu_stage{"search_v2", t[7], all};
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "ctkvr C=%d C'=%d rho=%d, slot queries = keys at C evenly spaced positions (no prefill queries in the "
              "bench); union %.0f keys/kv head; recall = slot queries (f32, Hq x D x 4 B each) + q; gather = C' lists "
              "(4 B/entry) + union; rerank = union keys (%.0f B/elem) + ids + top-k; search_staged = those 3 stages; "
-             "search = one launch (ctkvr_search.cuh), search_v1 = its version 1 (ctkvr_fused.cuh), same bytes",
+             "search = one launch (ctkvr_search.cuh), search_v1 = its version 1 (ctkvr_fused.cuh), search_v2 = its "
+             "version 2 (rerank untiled), same bytes",
              C, cp, bp->rho, u / s->Hkv, es);
     return KV_OK;
 }

@@ -30,6 +30,16 @@
  *   sums are each one block reduction (fixed order: the documented tie with
  *   the CPU's sequential sum stays, the result is deterministic).
  * - Top k and DCU's top rho: kv_block_topk (block_topk.cuh).
+ * Version 3 (the default; KVBENCH_CTKVR_V2=1 keeps version 2): the rerank's
+ * key reads. Version 2's thread-per-key 16-byte loads touch 32 rows (32
+ * cache lines) per warp instruction, which the L1 serves about a line at a
+ * time (the likely cause of the 1M trace's ~12 us for ~1000 keys x 256 B on
+ * one SM; not yet measured on a device); cts_rerank_tiled
+ * has each warp load its 32 keys as whole 128-byte pieces (4 lines per
+ * instruction, all 16 loads in flight) into a per-warp shared tile (+74 KB,
+ * padded: conflict-free), then each thread sums its own key from the tile
+ * with cts_key_dots' operations in its order (bitwise the same scores).
+ * Where the tiles do not fit the shared memory, version 2's rerank runs.
  * Limits (else the staged path): D % 8 == 0, G <= 256, 16-byte aligned
  * keys, the shared memory (about (G + 4) x 4 B per entry of the set bound) within the
  * device's opt-in. KVBENCH_CTKVR_TRACE=1 makes the bench print where one
@@ -57,7 +67,14 @@ struct cts_args {
     int k, krho;
     int32_t *oidx, *odcu;
     unsigned long long *ts; /* nullable: the bench's phase stamps (KVBENCH_CTKVR_TRACE=1), cts_stamp */
+    int rr;                 /* 1: the rerank through per-warp shared tiles (cts_rerank_tiled); 0: version 2's */
+    int tile_off;           /* bytes from the dynamic shared memory's start to the tiles (16-byte aligned) */
 };
+
+/* The rerank's tiles (rr = 1): per warp 32 keys x (CTS_PU + 1) 16-byte units (one of padding: the per-thread
+ * reads of a row are conflict-free), bytes. */
+constexpr int CTS_PU = 8;
+inline size_t cts_tile_smem() { return (size_t)(CTS_TH / 32) * 32 * (CTS_PU + 1) * 16; }
 
 /* The bench's phase stamps (%globaltimer, ns): ts[0] = the first block's start (atomicMin; the host sets
  * ~0), ts[1] = the last block's arrival, ts[2..8] = kv head 0's tail after each step, ts[9] = the last
@@ -210,6 +227,104 @@ __device__ __forceinline__ void cts_key_dots(const float *q, int D, int gm, cons
         if (hh < gm)
             out[hh] = __fadd_rn(__fadd_rn(__fadd_rn(acc[hh][0], acc[hh][4]), __fadd_rn(acc[hh][1], acc[hh][5])),
                                 __fadd_rn(__fadd_rn(acc[hh][2], acc[hh][6]), __fadd_rn(acc[hh][3], acc[hh][7])));
+}
+
+/* One 16-byte unit u of a key into cts_key_dots' partial sums (the same operations in the same order per
+ * partial): float16, unit u = elements 8u..8u+7 -> partials 0..7; float32, unit u = elements 4u..4u+3 ->
+ * partials 4(u & 1)..+3. */
+__device__ __forceinline__ void cts_unit(float (&acc)[CTS_GM][8], const float *q, int D, int gm, int u, uint4 raw,
+                                         const __half *) {
+    const __half2 *h2 = (const __half2 *)&raw;
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 t = __half22float2(h2[j]);
+        f[2 * j] = t.x;
+        f[2 * j + 1] = t.y;
+    }
+#pragma unroll
+    for (int hh = 0; hh < CTS_GM; hh++)
+        if (hh < gm) {
+            const float4 qa = *(const float4 *)(q + hh * D + 8 * u);
+            const float4 qb = *(const float4 *)(q + hh * D + 8 * u + 4);
+            acc[hh][0] = __fadd_rn(acc[hh][0], __fmul_rn(qa.x, f[0]));
+            acc[hh][1] = __fadd_rn(acc[hh][1], __fmul_rn(qa.y, f[1]));
+            acc[hh][2] = __fadd_rn(acc[hh][2], __fmul_rn(qa.z, f[2]));
+            acc[hh][3] = __fadd_rn(acc[hh][3], __fmul_rn(qa.w, f[3]));
+            acc[hh][4] = __fadd_rn(acc[hh][4], __fmul_rn(qb.x, f[4]));
+            acc[hh][5] = __fadd_rn(acc[hh][5], __fmul_rn(qb.y, f[5]));
+            acc[hh][6] = __fadd_rn(acc[hh][6], __fmul_rn(qb.z, f[6]));
+            acc[hh][7] = __fadd_rn(acc[hh][7], __fmul_rn(qb.w, f[7]));
+        }
+}
+__device__ __forceinline__ void cts_unit(float (&acc)[CTS_GM][8], const float *q, int D, int gm, int u, uint4 raw,
+                                         const float *) {
+    const float4 v = *(const float4 *)&raw;
+    const int o = 4 * (u & 1);
+#pragma unroll
+    for (int hh = 0; hh < CTS_GM; hh++)
+        if (hh < gm) {
+            const float4 qa = *(const float4 *)(q + hh * D + 4 * u);
+            acc[hh][o] = __fadd_rn(acc[hh][o], __fmul_rn(qa.x, v.x));
+            acc[hh][o + 1] = __fadd_rn(acc[hh][o + 1], __fmul_rn(qa.y, v.y));
+            acc[hh][o + 2] = __fadd_rn(acc[hh][o + 2], __fmul_rn(qa.z, v.z));
+            acc[hh][o + 3] = __fadd_rn(acc[hh][o + 3], __fmul_rn(qa.w, v.w));
+        }
+}
+
+/* The rerank's scores with coalesced key reads (rr = 1): each warp takes 32 keys of the set at a time; its
+ * loads cover 4 whole 128-byte pieces of rows per instruction (lane l: unit l % 8 of row l / 8 + 4s), where
+ * version 2's one-row-per-thread loads touch 32 rows per instruction; the units go through the warp's tile
+ * (shared memory), and each thread then sums its own key exactly as cts_key_dots does (bitwise the same).
+ * sc[hh * ncap + i] = scale * kv_dot_ref(q_hh, key sset[i]). Call from every thread (whole warps). */
+template <typename TK>
+__device__ __forceinline__ void cts_rerank_tiled(const float *sq, const int *sset, int n, const TK *Kg, int G, int D,
+                                                 float scale, float *sc, int ncap, uint4 *tl) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, sub = lane >> 3, cu = lane & 7;
+    const int nu = D * (int)sizeof(TK) / 16;
+    tl += (size_t)w * 32 * (CTS_PU + 1);
+    for (int i0 = w * 32; i0 < n; i0 += CTS_TH) { /* i0 is the same in the whole warp */
+        const int i = i0 + lane;
+        for (int h0 = 0; h0 < G; h0 += CTS_GM) {
+            const int gm = G - h0 < CTS_GM ? G - h0 : CTS_GM;
+            float acc[CTS_GM][8];
+#pragma unroll
+            for (int hh = 0; hh < CTS_GM; hh++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[hh][j] = 0.f;
+            for (int u0 = 0; u0 < nu; u0 += 2 * CTS_PU) {
+                uint4 v[2 * CTS_PU];
+#pragma unroll
+                for (int s = 0; s < 2 * CTS_PU; s++) { /* all of them in flight */
+                    const int r = (s % CTS_PU) * 4 + sub, u = u0 + (s / CTS_PU) * CTS_PU + cu, ii = i0 + r;
+                    v[s] = ii < n && u < nu ? __ldg((const uint4 *)(Kg + (size_t)sset[ii] * D) + u)
+                                            : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int ub = u0 + p * CTS_PU;
+                    if (ub >= nu) break; /* the same in the whole warp */
+                    __syncwarp();        /* the previous piece's reads are done */
+#pragma unroll
+                    for (int s = 0; s < CTS_PU; s++) tl[((s * 4 + sub) * (CTS_PU + 1)) + cu] = v[p * CTS_PU + s];
+                    __syncwarp();
+                    if (i < n)
+#pragma unroll
+                        for (int uu = 0; uu < CTS_PU; uu++)
+                            if (ub + uu < nu)
+                                cts_unit(acc, sq + h0 * D, D, gm, ub + uu, tl[lane * (CTS_PU + 1) + uu],
+                                         (const TK *)nullptr);
+                }
+            }
+            if (i < n)
+#pragma unroll
+                for (int hh = 0; hh < CTS_GM; hh++)
+                    if (hh < gm)
+                        sc[(size_t)(h0 + hh) * ncap + i] = __fmul_rn(
+                            scale, __fadd_rn(__fadd_rn(__fadd_rn(acc[hh][0], acc[hh][4]), __fadd_rn(acc[hh][1], acc[hh][5])),
+                                             __fadd_rn(__fadd_rn(acc[hh][2], acc[hh][6]), __fadd_rn(acc[hh][3], acc[hh][7]))));
+        }
+    }
 }
 
 __device__ __forceinline__ void cts_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -387,15 +502,19 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     if (tid == 0) a.nset[g] = n;
     cts_stamp(a.ts, CTS_T_SET, g);
     /* ---- rerank: the set's scores (kv_dot_ref, bitwise), per head max and double sum of exp ---- */
-    for (int i = tid; i < n; i += CTS_TH) {
-        const TK *kr = Kg + (size_t)sset[i] * D;
-        for (int h0 = 0; h0 < G; h0 += CTS_GM) {
-            float d[CTS_GM];
-            const int gm = G - h0 < CTS_GM ? G - h0 : CTS_GM;
-            cts_key_dots(sq + h0 * D, D, gm, kr, d);
+    if (a.rr) { /* version 3 */
+        cts_rerank_tiled<TK>(sq, sset, n, Kg, G, D, a.scale, sc, a.ncap, (uint4 *)((char *)cts_sm + a.tile_off));
+    } else { /* version 2 */
+        for (int i = tid; i < n; i += CTS_TH) {
+            const TK *kr = Kg + (size_t)sset[i] * D;
+            for (int h0 = 0; h0 < G; h0 += CTS_GM) {
+                float d[CTS_GM];
+                const int gm = G - h0 < CTS_GM ? G - h0 : CTS_GM;
+                cts_key_dots(sq + h0 * D, D, gm, kr, d);
 #pragma unroll
-            for (int hh = 0; hh < CTS_GM; hh++)
-                if (hh < gm) sc[(size_t)(h0 + hh) * a.ncap + i] = __fmul_rn(a.scale, d[hh]);
+                for (int hh = 0; hh < CTS_GM; hh++)
+                    if (hh < gm) sc[(size_t)(h0 + hh) * a.ncap + i] = __fmul_rn(a.scale, d[hh]);
+            }
         }
     }
     __syncthreads();

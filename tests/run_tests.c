@@ -112,6 +112,7 @@ extern char kv_test_reason[512];
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \
     X(ctkvr_gpu_staged_matches_cpu, KV_NEEDS_GPU)          \
     X(ctkvr_gpu_fused_v1_matches_cpu, KV_NEEDS_GPU)        \
+    X(ctkvr_gpu_v2_matches_cpu, KV_NEEDS_GPU)              \
     X(freekv_gpu_cosine_flags, KV_NEEDS_GPU)               \
     X(freekv_gpu_matches_cpu, KV_NEEDS_GPU)                \
     X(freekv_gpu_group_mean_pages, KV_NEEDS_GPU)           \

@@ -157,10 +157,12 @@ int test_csattention_gpu_tile_variants_match_cpu(void) {
 }
 
 /* path 0: the default device path (the one-launch search of
- * kernels/ctkvr_search.cuh, whose limits these shapes are within);
+ * kernels/ctkvr_search.cuh, version 3 = version 2 with the tiled rerank,
+ * whose limits these shapes are within);
  * 1: KVBENCH_CTKVR_STAGED=1, the staged kernels of kernels/ctkvr.cu;
  * 2: KVBENCH_CTKVR_FUSED=1, the one-launch search's version 1
- * (kernels/ctkvr_fused.cuh). */
+ * (kernels/ctkvr_fused.cuh); 3: KVBENCH_CTKVR_V2=1, its version 2 (the
+ * rerank one thread per key, untiled). */
 static int ctkvr_gpu_matches_cpu(int path) {
     int T = 640, P = 400, sink = 4, local = 16, k = 24;
     kv_layer L;
@@ -175,7 +177,8 @@ static int ctkvr_gpu_matches_cpu(int path) {
     for (int s = 0; s < 5; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "ctkvr", sets[s], 5, &L, P, sink, local, k));
-        const char *env = path == 1 ? "KVBENCH_CTKVR_STAGED" : path == 2 ? "KVBENCH_CTKVR_FUSED" : NULL;
+        const char *env = path == 1 ? "KVBENCH_CTKVR_STAGED" : path == 2 ? "KVBENCH_CTKVR_FUSED"
+                          : path == 3 ? "KVBENCH_CTKVR_V2" : NULL;
         if (env) setenv(env, "1", 1);
         kv_status st = kv_test_driver_open_gpu(&g, "ctkvr", sets[s], 5, &L, P, sink, local, k);
         if (env) unsetenv(env);
@@ -204,6 +207,7 @@ static int ctkvr_gpu_matches_cpu(int path) {
 int test_ctkvr_gpu_matches_cpu(void) { return ctkvr_gpu_matches_cpu(0); }
 int test_ctkvr_gpu_staged_matches_cpu(void) { return ctkvr_gpu_matches_cpu(1); }
 int test_ctkvr_gpu_fused_v1_matches_cpu(void) { return ctkvr_gpu_matches_cpu(2); }
+int test_ctkvr_gpu_v2_matches_cpu(void) { return ctkvr_gpu_matches_cpu(3); }
 
 /* kmeans=gpu: the device's k-means from the same points and uniforms; its
  * centroid sums add in another order, so a coordinate may differ in its
