@@ -19,6 +19,11 @@ parameter string; the CSAttention/CTKVR GPU kernels) and none of the
 run-loop or loader work, so the check compares that work with an
 independent earlier implementation, not with itself. Against main at
 21e04c7's own output only ParisKV's rows differ.
+The GPU reference tests/golden/run-gpu was made on the lent H100 by the
+same tree plus d6f6319 (the CTKVR kernel's shared-memory launch fix,
+without which that tree's GPU CTKVR cannot start; it changes no number),
+built there from a source tarball (scripts/dev/s4-loop.sh with BASE_BIN),
+and 3d3fd0e matched it bit for bit in the same call.
 The configuration covers all twelve demo methods, 26 steps spread over
 the whole decode (stride 40), and two budgets (the multi-budget path). """
 import gzip, json, os, subprocess, sys, tempfile

@@ -330,8 +330,8 @@ int test_run_golden_cpu(void) {
 }
 
 /* The same on the GPU against tests/golden/run-gpu, which only a GPU
- * machine can write (scripts/device_check.sh RUNLOOP=1 writes it from the
- * binary of main before it checks this branch's). */
+ * machine can write (scripts/golden_run.py make BASE_BIN DIR --device gpu;
+ * the committed one: scripts/golden_run.py's docstring says from what). */
 int test_run_golden_gpu(void) {
     const char *dir = getenv("KVBENCH_GOLDEN_GPU") ? getenv("KVBENCH_GOLDEN_GPU") : "tests/golden/run-gpu";
     char path[1024];

@@ -102,7 +102,8 @@ int test_run_results_loader_invariant(void) {
 }
 
 /* The device side of the preflight (--device gpu): KVBENCH_GPU_MEM_LIMIT one byte short of
- * the oracle's K and V as float16 + its scores + exact's keys and scores: exit 2 naming the bytes. */
+ * the oracle's K and V as float16 + its scores + the profile's device sort keys (16 Hq T) + exact's
+ * keys and scores: exit 2 naming the bytes. */
 int test_run_memory_preflight_gpu(void) {
     const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
     char tr[600];
@@ -110,7 +111,7 @@ int test_run_memory_preflight_gpu(void) {
     CHECK(sh("'%s' synth --out '%s' --tokens 3000 --prefill 2000 --q-heads 4 --kv-heads 2 --dim 32 --force", B, tr) == 0,
           "synth: %s", err);
     long long T = 3000, D = 32, Hq = 4, Hkv = 2;
-    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
+    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + 16 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
     int rc = sh("KVBENCH_GPU_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact --device gpu --out '%s/memg-out' "
                 "--force --quiet", need - 1, B, tr, tmp);
     CHECK(rc == 2, "exit %d (want 2); stderr: %s", rc, err);
