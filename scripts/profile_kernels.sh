@@ -4,8 +4,12 @@
 # duration, DRAM bytes, grid and block, registers, shared memory and occupancy,
 # as CSV under $OUT (one file per method and length), plus the plain bench
 # rows of the same method for the stage names. Clocks are left alone
-# (--clock-control none), as the device notes ask.
-#   OUT=/tmp/prof SPECS="ctkvr:16384 csattention:1048576" scripts/profile_kernels.sh
+# (--clock-control none), as the device notes ask. ncu replays every launch,
+# and a method's index build comes first (hundreds of launches: k-means,
+# list builds), so give one or two specs a call and select the search's
+# kernels with NCU_ARGS (e.g. NCU_ARGS='-k regex:ctf_|cts_' or
+# '--launch-skip 400'); NCU_TIMEOUT (default 150 s) bounds each spec.
+#   OUT=/tmp/prof SPECS="ctkvr:16384" NCU_ARGS='-k regex:cts_' scripts/profile_kernels.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-profile}
@@ -19,7 +23,7 @@ M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__occupancy_limit_
 for spec in $SPECS; do
     m=${spec%:*}; t=${spec#*:}
     timeout 120 ./kvbench bench --method "$m" --tokens "$t" >"$OUT/bench-$m-$t.log" 2>&1
-    timeout 150 ncu --clock-control none --launch-count "${LAUNCHES:-3000}" --csv --metrics "$M" \
+    timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --launch-count "${LAUNCHES:-3000}" ${NCU_ARGS:-} --csv --metrics "$M" \
         ./kvbench bench --method "$m" --tokens "$t" --reps 3 --warmup 1 >"$OUT/ncu-$m-$t.csv" 2>"$OUT/ncu-$m-$t.err"
     echo "$m $t: rc $? $(grep -c '"gpu__time_duration.sum"' "$OUT/ncu-$m-$t.csv") kernel launches"
 done
