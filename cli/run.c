@@ -249,49 +249,25 @@ static void prefill16_close(prefill16 *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Builds every instance on the prefill of layer L; sel holds up to kmax. */
-static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
-                           const kv_shape *sh) {
-    kv_prefill pre = {.n = P};
-    if (kv_layer_is_f16(L)) { /* the float16 form: no in-place compaction */
-        prefill16 p16;
-        kv_status st = prefill16_open(L, P, lag, inst, n_inst, &p16);
-        for (int i = 0; i < n_inst && st == KV_OK; i++) {
-            kv_method_run *r = &inst[i].r;
-            kv_shape s = *sh;
-            s.use_gpu = sh->use_gpu && r->m->has_gpu;
-            s.seed = r->seed;
-            r->on_gpu = s.use_gpu;
-            int kmax = keff[inst[i].b0 + inst[i].nb - 1];
-            int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
-            st = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
-            if (st != KV_OK) break;
-            double t0 = kv_now();
-            st = r->m->create(&s, &r->ps, &r->state);
-            if (st == KV_OK) st = r->m->build(r->state, r->m->prefill_half ? &p16.half : &p16.f32);
-            r->build_s = kv_now() - t0;
-            if (st != KV_OK) kv_fail(st, "method %s: build failed: %s", r->m->name, kv_last_error());
-        }
-        prefill16_close(&p16);
-        return st;
+/* Creates and builds every instance on the prefill (pre_half for a method
+ * that takes the float16 form); sel holds up to kmax. The CPU path builds
+ * them in parallel (issue 12, goal 5), as it runs their steps: each builds
+ * its own state from the read-only prefill, and a method's internal OpenMP
+ * loops give the same numbers on any thread count (tests: run_golden_cpu
+ * with 1 and 2 threads). The first failure in instance order is reported,
+ * as a serial loop would. */
+static kv_status build_each(const kv_layer *L, const int *keff, run_inst *inst, int n_inst, const kv_shape *sh,
+                            const kv_prefill *pre, const kv_prefill *pre_half) {
+    int par = !sh->use_gpu && n_inst > 1 && omp_get_max_threads() > 1;
+    kv_status *ist = calloc((size_t)n_inst + 1, sizeof *ist);
+    char (*msg)[512] = calloc((size_t)n_inst + 1, sizeof *msg);
+    if (!ist || !msg) {
+        free(ist);
+        free(msg);
+        return kv_fail(KV_ERR_NOMEM, "build status (%d instances)", n_inst);
     }
-    /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
-    float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
-    float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
-    float *sq = sk && (!L->v || sv) && !lag ? compact_prefix(L->q, L->Hq, L->T, L->D, P) : NULL;
-    float *pq = lag ? gather_prefix(L->q, L->Hq, L->T, L->D, P, lag) : NULL;
-    kv_status st = (!sk || (L->v && !sv) || (!lag && !sq) || (lag && !pq)) ? KV_ERR_NOMEM : KV_OK;
-    pre.k = L->k; pre.q = lag ? pq : L->q; pre.v = L->v;
-    /* The CPU path builds the instances in parallel (issue 12, goal 5), as
-     * it runs their steps: each builds its own state from the read-only
-     * prefill, and a method's internal OpenMP loops give the same numbers
-     * on any thread count (tests: run_golden_cpu with 1 and 2 threads). */
-    int par = st == KV_OK && !sh->use_gpu && n_inst > 1 && omp_get_max_threads() > 1;
-    kv_status *ist = calloc((size_t)n_inst, sizeof *ist);
-    char (*msg)[512] = calloc((size_t)n_inst, sizeof *msg);
-    if (st == KV_OK && (!ist || !msg)) st = KV_ERR_NOMEM;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
-    for (int i = 0; i < (st == KV_OK ? n_inst : 0); i++) {
+    for (int i = 0; i < n_inst; i++) {
         kv_method_run *r = &inst[i].r;
         kv_shape s = *sh;
         s.use_gpu = sh->use_gpu && r->m->has_gpu;
@@ -302,15 +278,38 @@ static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_ins
         kv_status si = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
         double t0 = kv_now();
         if (si == KV_OK) si = r->m->create(&s, &r->ps, &r->state);
-        if (si == KV_OK) si = r->m->build(r->state, &pre);
+        if (si == KV_OK) si = r->m->build(r->state, r->m->prefill_half ? pre_half : pre);
         r->build_s = kv_now() - t0;
         if (si != KV_OK) snprintf(msg[i], sizeof msg[i], "method %s: build failed: %s", r->m->name, kv_last_error());
         ist[i] = si;
     }
-    for (int i = 0; i < n_inst && st == KV_OK; i++) /* the first failure in instance order, as the serial loop */
+    kv_status st = KV_OK;
+    for (int i = 0; i < n_inst && st == KV_OK; i++)
         if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg[i]);
     free(ist);
     free(msg);
+    return st;
+}
+
+/* Builds every instance on the prefill of layer L. */
+static kv_status build_all(kv_layer *L, int P, int lag, const int *keff, run_inst *inst, int n_inst,
+                           const kv_shape *sh) {
+    kv_prefill pre = {.n = P};
+    if (kv_layer_is_f16(L)) { /* the float16 form: no in-place compaction */
+        prefill16 p16;
+        kv_status st = prefill16_open(L, P, lag, inst, n_inst, &p16);
+        if (st == KV_OK) st = build_each(L, keff, inst, n_inst, sh, &p16.f32, &p16.half);
+        prefill16_close(&p16);
+        return st;
+    }
+    /* k, v (and q without --lag) viewed in place; q with --lag copied (its rows are shifted) */
+    float *sk = compact_prefix(L->k, L->Hkv, L->T, L->D, P);
+    float *sv = sk && L->v ? compact_prefix(L->v, L->Hkv, L->T, L->D, P) : NULL;
+    float *sq = sk && (!L->v || sv) && !lag ? compact_prefix(L->q, L->Hq, L->T, L->D, P) : NULL;
+    float *pq = lag ? gather_prefix(L->q, L->Hq, L->T, L->D, P, lag) : NULL;
+    kv_status st = (!sk || (L->v && !sv) || (!lag && !sq) || (lag && !pq)) ? KV_ERR_NOMEM : KV_OK;
+    pre.k = L->k; pre.q = lag ? pq : L->q; pre.v = L->v;
+    if (st == KV_OK) st = build_each(L, keff, inst, n_inst, sh, &pre, &pre);
     if (sq) expand_prefix(L->q, L->Hq, L->T, L->D, P, sq);
     if (sv) expand_prefix(L->v, L->Hkv, L->T, L->D, P, sv);
     if (sk) expand_prefix(L->k, L->Hkv, L->T, L->D, P, sk);
