@@ -172,6 +172,31 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
     return KV_OK;
 }
 
+/* Each query head's candidate list (its own, or its kv head's) into
+ * p->cidx, grown to need per head; with t >= 0 (the device path, which
+ * reads scores there) every position is checked against [0, t]. */
+static kv_status gather_cands(kv_protocol *p, const kv_method *m, const kv_selection *sel, int need, int t) {
+    const kv_layer *L = p->L;
+    if (need > p->ccap) {
+        free(p->cscore); free(p->cidx);
+        p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
+        p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
+        p->ccap = need;
+        if (!p->cscore || !p->cidx) { p->ccap = 0; return KV_ERR_NOMEM; }
+    }
+    for (int h = 0; h < L->Hq; h++) {
+        int list = m->per_kv_head ? h / p->G : h;
+        const int32_t *c = sel->cand + (size_t)list * sel->cand_cap;
+        p->ccount[h] = sel->n_cand[list] > 0 ? sel->n_cand[list] : 0;
+        for (int j = 0; t >= 0 && j < p->ccount[h]; j++)
+            if (c[j] < 0 || c[j] > t)
+                return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
+                               c[j], t + 1);
+        memcpy(p->cidx + (size_t)h * p->ccap, c, (size_t)p->ccount[h] * sizeof(int32_t));
+    }
+    return KV_OK;
+}
+
 static kv_status candidate_recall(kv_protocol *p, kv_oracle *o, const kv_oracle_out *ores, const kv_method *m,
                                   const kv_selection *sel, int kk, kv_step_metric *rows) {
     const kv_layer *L = p->L;
@@ -182,19 +207,7 @@ static kv_status candidate_recall(kv_protocol *p, kv_oracle *o, const kv_oracle_
     }
     for (int h = 0; h < L->Hq; h++) rows[h].cand_recall = NAN;
     if (!any || kk <= 0) return KV_OK;
-    if (need > p->ccap) {
-        free(p->cscore); free(p->cidx);
-        p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
-        p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
-        p->ccap = need;
-        if (!p->cscore || !p->cidx) { p->ccap = 0; return KV_ERR_NOMEM; }
-    }
-    for (int h = 0; h < L->Hq; h++) {
-        int list = m->per_kv_head ? h / p->G : h;
-        p->ccount[h] = sel->n_cand[list] > 0 ? sel->n_cand[list] : 0;
-        memcpy(p->cidx + (size_t)h * p->ccap, sel->cand + (size_t)list * sel->cand_cap,
-               (size_t)p->ccount[h] * sizeof(int32_t));
-    }
+    KV_TRY(gather_cands(p, m, sel, need, -1));
     KV_TRY(kv_oracle_gather(o, p->cidx, p->ccount, p->ccap, p->cscore));
     for (int h = 0; h < L->Hq; h++) {
         int hits = 0;
@@ -302,7 +315,6 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
  * position checked against [0, t] (the device reads scores there). */
 kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
                              int k, int slot) {
-    const kv_layer *L = p->L;
     int nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR, need = 0, any = 0;
     KV_TRY(build_lists(p, t, m, sel, k));
     for (int l = 0; l < sel->n_lists; l++) {
@@ -313,23 +325,7 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
                          .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
                          .has_cand = any && kk > 0};
     if (in.has_cand) {
-        if (need > p->ccap) {
-            free(p->cscore); free(p->cidx);
-            p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
-            p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
-            p->ccap = need;
-            if (!p->cscore || !p->cidx) { p->ccap = 0; return KV_ERR_NOMEM; }
-        }
-        for (int h = 0; h < L->Hq; h++) {
-            int list = m->per_kv_head ? h / p->G : h;
-            const int32_t *c = sel->cand + (size_t)list * sel->cand_cap;
-            p->ccount[h] = sel->n_cand[list] > 0 ? sel->n_cand[list] : 0;
-            for (int j = 0; j < p->ccount[h]; j++)
-                if (c[j] < 0 || c[j] > t)
-                    return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
-                                   c[j], t + 1);
-            memcpy(p->cidx + (size_t)h * p->ccap, c, (size_t)p->ccount[h] * sizeof(int32_t));
-        }
+        KV_TRY(gather_cands(p, m, sel, need, t));
         in.ccap = p->ccap;
         in.ccount = p->ccount;
         in.cidx = p->cidx;
