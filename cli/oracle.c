@@ -50,15 +50,6 @@ struct kv_oracle {
 
 const double kv_profile_p[KV_NPROFILE] = {0.5, 0.8, 0.9, 0.95, 0.99};
 
-/* acc[d] += w * v[d], built for AVX2 and the baseline (same bits: ISO C
- * does not contract into FMA); the oracle's output is n*D of these a step. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void acc_row(double *restrict acc, double w, const float *restrict v, int D) {
-    for (int d = 0; d < D; d++) acc[d] += w * v[d];
-}
-
 /* Sorts finite floats descending (the oracle checks every score first):
  * quicksort on the median of three, insertion sort below 24. Equal values
  * are equal numbers (a -0 beside a +0 compares and computes alike), so the
@@ -299,7 +290,7 @@ static int step_head_cpu(kv_oracle *o, int t, int h, const float *q) {
     double *acc = o->acc + (size_t)h * D;
     for (int d = 0; d < D; d++) acc[d] = 0;
     const float *V = L->v + (size_t)g * T * D;
-    for (int i = 0; i < n; i++) acc_row(acc, ew[i] / Z, V + (size_t)i * D, D);
+    for (int i = 0; i < n; i++) kv_acc_row(acc, ew[i] / Z, V + (size_t)i * D, D);
     for (int d = 0; d < D; d++) o->res.o_full[(size_t)h * D + d] = (float)acc[d];
     return 0;
 }

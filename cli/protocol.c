@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "protocol.h"
+#include "../kernels/ops/score.h"
 
 enum { F_REGION = 1, F_SEL = 2, F_EXTRA = 4 };
 
@@ -49,17 +50,6 @@ struct kv_protocol {
     double *cacc;      /* [Hq][D + 1]: the partial output, then the partial weight sum */
     float *vrow;       /* [Hq][D]: a value row converted from the layer's float16 form (issue 12 goal 3) */
 };
-
-/* acc[d] += w * v[d]: the output error's inner loop, a fifth of a CPU run's
- * time (issue 12). Built twice, for AVX2 and the baseline, picked at load
- * time; each element is one multiply and one add in double either way
- * (ISO C: no contraction into FMA), so the two give the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void acc_row(double *restrict acc, double w, const float *restrict v, int D) {
-    for (int d = 0; d < D; d++) acc[d] += w * v[d];
-}
 
 static kv_status grow(kv_protocol *p, int cap) {
     if (cap <= p->cap) return KV_OK;
@@ -290,7 +280,7 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
                 double w = reuse ? ew[c] : exp((double)p->score[base + c] + p->logw[base + c] - lmax);
                 const float *v = V ? V + (size_t)p->att[base + c] * D : kv_layer_row(L, 'v', h / p->G, p->att[base + c], p->vrow + (size_t)h * D);
                 wsum += w;
-                acc_row(acc, w, v, D);
+                kv_acc_row(acc, w, v, D);
                 if (reuse && cached && c + 1 == c0 && !p->cacc_ok[h]) {
                     memcpy(cacc, acc, (size_t)D * sizeof(double));
                     cacc[D] = wsum;

@@ -26,6 +26,9 @@ extern "C" {
 float kv_dot_ref(const float *a, const float *b, int d);
 /* out[i] = scale * <q, K[i]> for i in [0, n); K is [n][d]. */
 void kv_scores_ref(const float *q, const float *K, int n, int d, float scale, float *out);
+/* acc[j] += w * v[j] for j in [0, d), in double: the attention outputs of
+ * the oracle and the protocol (one multiply and one add per element). */
+void kv_acc_row(double *acc, double w, const float *v, int d);
 
 #ifdef __cplusplus
 }
