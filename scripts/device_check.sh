@@ -12,7 +12,8 @@
 # RUNLOOP=1 adds, right after the build, issue 12's run-loop measurement: the
 # 7-method 4096-step `kvbench run --device gpu` on a 131072-token synth trace
 # with its phase breakdown (--verbose), each method's in-run search time
-# against `kvbench bench` at 131072, and the bit-for-bit GPU golden check
+# against `kvbench bench` at 131072, the device evaluation against the host
+# one (KVBENCH_HOST_EVAL=1), host RSS in both layer forms, and the bit-for-bit GPU golden check
 # (tests/golden/run-gpu, written first from BASE_BIN when that is given: a
 # kvbench binary of main built before the issue-12 work). RUNLOOP=only does
 # the build and that section and stops.
@@ -85,6 +86,26 @@ EOF
                 --out /tmp/kvb-load --force --quiet 2>&1 | grep -i loaded | sed "s|^|$L $(basename $t): |"
         done; done; done
         KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_memory_preflight_gpu
+        # the device evaluation against the host one (KVBENCH_HOST_EVAL=1, every score to the host) on the demo
+        # trace, several budgets with the profile, then one budget without: the same files byte for byte
+        for cfg in "--k 16,64,200 --stride 9" "--k 100 --no-profile --stride 11"; do
+            for e in 0 1; do
+                KVBENCH_HOST_EVAL=$e ./kvbench run --trace datasets/demo.h5 --method $RL_METHODS $cfg --device gpu \
+                    --out /tmp/kvb-eval$e --force --quiet >/dev/null 2>&1
+            done
+            r=""
+            for f in steps.csv drift.csv profile.csv; do
+                cmp -s /tmp/kvb-eval0/$f /tmp/kvb-eval1/$f && r="$r $f=same" || r="$r $f=DIFFERS"
+            done
+            echo "demo $cfg: device vs host evaluation:$r"
+        done
+        # host memory of a GPU run against the layer's float16 bytes, in the float16 and the float32 layer form
+        for form in f16 f32; do
+            KVBENCH_LAYER=$form /usr/bin/time -f "RSS ($form layer form, exact,quest, 16 steps): %M KB" ./kvbench run \
+                --trace $TR128 --method exact,quest --device gpu --stride 64 --max-steps 16 --out /tmp/kvb-rss \
+                --force --quiet 2>&1 | grep RSS
+        done
+        echo "the layer's float16 bytes: $((2 * (16 + 2 * 8) * 131072 * 128)) (16 q / 8 kv heads, D 128, with values)"
     } 2>&1 | tee "$OUT/runloop.log"
     [ "${RUNLOOP}" = only ] && exit 0
 fi
@@ -106,11 +127,23 @@ for m in ${METHODS//,/ }; do
     fi
 done
 
-step "kvbench bench with CUDA graphs off (KVBENCH_CUDA_GRAPHS=0): what the search graphs of pariskv and pqcache save"
-for m in pariskv pqcache; do
+# Each method's selectable other paths, at the largest length, beside its default's row in bench_kvbench.csv
+# (what the defaults were chosen against; CTKVR's bench times its versions itself: search_v2, search_v1,
+# search_staged). VARIANTS=0 skips.
+step "kvbench bench of the other paths (the environment variable that selects each), at the largest length"
+LAST=${TOKENS##*,}
+[ "${VARIANTS:-1}" = 0 ] && echo "skipped (VARIANTS=0)" || for v in \
+    pariskv:KVBENCH_CUDA_GRAPHS=0 pqcache:KVBENCH_CUDA_GRAPHS=0 pariskv:KVBENCH_PK_FUSED=1 pqcache:KVBENCH_PQ_FUSED=0 \
+    csattention:KVBENCH_CS_REDUCE=staged csattention:KVBENCH_CS_SWEEP=1 ctkvr:KVBENCH_CTKVR_TRACE=1 \
+    freekv:KVBENCH_PAGES_PIPE=0 freekv:KVBENCH_PAGES_FUSE=0 racc:KVBENCH_RACC_VOTE=fused; do
+    m=${v%%:*}; e=${v#*:}
     case ",$METHODS," in *",$m,"*)
-        KVBENCH_CUDA_GRAPHS=0 timeout 200 ./kvbench bench --method "$m" --tokens "$TOKENS" 2>&1 |
-            tee -a "$OUT/bench_nograph.log" | grep -E "^method| search " ;;
+        echo "-- $m with $e" | tee -a "$OUT/bench_variants.log"
+        env "$e" timeout 200 ./kvbench bench --method "$m" --tokens "$LAST" 2>&1 | tee -a "$OUT/bench_variants.log" |
+            grep -E "^method|search|select_spec|vote|sweep|trace" | head -20
+        # the method's GPU tests on that path too (they run the path the environment selects)
+        env "$e" KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench timeout 120 ./tests/run_tests \
+            $(./tests/run_tests --list | grep "^${m}_gpu") 2>&1 | tail -1 | sed "s/^/   tests with $e: /" ;;
     esac
 done
 
