@@ -23,6 +23,7 @@ typedef struct {
     float *bound;            /* [Hq][PS] out */
     float *bmax;             /* [Hq][nba] scratch */
     double *zpart;           /* [Hq][nbz] scratch */
+    double *tz;              /* [Hq][nba] scratch: per scan tile, the sum of exp(scale * b - the tile's max) */
     float *cv;               /* [Hkv][nbz * kp] scratch */
     int *cj;                 /* [Hkv][nbz * kp] scratch */
     unsigned *ctr;           /* [Hkv], zero between launches (the kernel leaves it so) */
@@ -32,7 +33,7 @@ typedef struct {
 
 /* 1 when the fused path handles this group size and page count. */
 int pm_supported(int G, int kp);
-/* Scratch sizes for up to max_pages pages: bmax [Hq][nba], zpart [Hq][nbz],
+/* Scratch sizes for up to max_pages pages: bmax and tz [Hq][nba], zpart [Hq][nbz],
  * cv/cj [Hkv][nbz * PM_KMAX]. */
 void pm_sizes(int max_pages, int Hkv, int *nba, int *nbz);
 /* which: 0 = the bound scan only, 1 = the rest (softmax sums, pooling,

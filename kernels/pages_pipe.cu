@@ -31,14 +31,21 @@
  *    memory once and selects the head's kp from them. The older path read
  *    the partials in one thread's serial loop and the candidates again in
  *    every round, a chain of dependent L2 round trips.
- * By default (KVBENCH_PAGES_FUSE unset or not 0) 2 is folded into 3: each
- * p2_pool_topk block computes its chunk's partials exactly as p2_zpart
- * would (same pages per thread, same m_h, same sum order: the same bits),
- * writes them, and meets the other blocks of its kv head at a barrier on
- * ctr[g] (all blocks must be resident at once: checked by the occupancy,
- * else the two launches); the expf terms are kept for the pooled scores.
- * One kernel boundary and one read of the bounds fewer on the critical
- * path. KVBENCH_PAGES_FUSE=0 keeps the two launches.
+ * By default 2 is not a launch and 3 has no barrier: each scan block also
+ * writes its tile's softmax partial against its own maximum, z_t = the sum
+ * over its pages of expf(scale * b - m_t) (double), and every p2_pool_topk
+ * block of a kv head rescales them itself, Z_h = sum_t z_t exp(m_t - m_h)
+ * (double; every block of the head in the same fixed order, so all use the
+ * same w_h). m_h and the pooled terms expf(scale * b - m_h) are bitwise
+ * those of the two-pass sums; Z_h differs from them in the last bits (expf
+ * of a different argument), within the ~1e-7 the CPU comparison already
+ * allows for CUDA's expf. What it removes from the critical path: the pool
+ * blocks' barrier (an atomic, a spin on the slowest block of the head) and
+ * the second L2 round trip for the chunk partials. KVBENCH_PAGES_FUSE=1
+ * keeps that barrier path (the pool blocks compute the chunk partials
+ * exactly as p2_zpart would and meet at ctr[g]; all blocks must be resident
+ * at once: checked by the occupancy, else the two launches) and
+ * KVBENCH_PAGES_FUSE=0 the separate p2_zpart launch.
  * 2 and 3 are launched with programmatic dependent launch (their blocks
  * are scheduled while the previous kernel drains and wait for its data in
  * griddepcontrol.wait; KVBENCH_PAGES_PDL=0 launches them plainly), which
@@ -67,7 +74,8 @@ constexpr int P2_SB = 8192;       /* bytes per stage: CS channels x (min, max) x
 constexpr int P2_RT = 256;        /* p2_zpart / p2_pool_topk threads per block */
 constexpr int P2_PPT = 8;         /* pages per thread there */
 constexpr int P2_CHUNK = P2_RT * P2_PPT;
-constexpr int P2_CCAP = 2048;     /* candidates the last block holds in shared memory */
+constexpr int P2_CCAP = 512;      /* candidates the last block holds in shared memory (4 KB: a pool block then fits
+                                   beside 5 scan blocks on an SM, so its PDL launch is resident early) */
 
 template <typename TS, int PPT> struct p2_cfg {
     static constexpr int TP = P2_TH * PPT;               /* pages per tile */
@@ -130,7 +138,7 @@ __device__ __forceinline__ void p2_acc(float (&acc)[GT][PPT], const float *sqv, 
 template <typename TS, int GT, int PPT>
 __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax, long long PS, const float *q, int D,
                                                  int ncand, float scale, const int *flag, float *bound, float *tmax,
-                                                 int ntile) {
+                                                 double *tz, int ntile) {
     using C = p2_cfg<TS, PPT>;
     extern __shared__ __align__(16) unsigned char p2_sm[];
     __shared__ float swm[GT][P2_TH / 32];
@@ -203,11 +211,34 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
         if (lane == 0) swm[h][w] = m;
     }
     __syncthreads();
+    __shared__ float stm[GT];
     if (t < GT) {
         float m = swm[t][0];
 #pragma unroll
         for (int k = 1; k < P2_TH / 32; k++) m = fmaxf(m, swm[t][k]);
         tmax[(long long)(g * GT + t) * ntile + tile] = m;
+        stm[t] = m;
+    }
+    if (!tz) return;
+    /* the tile's softmax partial against its own max (the pool rescales it to the head's: no barrier there) */
+    __shared__ double swz[GT][P2_TH / 32];
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        double z = 0;
+#pragma unroll
+        for (int p = 0; p < PPT; p++)
+            if (jt + p < ncand) z += (double)expf(__fmul_rn(scale, acc[h][p]) - stm[h]);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+        if (lane == 0) swz[h][w] = z;
+    }
+    __syncthreads();
+    if (t < GT) {
+        double z = swz[t][0];
+#pragma unroll
+        for (int k = 1; k < P2_TH / 32; k++) z += swz[t][k];
+        tz[(long long)(g * GT + t) * ntile + tile] = z;
     }
 }
 
@@ -357,28 +388,30 @@ __device__ __forceinline__ unsigned p2_ld_acquire(const unsigned *p) {
     return v;
 }
 
-/* FZ (fused softmax sums, the default): the block computes its chunk's partials itself, exactly as
+/* ZM: where the softmax sums come from (p2_zmode). ZM 2 (the default): the scan's tile partials (above).
+ * ZM 1 (fused softmax sums): the block computes its chunk's partials itself, exactly as
  * p2_zpart (same pages per thread, same m_h, same p2_bsum order, so the same bits), writes them, and
  * waits at a barrier of the kv head's blocks (ctr[g] counts to gridDim.x) instead of a kernel boundary;
  * the merge's last block is then the one that brings ctr[g] to 2 * gridDim.x. Needs all blocks resident
- * at once (pm2_launch checks the occupancy, else launches p2_zpart and FZ = false). */
-template <int GT, bool FZ>
+ * at once (p2_pool_go checks the occupancy, else launches p2_zpart and ZM 0). ZM 0: p2_zpart's partials. */
+template <int GT, int ZM>
 __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long long PS, int ncand, float scale,
-                                                      const int *flag, const float *tmax, int ntile,
+                                                      const int *flag, const float *tmax, int ntile, const double *tz,
                                                       double *zpart, int nbz, int kp, float *cv, int *cj,
                                                       unsigned *ctr, int32_t *pages) {
+    constexpr bool FZ = ZM == 1, ALT = ZM != 0;
     __shared__ float swf[P2_RT / 32];
     __shared__ double swd[P2_RT / 32];
+    __shared__ float sfm[ALT ? GT : 1][P2_RT / 32];  /* ZM 1, 2: m_h */
+    __shared__ double sdz[ALT ? 2 * GT : 1][P2_RT / 32]; /* ZM 1: chunk partials, then Z_h; ZM 2: Z_h */
     __shared__ p2_item sbest[P2_RT / 32];
-    __shared__ p2_item sb2[2][P2_RT / 32];          /* FZ: the argmax rounds, alternating */
-    __shared__ float sfm[FZ ? GT : 1][P2_RT / 32];  /* FZ: m_h */
-    __shared__ double sdz[FZ ? 2 * GT : 1][P2_RT / 32]; /* FZ: chunk partials, then Z_h */
+    __shared__ p2_item sb2[2][P2_RT / 32];          /* ZM 1, 2: the argmax rounds, alternating */
     __shared__ p2_item scand[P2_CCAP];
     const int g = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
     p2_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
     if (flag && !flag[g]) return;
     /* every load this block needs before its first reduction: bounds, tile maxima, softmax partials */
-    float b[GT][P2_PPT], mp[GT];
+    float b[GT][P2_PPT], mp[GT], mt[GT];
     double zp[GT];
 #pragma unroll
     for (int h = 0; h < GT; h++) {
@@ -388,14 +421,37 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             const int j = j0 + p * P2_RT + threadIdx.x;
             b[h][p] = j < ncand ? __ldcg(bound + hr * PS + j) : 0.f;
         }
-        mp[h] = p2_tmax_part(tmax, ntile, g * GT + h);
-        double z = 0;
-        if (!FZ)
-            for (int c = threadIdx.x; c < nbz; c += P2_RT) z += __ldcg(zpart + hr * nbz + c);
-        zp[h] = z;
+        if (ZM == 2) { /* this thread's first tile: its max and softmax partial, kept for the rescale */
+            const bool has = (int)threadIdx.x < ntile;
+            mt[h] = has ? __ldcg(tmax + hr * ntile + threadIdx.x) : -INFINITY;
+            zp[h] = has ? __ldcg(tz + hr * ntile + threadIdx.x) : 0.0;
+            mp[h] = mt[h];
+            for (int c = threadIdx.x + P2_RT; c < ntile; c += P2_RT) mp[h] = fmaxf(mp[h], __ldcg(tmax + hr * ntile + c));
+        } else {
+            mp[h] = p2_tmax_part(tmax, ntile, g * GT + h);
+            double z = 0;
+            if (ZM == 0)
+                for (int c = threadIdx.x; c < nbz; c += P2_RT) z += __ldcg(zpart + hr * nbz + c);
+            zp[h] = z;
+        }
     }
     float m[GT], w[GT];
-    if (FZ) {
+    if (ZM == 2) { /* Z_h = sum over tiles of z_t exp(m_t - m_h), in tile order within a thread, then p2_bsum_n */
+#pragma unroll
+        for (int h = 0; h < GT; h++) m[h] = mp[h];
+        p2_bmax_n<GT>(m, sfm);
+        double z[GT];
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            const long long hr = (long long)(g * GT + h) * ntile;
+            z[h] = (int)threadIdx.x < ntile ? zp[h] * exp((double)mt[h] - (double)m[h]) : 0.0;
+            for (int c = threadIdx.x + P2_RT; c < ntile; c += P2_RT)
+                z[h] += __ldcg(tz + hr + c) * exp((double)__ldcg(tmax + hr + c) - (double)m[h]);
+        }
+        p2_bsum_n<GT>(z, sdz);
+#pragma unroll
+        for (int h = 0; h < GT; h++) w[h] = (float)(1.0 / (z[h] * GT));
+    } else if (FZ) {
 #pragma unroll
         for (int h = 0; h < GT; h++) m[h] = mp[h];
         p2_bmax_n<GT>(m, sfm);
@@ -460,7 +516,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
 #pragma unroll
         for (int p = 0; p < P2_PPT; p++)
             if (p2_after(it[p], prev) && (x.j == INT_MAX || p2_beats(it[p], x))) x = it[p];
-        x = p2_round_best<FZ>(x, r, sbest, sb2);
+        x = p2_round_best<ALT>(x, r, sbest, sb2);
         if (threadIdx.x == 0) { cv[cb + r] = x.v; cj[cb + r] = x.j; }
         prev = x;
     }
@@ -480,11 +536,23 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             const p2_item y = insm ? scand[c] : p2_item{__ldcg(gv + c), __ldcg(gj + c)};
             if (p2_after(y, prev) && (x.j == INT_MAX || p2_beats(y, x))) x = y;
         }
-        x = p2_round_best<FZ>(x, r, sbest, sb2);
+        x = p2_round_best<ALT>(x, r, sbest, sb2);
         if (threadIdx.x == 0) pages[(long long)g * kp + r] = x.j;
         prev = x;
     }
     if (threadIdx.x == 0) ctr[g] = 0; /* ready for the next launch */
+}
+
+/* Where the pool's softmax sums come from (read once): 2 (default) the scan's tile partials, rescaled in
+ * every pool block; KVBENCH_PAGES_FUSE=1 the pool blocks' chunk partials behind a barrier of the kv head's
+ * blocks (only when all of them fit on the device at once: the barrier spins; else 0); =0 p2_zpart's launch. */
+int p2_zmode() {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_FUSE");
+        env = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : 2;
+    }
+    return env;
 }
 
 template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, int ntile, cudaStream_t st) {
@@ -499,7 +567,7 @@ template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, i
     }
     p2_scan<TS, GT, PPT><<<dim3(ntile, a->Hkv), P2_TH, sm, st>>>((const TS *)a->kmin, (const TS *)a->kmax, a->PS, a->q,
                                                                   a->D, a->ncand, a->scale, a->flag, a->bound, a->bmax,
-                                                                  ntile);
+                                                                  p2_zmode() == 2 ? a->tz : nullptr, ntile);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
@@ -556,37 +624,24 @@ int p2_ppt(int ncand, int Hkv) {
     return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
 }
 
-/* Fused softmax sums (p2_pool_topk<GT, true>) unless KVBENCH_PAGES_FUSE=0 (read once), and only when all
- * nblk blocks fit on the device at once (its barrier spins). */
-template <int GT> kv_status p2_fuse_ok(int nblk, bool *ok) {
-    static int env = -1, cap = -1;
-    if (env < 0) {
-        const char *e = getenv("KVBENCH_PAGES_FUSE");
-        env = !(e && !strcmp(e, "0"));
-    }
-    if (env && cap < 0) {
+template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cudaStream_t st) {
+    static int cap = -1;
+    int zm = p2_zmode();
+    if (zm == 1 && cap < 0) {
         int dev, nsm, per;
         KV_CUDA_TRY(cudaGetDevice(&dev));
         KV_CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-        KV_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, p2_pool_topk<GT, true>, P2_RT, 0));
+        KV_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, p2_pool_topk<GT, 1>, P2_RT, 0));
         cap = nsm * per;
     }
-    *ok = env && nblk <= cap;
-    return KV_OK;
-}
-
-template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cudaStream_t st) {
-    bool fz;
-    KV_TRY(p2_fuse_ok<GT>(nbz * a->Hkv, &fz));
+    if (zm == 1 && nbz * a->Hkv > cap) zm = 0;
     const dim3 grid(nbz, a->Hkv);
-    if (fz)
-        return p2_launch_pdl(p2_pool_topk<GT, true>, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale,
-                             (const int *)a->flag, (const float *)a->bmax, ntile, a->zpart, nbz, a->kp, a->cv, a->cj,
-                             a->ctr, a->pages);
-    KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * GT), st, (const float *)a->bound, a->PS, a->ncand, a->scale,
-                         (const int *)a->flag, GT, (const float *)a->bmax, ntile, a->zpart, nbz));
-    return p2_launch_pdl(p2_pool_topk<GT, false>, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale,
-                         (const int *)a->flag, (const float *)a->bmax, ntile, a->zpart, nbz, a->kp, a->cv, a->cj,
+    auto pool = zm == 2 ? p2_pool_topk<GT, 2> : zm == 1 ? p2_pool_topk<GT, 1> : p2_pool_topk<GT, 0>;
+    if (zm == 0)
+        KV_TRY(p2_launch_pdl(p2_zpart, dim3(nbz, a->Hkv * GT), st, (const float *)a->bound, a->PS, a->ncand,
+                             a->scale, (const int *)a->flag, GT, (const float *)a->bmax, ntile, a->zpart, nbz));
+    return p2_launch_pdl(pool, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale, (const int *)a->flag,
+                         (const float *)a->bmax, ntile, (const double *)a->tz, a->zpart, nbz, a->kp, a->cv, a->cj,
                          a->ctr, a->pages);
 }
 

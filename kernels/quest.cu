@@ -23,6 +23,7 @@
  * deployment would store). Top-k over pages: kv_topk_launch (larger first,
  * earlier page among equals); the page ids go to the host, which expands
  * them to tokens (retrievers/quest.c) with the CPU's code. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/kv_cuda.h"
@@ -267,7 +268,7 @@ struct kv_quest_gpu {
     int kcap;
     kv_topk_ws tk;
     float *bmax, *cv;   /* pool=mean fused (pages_mean.cu): [Hq][nba] block maxima, [Hkv][nbz*PM_KMAX] candidates */
-    double *zpart;      /* [Hq][nbz] */
+    double *zpart, *tz; /* [Hq][nbz], [Hq][nba] */
     int *cj;
     unsigned *ctr;      /* [Hkv] */
 };
@@ -296,6 +297,7 @@ kv_status quest_create_go(kv_quest_gpu *g) {
     pm_sizes(g->P, g->Hkv, &nba, &nbz);
     KV_CUDA_ALLOC(g->bmax, Hq * nba * sizeof(float), 0, "quest block maxima");
     KV_CUDA_ALLOC(g->zpart, Hq * nbz * sizeof(double), 0, "quest softmax partial sums");
+    KV_CUDA_ALLOC(g->tz, Hq * nba * sizeof(double), 0, "quest softmax tile sums");
     KV_CUDA_ALLOC(g->cv, Hkv * nbz * PM_KMAX * sizeof(float), 0, "quest page candidates");
     KV_CUDA_ALLOC(g->cj, Hkv * nbz * PM_KMAX * sizeof(int), 0, "quest page candidates");
     KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "quest block counters");
@@ -358,7 +360,7 @@ kv_status quest_bounds_launch_t(kv_quest_gpu *g, int ncand, int pool, int write_
 kv_status quest_search_launch(kv_quest_gpu *g, float scale, int pool, int ncand, int kp, int write_bound, int which) {
     if (pool == 1 && pm_supported(g->G, kp)) { /* the fused group-mean selection (pages_mean.cu) */
         const pm_args a = {g->kmin, g->kmax, g->half, g->PS, g->q, g->Hkv, g->G, g->D, ncand, kp, scale,
-                           g->bound, g->bmax, g->zpart, g->cv, g->cj, g->ctr, g->pages};
+                           g->bound, g->bmax, g->zpart, g->tz, g->cv, g->cj, g->ctr, g->pages};
         return pm_launch(&a, which, g->st);
     }
     if (which <= 0) {
@@ -386,7 +388,7 @@ static void kv_quest_gpu_destroy(kv_quest_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     cudaFree(g->kmin); cudaFree(g->kmax); cudaFree(g->cmin); cudaFree(g->cmax); cudaFree(g->q); cudaFree(g->bound);
     cudaFree(g->pooled); cudaFree(g->mz); cudaFree(g->key1); cudaFree(g->pages);
-    cudaFree(g->bmax); cudaFree(g->zpart); cudaFree(g->cv); cudaFree(g->cj); cudaFree(g->ctr);
+    cudaFree(g->bmax); cudaFree(g->zpart); cudaFree(g->tz); cudaFree(g->cv); cudaFree(g->cj); cudaFree(g->ctr);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -401,7 +403,12 @@ static kv_status kv_quest_gpu_create(int Hq, int Hkv, int T, int D, int page, in
     if (!g) return KV_ERR_NOMEM;
     g->Hq = Hq; g->Hkv = Hkv; g->T = T; g->D = D; g->page = page; g->sink = sink; g->P = max_pages; g->half = half;
     g->G = Hq / Hkv;
-    g->PS = ((long long)max_pages + 7) & ~7LL; /* 16-byte rows for pages_pipe.cu's cp.async */
+    /* channel rows of whole 16-byte chunks (pages_pipe.cu's cp.async), plus 8 pages (KVBENCH_PAGES_PAD=N:
+     * N instead, rounded up to 8) so that the row stride is no power of two: at 1M tokens, page 32, the
+     * 64 KB stride between the rows a scan tile reads cost its bound scan 58.0 us against 56.7 us padded
+     * (H100, session 5) */
+    const char *pad = getenv("KVBENCH_PAGES_PAD");
+    g->PS = (((long long)max_pages + 7) & ~7LL) + (pad ? (atoi(pad) + 7) & ~7 : 8);
     kv_status st = quest_create_go(g);
     if (st != KV_OK) { kv_quest_gpu_destroy(g); return st; }
     *out = g;
@@ -619,7 +626,7 @@ static kv_status kv_quest_gpu_select_flagged(kv_quest_gpu *g, const float *qd, f
                        "pool=mean path", kp, ncand, g->G);
     cudaStream_t s = st ? (cudaStream_t)st : g->st;
     const pm_args a = {g->kmin, g->kmax, g->half, g->PS, qd, g->Hkv, g->G, g->D, ncand, kp, scale,
-                       g->bound, g->bmax, g->zpart, g->cv, g->cj, g->ctr, g->pages, flag};
+                       g->bound, g->bmax, g->zpart, g->tz, g->cv, g->cj, g->ctr, g->pages, flag};
     KV_TRY(pm2_launch(&a, -1, s));
     if (pages)
         KV_CUDA_TRY(cudaMemcpyAsync(pages, g->pages, (size_t)g->Hkv * kp * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
