@@ -224,11 +224,13 @@ struct kv_ct_gpu {
     float *h_q;
     int sld;                /* row length of S / rank / set: max(T, C) */
     kv_topk_ws tk;
-    unsigned *ckey, *ctr;   /* the fused search's per-block candidates and arrival counters */
+    unsigned *ckey, *ctr;   /* the fused search's per-block candidates; [3 Hkv] arrivals, set flags, rerank counts */
     int *cslot;
     int staged;             /* KVBENCH_CTKVR_STAGED=1: always the staged path (tests compare both) */
     int fused_v1;           /* KVBENCH_CTKVR_FUSED=1: the one-launch search's version 1 (ctkvr_fused.cuh) */
     int v2;                 /* KVBENCH_CTKVR_V2=1: cts_search's rerank as version 2 (rr = 0), else tiled (rr = 1) */
+    int nodist;             /* KVBENCH_CTKVR_DIST=0: version 3's rerank on one block per kv head (no split) */
+    int pf;                 /* KVBENCH_CTKVR_PREFETCH=1: the merge prefetches the set's keys to L2 (off: faster with the split rerank) */
     size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
     size_t search_smem_max; /* the same for cts_search (ctkvr_search.cuh) */
     unsigned long long *ts; /* the bench's phase stamps of cts_search when tracing, else NULL */
@@ -279,8 +281,8 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     /* per kv head nb x cpb <= nb x spb < C + spb candidates, spb <= 256 (both versions) */
     KV_CUDA_ALLOC(g->ckey, Hkv * (C + 256) * sizeof(unsigned), 0, "ctkvr fused candidates");
     KV_CUDA_ALLOC(g->cslot, Hkv * (C + 256) * sizeof(int), 0, "ctkvr fused candidate slots");
-    KV_CUDA_ALLOC(g->ctr, Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
-    KV_CUDA_TRY(cudaMemset(g->ctr, 0, Hkv * sizeof(unsigned)));
+    KV_CUDA_ALLOC(g->ctr, 3 * Hkv * sizeof(unsigned), 0, "ctkvr fused counters");
+    KV_CUDA_TRY(cudaMemset(g->ctr, 0, 3 * Hkv * sizeof(unsigned)));
     /* the opt-in limit covers static + dynamic shared memory: ask for what is left after the static arrays */
     cudaFuncAttributes fa_h, fa_f;
     KV_CUDA_TRY(cudaFuncGetAttributes(&fa_h, ctf_search<__half>));
@@ -302,6 +304,10 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     g->fused_v1 = env && env[0] == '1';
     env = getenv("KVBENCH_CTKVR_V2");
     g->v2 = env && env[0] == '1';
+    env = getenv("KVBENCH_CTKVR_DIST");
+    g->nodist = env && env[0] == '0';
+    env = getenv("KVBENCH_CTKVR_PREFETCH");
+    g->pf = env && env[0] == '1';
     return KV_OK;
 }
 
@@ -471,7 +477,8 @@ kv_status ct_search2(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int dcu, i
     if (rr) smem = toff + cts_tile_smem();
     cts_args a = {g->q, g->cq, g->cnorm, g->valid, c.C, G, c.Hq, c.D, cpe, spb, nb, cpb, g->ckey, g->ctr, g->cslot,
                   g->lsrt, g->lcnt, c.rho, c.sink, gen_lo, hi, nmax, kmax, g->K->p, g->K->T, c.scale, g->top,
-                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts, rr, (int)toff};
+                  g->set, g->sld, g->nset, k, krho, g->oidx, g->odcu, g->ts, rr, (int)toff,
+                  rr && !g->nodist && nb > 1, g->S, (long long)g->sld, g->pf};
     if (g->K->half) cts_search<__half><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     else cts_search<float><<<dim3(nb, c.Hkv), CTS_TH, smem, g->st>>>(a);
     KV_LAUNCH_CHECK();

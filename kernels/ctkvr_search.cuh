@@ -40,6 +40,20 @@
  * padded: conflict-free), then each thread sums its own key from the tile
  * with cts_key_dots' operations in its order (bitwise the same scores).
  * Where the tiles do not fit the shared memory, version 2's rerank runs.
+ * Split rerank (the default with the tiles; KVBENCH_CTKVR_DIST=0 keeps it
+ * on one block): the kv head's other nb - 1 blocks no longer exit after
+ * phase 1 but wait for the last one's set (a flag holding its size + 1),
+ * score slice blx of it with the same tiled code (the same bits), write the
+ * scores to the scratch S and count themselves; the last block scores its
+ * own slice, waits for the count and reads the others' scores back. Every
+ * block of the head has arrived, so all are resident: no deadlock. The
+ * merge no longer prefetches the set's keys to L2 (KVBENCH_CTKVR_PREFETCH=1
+ * does): with the split, the other blocks read them themselves. Measured
+ * (H100, session 5, `kvbench bench --method ctkvr`, search at 16K / 128K /
+ * 1M): one block 38.8 / 41.3 / 41.6 us, split 37.3 / 39.6 / 40.3, split
+ * without the prefetch 36.4-36.7 / 38.8-39.0 / 39.3-39.5; tried and
+ * dropped: the top k by a bitonic sort in the tiles (the trace's top-k
+ * step 10.3 us against kv_block_topk's 6.5).
  * Limits (else the staged path): D % 8 == 0, G <= 256, 16-byte aligned
  * keys, the shared memory (about (G + 4) x 4 B per entry of the set bound) within the
  * device's opt-in. KVBENCH_CTKVR_TRACE=1 makes the bench print where one
@@ -69,6 +83,10 @@ struct cts_args {
     unsigned long long *ts; /* nullable: the bench's phase stamps (KVBENCH_CTKVR_TRACE=1), cts_stamp */
     int rr;                 /* 1: the rerank through per-warp shared tiles (cts_rerank_tiled); 0: version 2's */
     int tile_off;           /* bytes from the dynamic shared memory's start to the tiles (16-byte aligned) */
+    int dist;               /* 1 (with rr): the rerank split over the kv head's nb blocks (cts_rerank_slice) */
+    float *gsc;             /* dist: the other blocks' scores, [Hq][gld] */
+    long long gld;
+    int pf;                 /* 1: the merge asks L2 for the keys the rerank will read (KVBENCH_CTKVR_PREFETCH=1) */
 };
 
 /* The rerank's tiles (rr = 1): per warp 32 keys x (CTS_PU + 1) 16-byte units (one of padding: the per-thread
@@ -374,6 +392,48 @@ __device__ __forceinline__ int cts_place(const int *L, const int *len, int cpe, 
     return total;
 }
 
+/* Acquire load of a flag or counter other blocks write. */
+__device__ __forceinline__ unsigned cts_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Slice bx of the set of n keys: positions [n bx / nb, n (bx + 1) / nb). */
+__device__ __forceinline__ int cts_cut(int n, int bx, int nb) { return (int)((long long)n * bx / nb); }
+
+/* dist: a block of kv head g that is not its last to arrive waits for the last one's set (flag ctr[Hkv + g]),
+ * scores its slice of it with cts_rerank_tiled (the same bits), writes them to gsc and counts itself in
+ * ctr[2 Hkv + g]. The rerank is then ~1/nb of the set per SM instead of all of it on one (at 1M, ~1000 keys
+ * x 256 B on one SM: ~8.6 us of the ~41 us search, KVBENCH_CTKVR_TRACE=1, H100, session 5). Every block
+ * of the kv head is resident by then (it arrived), so the waits cannot deadlock. */
+template <typename TK>
+__device__ void cts_rerank_slice(const cts_args &a, int g, const float *sq, float *U, uint4 *tiles) {
+    __shared__ int s_n;
+    const int tid = threadIdx.x, Hkv = gridDim.y, G = a.G, D = a.D;
+    if (tid == 0) { /* the flag is the set's size + 1 */
+        unsigned f;
+        while ((f = cts_ld_acquire(a.ctr + Hkv + g)) == 0) {
+        }
+        s_n = (int)f - 1;
+    }
+    __syncthreads();
+    const int n = s_n, i0 = cts_cut(n, blockIdx.x, a.nb), m = cts_cut(n, blockIdx.x + 1, a.nb) - i0;
+    int *ss = (int *)U;
+    float *sl = (float *)(ss + m);
+    for (int i = tid; i < m; i += CTS_TH) ss[i] = __ldcg(a.set + (size_t)g * a.setld + i0 + i);
+    __syncthreads();
+    cts_rerank_tiled<TK>(sq, ss, m, (const TK *)a.K + (size_t)g * a.T * D, G, D, a.scale, sl, m, tiles);
+    __syncthreads();
+    for (int e = tid; e < G * m; e += CTS_TH) {
+        const int hh = e / m, i = e - hh * m;
+        a.gsc[(size_t)(g * G + hh) * a.gld + i0 + i] = sl[e];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(a.ctr + 2 * Hkv + g, 1u);
+}
+
 template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_args a) {
     extern __shared__ __align__(16) float cts_sm[];
     __shared__ int sw[32];
@@ -429,7 +489,10 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     });
     if (tid >= ns && tid < a.cpb) { a.ckey[cbase + tid] = 0u; a.cslot[cbase + tid] = 0x7fffffff; } /* ranks < ns */
     cts_stamp(a.ts, CTS_T_ARRIVE, g);
-    if (!kv_arrives_last(&a.ctr[g], a.nb)) return;
+    if (!kv_arrives_last(&a.ctr[g], a.nb)) {
+        if (a.dist) cts_rerank_slice<TK>(a, g, sq, U, (uint4 *)((char *)cts_sm + a.tile_off));
+        return;
+    }
     if (tid == 0) a.ctr[g] = 0;
     /* ---- the exact top C' of the kv head from the blocks' candidates ---- */
     const int nc = a.nb * a.cpb, tcap = a.cpe * a.rho;
@@ -465,7 +528,8 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     const TK *Kg = (const TK *)a.K + (size_t)g * a.T * D;
     const int rowb = D * (int)sizeof(TK);
     for (int i = a.gen_lo + tid; i < a.hi; i += CTS_TH)
-        for (int b = 0; b < rowb; b += 128) cts_prefetch((const char *)(Kg + (size_t)i * D) + b);
+        if (a.pf)
+            for (int b = 0; b < rowb; b += 128) cts_prefetch((const char *)(Kg + (size_t)i * D) + b);
     int pw = 1;
     while (2 * pw <= a.rho) pw <<= 1;
     int total = 0;
@@ -474,7 +538,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         const int r = e / a.rho, x = e - r * a.rho;
         if (x >= slen[r]) continue;
         const int v = L[e];
-        if (v >= a.lo && v < a.gen_lo)
+        if (a.pf && v >= a.lo && v < a.gen_lo)
             for (int b = 0; b < rowb; b += 128) cts_prefetch((const char *)(Kg + (size_t)v * D) + b);
         M[x + cts_place(L, slen, a.cpe, a.rho, r, v, pw)] = v;
     }
@@ -500,9 +564,28 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     int32_t *out = a.set + (size_t)g * a.setld;
     for (int i = tid; i < n; i += CTS_TH) out[i] = sset[i];
     if (tid == 0) a.nset[g] = n;
+    if (a.dist) { /* the set is out: the kv head's other blocks score their slices of it */
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicExch(a.ctr + gridDim.y + g, (unsigned)n + 1u);
+    }
     cts_stamp(a.ts, CTS_T_SET, g);
     /* ---- rerank: the set's scores (kv_dot_ref, bitwise), per head max and double sum of exp ---- */
-    if (a.rr) { /* version 3 */
+    if (a.dist) { /* this block's slice here, the others' from gsc once all have counted themselves */
+        const int i0 = cts_cut(n, bx, a.nb), i1 = cts_cut(n, bx + 1, a.nb);
+        cts_rerank_tiled<TK>(sq, sset + i0, i1 - i0, Kg, G, D, a.scale, sc + i0, a.ncap,
+                             (uint4 *)((char *)cts_sm + a.tile_off));
+        if (tid == 0) {
+            while (cts_ld_acquire(a.ctr + 2 * gridDim.y + g) < (unsigned)(a.nb - 1)) {
+            }
+            a.ctr[gridDim.y + g] = 0; /* every other block has read the flag: ready for the next launch */
+            a.ctr[2 * gridDim.y + g] = 0;
+        }
+        __syncthreads();
+        for (int hh = 0; hh < G; hh++)
+            for (int i = tid; i < n; i += CTS_TH)
+                if (i < i0 || i >= i1) sc[(size_t)hh * a.ncap + i] = __ldcg(a.gsc + (size_t)(g * G + hh) * a.gld + i);
+    } else if (a.rr) { /* version 3 */
         cts_rerank_tiled<TK>(sq, sset, n, Kg, G, D, a.scale, sc, a.ncap, (uint4 *)((char *)cts_sm + a.tile_off));
     } else { /* version 2 */
         for (int i = tid; i < n; i += CTS_TH) {
