@@ -370,7 +370,7 @@ kv_status ct_build_lists(kv_ct_gpu *g, int nc, int idx_hi) {
     free(h);
     KV_CUDA_TRY(e);
     if (nc > 0)
-        ct_sort_lists<<<dim3(nc, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho,
+        ct_sort_lists<<<dim3(nc, c.Hkv), 256, CT_SL_SMEM(c.rho), g->st>>>(g->lidx, g->lcnt, c.C, c.rho,
                                                                                         0, g->lsrt);
     KV_LAUNCH_CHECK();
     return KV_OK;
@@ -588,7 +588,7 @@ kv_status ct_dcu_commit(void *p, int slot, const float *q) {
                                   cudaMemcpyHostToDevice, g->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(g->lcnt + slot, (size_t)c.C * sizeof(int), g->h_nset, sizeof(int), sizeof(int), c.Hkv,
                                   cudaMemcpyHostToDevice, g->st));
-    ct_sort_lists<<<dim3(1, c.Hkv), 256, (size_t)c.rho * sizeof(int32_t), g->st>>>(g->lidx, g->lcnt, c.C, c.rho, slot,
+    ct_sort_lists<<<dim3(1, c.Hkv), 256, CT_SL_SMEM(c.rho), g->st>>>(g->lidx, g->lcnt, c.C, c.rho, slot,
                                                                                     g->lsrt);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));

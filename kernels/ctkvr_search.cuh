@@ -648,7 +648,10 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
 }
 
 /* lsrt[g][slot] = lidx[g][slot]'s first lcnt entries in ascending order, for the slots slot0 + blockIdx.x
- * (grid (slots, Hkv)); rank counting, ties (none in a list) by position. Shared: rho ints. */
+ * (grid (slots, Hkv)); rank counting, ties (none in a list) by position. Shared: CT_SL_SMEM(rho), rho ints
+ * and 4 of slack: ptxas merges the counting loop's guarded tail loads into one 12-byte read that may reach
+ * past the last entry (compute-sanitizer memcheck flagged it at rho = 50, H100, session 5). */
+#define CT_SL_SMEM(rho) ((size_t)((rho) + 4) * sizeof(int32_t))
 __global__ void ct_sort_lists(const int32_t *lidx, const int *lcnt, int C, int rho, int slot0, int32_t *lsrt) {
     extern __shared__ int32_t ct_sl[];
     const int g = blockIdx.y, slot = slot0 + blockIdx.x;
