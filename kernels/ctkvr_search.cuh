@@ -43,7 +43,7 @@
  * Split rerank (the default with the tiles; KVBENCH_CTKVR_DIST=0 keeps it
  * on one block): the kv head's other nb - 1 blocks no longer exit after
  * phase 1 but wait for the last one's set (a flag holding its size + 1),
- * score slice blx of it with the same tiled code (the same bits), write the
+ * score slice bx of it with the same tiled code (the same bits), write the
  * scores to the scratch S and count themselves; the last block scores its
  * own slice, waits for the count and reads the others' scores back. Every
  * block of the head has arrived, so all are resident: no deadlock. The

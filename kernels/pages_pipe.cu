@@ -445,10 +445,12 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
         }
     }
     float m[GT], w[GT];
-    if (ZM == 2) { /* Z_h = sum over tiles of z_t exp(m_t - m_h), in tile order within a thread, then p2_bsum_n */
+    if (ALT) { /* ZM 1, 2: every head's m_h in one reduction */
 #pragma unroll
         for (int h = 0; h < GT; h++) m[h] = mp[h];
         p2_bmax_n<GT>(m, sfm);
+    }
+    if (ZM == 2) { /* Z_h = sum over tiles of z_t exp(m_t - m_h), in tile order within a thread, then p2_bsum_n */
         double z[GT];
 #pragma unroll
         for (int h = 0; h < GT; h++) {
@@ -461,9 +463,6 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
 #pragma unroll
         for (int h = 0; h < GT; h++) w[h] = (float)(1.0 / (z[h] * GT));
     } else if (FZ) {
-#pragma unroll
-        for (int h = 0; h < GT; h++) m[h] = mp[h];
-        p2_bmax_n<GT>(m, sfm);
         /* b becomes expf(scale * b - m_h), the term of both the partial and the pooled score */
         double z[GT];
 #pragma unroll
