@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int poo
     __shared__ float sq[CS_NEAR_TH / 32][128];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
     if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
-    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R * CS_SMAX) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
     if (t >= R * m) return; /* whole warps */
     const int r = t / m, b = t % m, g = pool ? r : r / G;
     float *qv = sq[w];
@@ -321,6 +321,7 @@ struct kv_cs_gpu {
     int tkeys, tth;        /* the pipelined tiles' keys and threads (KVBENCH_CS_TK, KVBENCH_CS_TH) */
     unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
     int use_thr;
+    int nslot; /* the bound's slots a row (KVBENCH_CS_SLOTS) */
     int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
     int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
     size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
@@ -391,7 +392,11 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     g->ring = !ering || !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
     if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
     if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
-    KV_CUDA_ALLOC(g->thr, Hq * sizeof(unsigned), 0, "csattention row bounds");
+    const char *eslot = getenv("KVBENCH_CS_SLOTS");
+    g->nslot = eslot ? atoi(eslot) : CS_NSLOT;
+    if (g->nslot < 1 || g->nslot > CS_SMAX)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_SLOTS: expected 1 to %d, found '%s'", CS_SMAX, eslot);
+    KV_CUDA_ALLOC(g->thr, Hq * CS_SMAX * sizeof(unsigned), 0, "csattention row bound slots");
     g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
     const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
     g->cld = nt * g->kcap;

@@ -27,9 +27,17 @@
  * The ranges are searched by each block (cs_lower, ~4 dependent loads), or
  * precomputed for every tile by one launch (cs_bounds, KVBENCH_CS_BOUNDS=1).
  * Candidates: a per-row bound (thr, kv_f2key, zeroed by cs_nearest,
- * KVBENCH_CS_THR=0 turns it off) of the row's k-th best: a tile that runs
- * the full selection (kv_block_topk, the staged kernel's) publishes its
- * k-th best by atomicMax, since k keys of the row reach it; a later tile
+ * KVBENCH_CS_THR=0 turns it off) of the row's k-th best, the smallest of
+ * ns slots (KVBENCH_CS_SLOTS, default 8; 1 = the previous single bound): a
+ * tile that runs the full selection (kv_block_topk, the staged kernel's)
+ * publishes its kq-th best (kq = ceil(k / ns)) into slot tile % ns by
+ * atomicMax; the ns slots come from ns disjoint sets of tiles, so at least
+ * ns x kq >= k keys of the row reach their smallest. Why: one tile's k-th
+ * best (the single bound) is about the row's k x 256-th best at 256 tiles,
+ * so a later tile still holds ~k keys above it and most tiles either emit
+ * ~k candidates or run the selection; the 8 slots' bound is a tile's
+ * 13th best instead (the device has not timed it yet: scripts/dev/s5-cs.sh
+ * compares both in one call). A later tile
  * with at most k keys at or above the bound emits exactly those (a key
  * below it has k keys above it, so it is in no top k) in key order, and
  * skips the selection; tiles run row-fastest (grid (rows, tiles)) so every
@@ -49,6 +57,8 @@
  * against the dense path, and no GPU run of this file has been made yet. */
 
 constexpr int CS_KCAP = 2048, CS_MTH = 1024;
+/* The row bound's slots: at most CS_SMAX a row (KVBENCH_CS_SLOTS, default CS_NSLOT; 1 = the single bound). */
+constexpr int CS_SMAX = 16, CS_NSLOT = 8;
 /* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4 (default), 2048x3, 512x6. */
 constexpr int CS_RINGS[3][2] = {{1024, 4}, {2048, 3}, {512, 6}};
 
@@ -84,7 +94,7 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     float *acc = bval + NB * CAP, *val = acc + a.tk; /* val only with missing=min */
     unsigned *hist = (unsigned *)(acc + (a.missing == 1 ? 2 : 1) * a.tk);
     __shared__ int rng[2 * CS_MMAX], fq[CS_MMAX + 1], sli[CS_MMAX], sw[32], sbase;
-    __shared__ unsigned sthr, smin;
+    __shared__ unsigned sthr, smax;
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];
     const int r = blockIdx.x, tile = blockIdx.y, tid = threadIdx.x, m = a.m, TK = a.tk;
     const int t0 = a.lo + tile * TK, t1 = t0 + TK < a.hi ? t0 + TK : a.hi, tl = t1 - t0;
@@ -185,9 +195,14 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     cs_cp_wait<0>();
     /* the gathered keys (counted, listed when asked) and those at or above the row's bound, each thread a
      * contiguous segment; both counts in one scan (each below 2^16) */
-    if (tid == 0) {
-        sthr = a.thr ? *(volatile unsigned *)(a.thr + r) : 0u;
-        smin = 0xffffffffu;
+    if (tid == 0) { /* the row's bound: the smallest of its ns slots */
+        unsigned t = a.thr ? 0xffffffffu : 0u;
+        for (int s = 0; a.thr && s < a.ns; s++) {
+            const unsigned v = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX + s);
+            t = v < t ? v : t;
+        }
+        sthr = t;
+        smax = 0u;
     }
     __syncthreads();
     const unsigned T = sthr;
@@ -220,13 +235,19 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     for (int x = tid; x < a.k; x += TH) {
         ov[x] = x < kt ? acc[pos[x]] : -INFINITY;
         oi[x] = x < kt ? t0 + pos[x] : -1;
-        if (x < kt) atomicMin(&smin, kv_f2key(acc[pos[x]]));
     }
-    const int kk = a.k < a.hi - a.lo ? a.k : a.hi - a.lo;
-    if (a.thr && kt == kk) {
-        __syncthreads();
-        if (tid == 0) atomicMax(a.thr + r, smin);
+    if (!a.thr) return;
+    /* the tile's kq-th best (kq = ceil(k / ns)): the largest selected key with at least kq selected keys at or
+     * above it, into its class's slot (tile % ns) */
+    const int kq = (a.k + a.ns - 1) / a.ns;
+    for (int x = tid; x < kt; x += TH) {
+        const unsigned kx = kv_f2key(acc[pos[x]]);
+        int ge = 0;
+        for (int i = 0; i < kt; i++) ge += kv_f2key(acc[pos[i]]) >= kx;
+        if (ge >= kq) atomicMax(&smax, kx);
     }
+    __syncthreads();
+    if (tid == 0 && smax) atomicMax(a.thr + (size_t)r * CS_SMAX + tile % a.ns, smax);
 }
 
 /* Dynamic shared memory of cs_merge for nc candidates and kk outputs. */

@@ -116,9 +116,10 @@ struct cs_tile_args {
     int32_t *u; /* nullable */
     long long uld;
     int tk;        /* cs_pipe's tile (the staged kernel's is CS_TK) */
-    unsigned *thr; /* cs_pipe: per row, a lower bound of the k-th best key (kv_f2key), or NULL */
+    unsigned *thr; /* cs_pipe: per row CS_SMAX slots whose smallest bounds the k-th best key (kv_f2key), or NULL */
     const int *bnd; /* cs_pipe: the tiles' ranges from cs_bounds [R][m][nt1], or NULL (searched) */
     int nt1;
+    int ns; /* cs_pipe: the row bound's slots, 1 .. CS_SMAX */
 };
 
 __global__ void __launch_bounds__(CS_TTH, 3) cs_tile(cs_tile_args a) {

@@ -81,7 +81,7 @@ static void cs_env(const char *env, int set) {
  * stride-th step; env: NULL the default (the pipelined tiles, kernels/csattention_pipe.cuh), or settings for
  * the GPU's open such as KVBENCH_CS_REDUCE=dense (global accumulator), =sort (radix sort,
  * csattention_sort.cuh), =staged (the staged tiles, csattention_tile.cuh), or the pipelined tiles' knobs
- * KVBENCH_CS_TK, _TH, _RING, _BOUNDS, _THR. */
+ * KVBENCH_CS_TK, _TH, _RING, _BOUNDS, _THR, _SLOTS. */
 static int cs_gpu_matches_cpu_at(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *env) {
     int sink = 4, local = 16, k = 24;
     kv_layer L;
@@ -140,15 +140,18 @@ static const char *cs_big[][7] = {
 int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
 
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads with the ranges from
- * cs_bounds, 8192 x 512 with the 2048 x 3 ring, 4096 x 512 with the 512 x 6 ring and no row bound. */
+ * cs_bounds, 8192 x 512 with the 2048 x 3 ring, 4096 x 512 with the 512 x 6 ring and no row bound, the
+ * single-slot row bound (KVBENCH_CS_SLOTS=1, the previous one) and 16 slots at 2048 keys. */
 int test_csattention_gpu_tile_variants_match_cpu(void) {
     static const char *envs[] = {
         "KVBENCH_CS_REDUCE=staged",
         "KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256,KVBENCH_CS_BOUNDS=1",
         "KVBENCH_CS_TK=8192,KVBENCH_CS_RING=2048x3",
         "KVBENCH_CS_RING=512x6,KVBENCH_CS_THR=0",
+        "KVBENCH_CS_SLOTS=1",
+        "KVBENCH_CS_TK=2048,KVBENCH_CS_SLOTS=16",
     };
-    for (int e = 0; e < 4; e++)
+    for (int e = 0; e < 6; e++)
         if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, envs[e]) != KV_TEST_PASS) {
             fprintf(stderr, "    with %s\n", envs[e]);
             return KV_TEST_FAIL;
