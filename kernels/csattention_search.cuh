@@ -126,7 +126,8 @@ kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int 
         KV_LAUNCH_CHECK();
     }
     const cs_tile_args a = {g->vidx, g->vval, g->lval, g->wb, g->vcnt, g->lcnt, g->jl, g->VL, c.L, m, lo, hi, missing,
-                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T, tk, thr, bnd, *nt + 1, g->nslot};
+                            k, g->cv, g->ci, g->cld, g->nu, want_u ? g->u : NULL, c.T, tk, thr, bnd, *nt + 1,
+                            g->nslot < *nt ? g->nslot : *nt}; /* no more slots than tiles */
     if (variant == 3) {
         cs_tile<<<dim3(*nt, R), CS_TTH, cs_tile_smem(missing), g->st>>>(a);
         KV_LAUNCH_CHECK();
