@@ -133,9 +133,11 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
         if (j < nv) {
             const int jj = j >= np ? j - np : j, f0 = jj * CAP, buf = j % NB;
             const int nq = (F - f0 < CAP ? F - f0 : CAP) >> 2, nall = a.missing == 1 && j < np ? nq : 2 * nq;
+            int b = 0, fp = f0; /* f rises with q except at the index/score turn: the list walk resumes */
             for (int q = tid; q < nall; q += TH) {
                 const int qq = q < nq ? q : q - nq, f = f0 + 4 * qq;
-                int b = 0;
+                if (f < fp) b = 0;
+                fp = f;
                 while (fq[b + 1] <= f) b++;
                 const size_t src = (size_t)sli[b] * a.VL + (rng[2 * b] & ~3) + (f - fq[b]);
                 if (q < nq) cs_cp16(bidx + buf * CAP + 4 * qq, a.vidx + src);
