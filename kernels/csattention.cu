@@ -314,6 +314,9 @@ struct kv_cs_gpu {
     long long VL;
     float *cv;            /* per-tile candidates [Hq][cld] */
     int32_t *ci, *opos;
+    float *mv;      /* cs_merge's segment winners [Hq][CS_MSEG][kcap] (values, mk keys), mctr its row counters */
+    int32_t *mk;
+    unsigned *mctr;
     long long cld;
     int kcap;             /* k the tiled search's candidate rows hold */
     int reduce;           /* 0 pipelined tiles (default), 1 dense global accumulator, 2 radix sort, 3 staged tiles
@@ -322,6 +325,7 @@ struct kv_cs_gpu {
     unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
     int use_thr;
     int nslot; /* the bound's slots a row (KVBENCH_CS_SLOTS) */
+    int bulk;  /* the tiles' copies by the bulk copy engine (KVBENCH_CS_BULK=0: cp.async, ring 1024x4 only) */
     int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
     int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
     size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
@@ -392,6 +396,10 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     g->ring = !ering || !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
     if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
     if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
+    const char *ebulk = getenv("KVBENCH_CS_BULK");
+    g->bulk = !ebulk || strcmp(ebulk, "0");
+    if (!g->bulk && (g->ring || g->tth != 512))
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_BULK=0: expected the default ring (1024x4) and 512 threads");
     const char *eslot = getenv("KVBENCH_CS_SLOTS");
     g->nslot = eslot ? atoi(eslot) : CS_NSLOT;
     if (g->nslot < 1 || g->nslot > CS_SMAX)
@@ -403,15 +411,20 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
     KV_CUDA_ALLOC(g->ci, Hq * g->cld * sizeof(int32_t), 0, "csattention tile candidate keys");
     KV_CUDA_ALLOC(g->opos, Hq * (size_t)g->kcap * sizeof(int32_t), 0, "csattention candidate top-k");
+    KV_CUDA_ALLOC(g->mv, Hq * (size_t)CS_MSEG * g->kcap * sizeof(float), 0, "csattention merge segments");
+    KV_CUDA_ALLOC(g->mk, Hq * (size_t)CS_MSEG * g->kcap * sizeof(int32_t), 0, "csattention merge segments");
+    KV_CUDA_ALLOC(g->mctr, Hq * sizeof(unsigned), 0, "csattention merge counters");
+    KV_CUDA_TRY(cudaMemset(g->mctr, 0, Hq * sizeof(unsigned)));
     KV_CUDA_ALLOC(g->bnd, Hq * (size_t)c.m * (nt + 1) * sizeof(int), 0, "csattention tile ranges");
     KV_TRY(kv_topk_ws_create(&g->tkc, c.Hq, (int)g->cld, &g->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cs_tile_smem(1)));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_tile, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared)); /* 3 blocks of ~66 KB per SM */
-    KV_TRY(cs_pipe_attr(cs_pipe<256, 1024, 4>, 0));
-    KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4>, 0));
-    KV_TRY(cs_pipe_attr(cs_pipe<512, 2048, 3>, 1));
-    KV_TRY(cs_pipe_attr(cs_pipe<512, 512, 6>, 2));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4, false>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<256, 1024, 4, true>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 1024, 4, true>, 0));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 2048, 3, true>, 1));
+    KV_TRY(cs_pipe_attr(cs_pipe<512, 512, 6, true>, 2));
     cudaFuncAttributes fa;
     KV_CUDA_TRY(cudaFuncGetAttributes(&fa, cs_merge)); /* static + dynamic shared memory <= the opt-in limit */
     g->merge_smax = (size_t)g->dev.smem_optin - fa.sharedSizeBytes;
@@ -431,7 +444,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cent); cudaFree(g->lidx); cudaFree(g->lval); cudaFree(g->lcnt); cudaFree(g->q); cudaFree(g->key);
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
-    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->mv); cudaFree(g->mk); cudaFree(g->mctr); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);

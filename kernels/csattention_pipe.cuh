@@ -10,9 +10,14 @@
  * life on a chain of dependent phases, and only 3 blocks of ~66 KB fit an
  * SM: 380 us for the tiles at 1M tokens on the H100, 24% of the copy rate,
  * plus 30 us for the shared cooperative top-k over the candidates.
- * Here the entries move by cp.async (16 B an instruction, global to shared
- * memory, no registers) through a ring of NB buffers of CAP entries (index
- * + score; 1024 x 4 by default, KVBENCH_CS_RING=2048x3|512x6): while the
+ * Here the entries move by the bulk copy engine (cp.async.bulk, global to
+ * shared memory completing on the buffer's mbarrier: thread 0 issues one
+ * copy per list range and array a piece meets, instead of one 16-B cp.async
+ * per thread and chunk, whose source address search was ~35% of the
+ * kernel's instructions; KVBENCH_CS_BULK=0 keeps the cp.async form, ring
+ * 1024 x 4 and 512 threads only) through a ring of NB buffers of CAP
+ * entries (index + score; 1024 x 4 by default, KVBENCH_CS_RING=2048x3|
+ * 512x6): while the
  * block accumulates piece j, pieces j + 1 .. j + NB - 1 are in flight (24 KB
  * a block), and the smaller footprint (32 KB ring + the 16 KB accumulator at
  * 4096 keys) lets 4 blocks of 512 threads share an SM. The pieces cut the
@@ -36,17 +41,18 @@
  * best (the single bound) is about the row's k x 256-th best at 256 tiles,
  * so a later tile still holds ~k keys above it and most tiles either emit
  * ~k candidates or run the selection; the 8 slots' bound is a tile's
- * 13th best instead (the device has not timed it yet: scripts/dev/s5-cs.sh
- * compares both in one call). A later tile
+ * 13th best instead (H100, 1M tokens, session 6: search 296.3 vs 295.0 us
+ * with one slot, the same within noise; kept, it is never looser). A
+ * later tile
  * with at most k keys at or above the bound emits exactly those (a key
  * below it has k keys above it, so it is in no top k) in key order, and
  * skips the selection; tiles run row-fastest (grid (rows, tiles)) so every
  * row has finished tiles early. Exact whatever the timing: the bound only
- * ever rises and is always a true lower bound. The candidates' top k is one
- * block per row (cs_merge: the row's nt x k slots in shared memory,
- * kv_block_topk ranked, ties to the smaller position = the smaller key),
- * instead of the shared cooperative top-k, while the row fits in shared
- * memory. Tile and block size: KVBENCH_CS_TK (2048 | 4096 | 8192 keys) and
+ * ever rises and is always a true lower bound. The candidates' top k is
+ * cs_merge (segments of ~1024 of a row's nt x k slots, one block each, then
+ * the row's last block ranks the segments' winners; ties to the smaller
+ * position = the smaller key) instead of the shared cooperative top-k.
+ * Tile and block size: KVBENCH_CS_TK (2048 | 4096 | 8192 keys) and
  * KVBENCH_CS_TH (256 | 512). Bytes per row: the staged kernel's, m x L x 8 B
  * (16 B per region key at m = 8, alpha = 0.25), plus at most 24 B of
  * rounding per list and tile (0.05 B per key at 4096 keys), the k x 8 B
@@ -54,9 +60,15 @@
  * missing=min's second read of the indices (+4 B per entry). The defaults
  * (4096 x 512, ring 1024 x 4, bound on, ranges searched) are the design's
  * guess: KVBENCH_CS_SWEEP=1 (csattention_bench.cuh) times every variant
- * against the dense path, and no GPU run of this file has been made yet. */
+ * against the dense path (session 6, 1M tokens: ring 2048 x 3 with ranges
+ * 255.7 us against the default's 271.6; the defaults are left as they are
+ * until a sweep across lengths picks). Where the time is (ncu, session 6,
+ * 1M tokens): the tiles 234 us, issue-bound (2.7 IPC, DRAM 21%), most of
+ * it the per-(list, piece) loop set-up and the subspace barriers; the merge
+ * ~27 us whatever its block shape (one block a row of 1024 threads, or
+ * segments of 1024 or 256 threads: 29.2 / 27.2 us), not yet understood. */
 
-constexpr int CS_KCAP = 2048, CS_MTH = 1024;
+constexpr int CS_KCAP = 2048, CS_MTH = 256; /* cs_merge threads a block */
 /* The row bound's slots: at most CS_SMAX a row (KVBENCH_CS_SLOTS, default CS_NSLOT; 1 = the single bound). */
 constexpr int CS_SMAX = 16, CS_NSLOT = 8;
 /* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4 (default), 2048x3, 512x6. */
@@ -68,6 +80,30 @@ __device__ __forceinline__ void cs_cp16(void *s, const void *g) {
 }
 __device__ __forceinline__ void cs_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cs_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+/* The bulk copy engine (cs_pipe's BULK form): one thread copies a list range's piece of any multiple of 16 B,
+ * completing on the buffer's mbarrier (expect_tx of the piece's bytes, then parity waits). */
+__device__ __forceinline__ unsigned cs_sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cs_bar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cs_sa(bar)) : "memory");
+}
+__device__ __forceinline__ void cs_bar_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cs_sa(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cs_bulk(void *s, const void *g, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     cs_sa(s)),
+                 "l"(g), "r"(bytes), "r"(cs_sa(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void cs_bar_wait(uint64_t *bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(cs_sa(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
 
 /* Dynamic shared memory of cs_pipe: the ring (index + score), acc [tk], val [tk] (missing=min), the histogram. */
 inline size_t cs_pipe_smem(int tk, int missing, int ring) {
@@ -87,7 +123,7 @@ __global__ void cs_bounds(const int32_t *vidx, const int *vcnt, long long VL, co
     if ((threadIdx.x & 31) == 0) bnd[w] = p;
 }
 
-template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_tile_args a) {
+template <int TH, int CAP, int NB, bool BULK> __global__ void __launch_bounds__(TH, 2048 / TH) cs_pipe(cs_tile_args a) {
     extern __shared__ __align__(16) float cs_psm[];
     int32_t *bidx = (int32_t *)cs_psm;
     float *bval = cs_psm + NB * CAP;
@@ -96,8 +132,13 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     __shared__ int rng[2 * CS_MMAX], fq[CS_MMAX + 1], sli[CS_MMAX], sw[32], sbase;
     __shared__ unsigned sthr, smax;
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];
+    __shared__ uint64_t sbar[NB];
     const int r = blockIdx.x, tile = blockIdx.y, tid = threadIdx.x, m = a.m, TK = a.tk;
     const int t0 = a.lo + tile * TK, t1 = t0 + TK < a.hi ? t0 + TK : a.hi, tl = t1 - t0;
+    if (BULK && tid == 0) {
+        for (int i = 0; i < NB; i++) cs_bar_init(sbar + i);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     if (tid < m) {
         const int li = a.jl[r * m + tid];
         sli[tid] = li;
@@ -130,6 +171,20 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     /* piece j = flattened entries [jj CAP, jj CAP + CAP) (jj = j, or j - np in missing=min's second pass,
      * whose first pass copies the indices alone), into buffer j % NBUF; one commit group a call */
     auto issue = [&](int j) {
+        if (BULK) { /* thread 0: one bulk copy per list range (and array) the piece meets */
+            if (j >= nv || tid != 0) return;
+            const int jj = j >= np ? j - np : j, f0 = jj * CAP, buf = j % NB, fe = F - f0 < CAP ? F : f0 + CAP;
+            const bool ionly = a.missing == 1 && j < np;
+            cs_bar_expect(sbar + buf, (unsigned)(fe - f0) * (ionly ? 4u : 8u));
+            for (int b = 0; b < m; b++) {
+                const int x0 = fq[b] > f0 ? fq[b] : f0, x1 = fq[b + 1] < fe ? fq[b + 1] : fe;
+                if (x0 >= x1) continue;
+                const size_t src = (size_t)sli[b] * a.VL + (rng[2 * b] & ~3) + (x0 - fq[b]);
+                cs_bulk(bidx + buf * CAP + (x0 - f0), a.vidx + src, 4u * (x1 - x0), sbar + buf);
+                if (!ionly) cs_bulk(bval + buf * CAP + (x0 - f0), a.vval + src, 4u * (x1 - x0), sbar + buf);
+            }
+            return;
+        }
         if (j < nv) {
             const int jj = j >= np ? j - np : j, f0 = jj * CAP, buf = j % NB;
             const int nq = (F - f0 < CAP ? F - f0 : CAP) >> 2, nall = a.missing == 1 && j < np ? nq : 2 * nq;
@@ -150,7 +205,8 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     auto take = [&](int j) { /* piece j resident for everyone; earlier pieces done, their buffers refilled */
         while (cur < j) {
             ++cur;
-            cs_cp_wait<NB - 2>();
+            if (BULK) cs_bar_wait(sbar + cur % NB, (cur / NB) & 1);
+            else cs_cp_wait<NB - 2>();
             __syncthreads();
             issue(cur + NB - 1);
         }
@@ -168,6 +224,7 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
                 const int buf = (poff + jj) % NB, v0 = f > v0b ? f : v0b, v1 = fe < v1b ? fe : v1b;
                 const int32_t *si = bidx + buf * CAP;
                 const float *sv = bval + buf * CAP;
+#pragma unroll 1 /* about len / TH entries a thread: an unrolled loop's set-up costs more than it saves */
                 for (int x = v0 + tid - jj * CAP; x < v1 - jj * CAP; x += TH) {
                     const int32_t i = si[x];
                     if (i < 0) continue; /* tombstone */
@@ -194,7 +251,9 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
             }
         }
     }
-    cs_cp_wait<0>();
+    if (BULK) /* the pieces issued and never taken */
+        for (int j = cur + 1; j < nv && j < cur + NB; j++) cs_bar_wait(sbar + j % NB, (j / NB) & 1);
+    else cs_cp_wait<0>();
     /* the gathered keys (counted, listed when asked) and those at or above the row's bound, each thread a
      * contiguous segment; both counts in one scan (each below 2^16) */
     if (tid == 0) { /* the row's bound: the smallest of its ns slots */
@@ -252,25 +311,47 @@ template <int TH, int CAP, int NB> __global__ void __launch_bounds__(TH, 2048 / 
     if (tid == 0 && smax) atomicMax(a.thr + (size_t)r * CS_SMAX + tile % a.ns, smax);
 }
 
-/* Dynamic shared memory of cs_merge for nc candidates and kk outputs. */
-inline size_t cs_merge_smem(long long nc, int kk) { return (size_t)nc * 4 + (size_t)kk * 8 + 260 * 4; }
+/* cs_merge's segments a row: about 1024 candidates each, at most CS_MSEG. */
+constexpr int CS_MSEG = 32;
+inline int cs_merge_nseg(long long nc) {
+    const long long s = nc / 1024;
+    return s < 1 ? 1 : s > CS_MSEG ? CS_MSEG : (int)s;
+}
+/* Dynamic shared memory of cs_merge for nc candidates in ns segments and kk outputs. */
+inline size_t cs_merge_smem(long long nc, int ns, int kk) {
+    const long long seg = (nc + ns - 1) / ns, last = (long long)ns * kk;
+    return (size_t)(seg > last ? seg : last) * 4 + (size_t)kk * 8 + 260 * 4;
+}
 
-/* One block per row: oidx[r*kk + j] = the key of the j-th best of the row's nc candidates (kv_topk_ref order:
- * ties to the smaller position, which is the smaller key). */
+/* Blocks (r, s), ns a row: oidx[r*kk + j] = the key of the j-th best of row r's nc candidates (kv_topk_ref
+ * order: ties to the smaller position, which is the smaller key). Block s selects the kk best of its segment
+ * of the row in position order (mv/mk [r][s][kk]); the last block of the row to finish (mctr[r], back to zero
+ * after) ranks the ns x kk, whose concatenation keeps the row's position order. Why: one block per row had
+ * the row's 256 x k candidates at 1M tokens to rank on 16 SMs (25.6 us of the search, H100, session 6). */
 __global__ void __launch_bounds__(CS_MTH) cs_merge(const float *cv, const int32_t *ci, long long cld, int nc, int kk,
-                                                   int32_t *oidx) {
+                                                   float *mv, int32_t *mk, unsigned *mctr, int32_t *oidx) {
     extern __shared__ __align__(16) float cs_msm[];
-    float *v = cs_msm;
-    int32_t *pos = (int32_t *)(v + nc), *sel = pos + kk;
-    unsigned *hist = (unsigned *)(sel + kk);
     __shared__ int sw[32];
-    const int r = blockIdx.x;
-    const float *row = cv + (size_t)r * cld;
-    if ((cld & 3) == 0 && (nc & 3) == 0)
-        for (int i = threadIdx.x; i < nc / 4; i += CS_MTH) ((float4 *)v)[i] = __ldcg((const float4 *)row + i);
-    else
-        for (int i = threadIdx.x; i < nc; i += CS_MTH) v[i] = __ldcg(row + i);
+    const int r = blockIdx.x, s = blockIdx.y, ns = gridDim.y, tid = threadIdx.x;
+    const int seg = (nc + ns - 1) / ns, a0 = s * seg, n = nc - a0 < seg ? nc - a0 : seg;
+    const int ks = kk < n ? kk : n, nl = ns * kk;
+    float *v = cs_msm;
+    int32_t *pos = (int32_t *)(v + (seg > nl ? seg : nl)), *sel = pos + kk;
+    unsigned *hist = (unsigned *)(sel + kk);
+    const float *row = cv + (size_t)r * cld + a0;
+    const int32_t *crow = ci + (size_t)r * cld + a0;
+    for (int i = tid; i < n; i += CS_MTH) v[i] = __ldcg(row + i);
     __syncthreads();
-    kv_block_topk(v, nc, kk, pos, sel, hist, sw, true);
-    for (int j = threadIdx.x; j < kk; j += CS_MTH) oidx[(size_t)r * kk + j] = ci[(size_t)r * cld + pos[j]];
+    kv_block_topk(v, n, ks, pos, sel, hist, sw, false);
+    const size_t o = ((size_t)r * ns + s) * kk;
+    for (int j = tid; j < kk; j += CS_MTH) {
+        mv[o + j] = j < ks ? v[pos[j]] : -INFINITY;
+        mk[o + j] = j < ks ? __ldcg(crow + pos[j]) : -1;
+    }
+    if (!kv_arrives_last(mctr + r, ns)) return;
+    for (int i = tid; i < nl; i += CS_MTH) v[i] = __ldcg(mv + (size_t)r * nl + i);
+    __syncthreads();
+    kv_block_topk(v, nl, kk, pos, sel, hist, sw, true);
+    for (int j = tid; j < kk; j += CS_MTH) oidx[(size_t)r * kk + j] = __ldcg(mk + (size_t)r * nl + pos[j]);
+    if (tid == 0) mctr[r] = 0;
 }

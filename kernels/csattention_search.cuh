@@ -135,20 +135,23 @@ kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int 
     }
     const dim3 grid(R, *nt);
     const size_t sm = cs_pipe_smem(tk, missing, g->ring);
-    if (g->tth == 256) cs_pipe<256, 1024, 4><<<grid, 256, sm, g->st>>>(a);
-    else if (g->ring == 1) cs_pipe<512, 2048, 3><<<grid, 512, sm, g->st>>>(a);
-    else if (g->ring == 2) cs_pipe<512, 512, 6><<<grid, 512, sm, g->st>>>(a);
-    else cs_pipe<512, 1024, 4><<<grid, 512, sm, g->st>>>(a);
+    if (!g->bulk) cs_pipe<512, 1024, 4, false><<<grid, 512, sm, g->st>>>(a);
+    else if (g->tth == 256) cs_pipe<256, 1024, 4, true><<<grid, 256, sm, g->st>>>(a);
+    else if (g->ring == 1) cs_pipe<512, 2048, 3, true><<<grid, 512, sm, g->st>>>(a);
+    else if (g->ring == 2) cs_pipe<512, 512, 6, true><<<grid, 512, sm, g->st>>>(a);
+    else cs_pipe<512, 1024, 4, true><<<grid, 512, sm, g->st>>>(a);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
 
-/* The top kk of the rows' nt x k candidates to oidx [R][kk]: one block per row (cs_merge) when the row fits in
- * shared memory and variant != 3, else the shared top-k over the candidate rows and cs_map. */
+/* The top kk of the rows' nt x k candidates to oidx [R][kk]: cs_merge (segments of a row, then its last block)
+ * when a segment fits in shared memory and variant != 3, else the shared top-k over the candidate rows and cs_map. */
 kv_status cs_cand_launch(kv_cs_gpu *g, int variant, int R, int nt, int k, int kk) {
     const long long nc = (long long)nt * k;
-    if (variant != 3 && cs_merge_smem(nc, kk) <= g->merge_smax) {
-        cs_merge<<<R, CS_MTH, cs_merge_smem(nc, kk), g->st>>>(g->cv, g->ci, g->cld, (int)nc, kk, g->oidx);
+    const int ns = cs_merge_nseg(nc);
+    if (variant != 3 && cs_merge_smem(nc, ns, kk) <= g->merge_smax) {
+        cs_merge<<<dim3(R, ns), CS_MTH, cs_merge_smem(nc, ns, kk), g->st>>>(g->cv, g->ci, g->cld, (int)nc, kk, g->mv,
+                                                                          g->mk, g->mctr, g->oidx);
         KV_LAUNCH_CHECK();
         return KV_OK;
     }

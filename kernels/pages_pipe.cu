@@ -66,7 +66,12 @@
  * slots (400 pages, 656 blocks: scan 63.7 us), summaries stored as
  * contiguous 256-page tiles (59.4 us), the pool as thread-block clusters
  * with a shared-memory merge (pool 14.4 vs 11.2 us) and warp-level argmax
- * rounds instead of block rounds (14.2 vs 11.2 us). */
+ * rounds instead of block rounds (14.2 vs 11.2 us). Session 6: the whole
+ * selection inside the scan (each warp keeps the pages that fewer than kp
+ * of its pivot pages bound from above in every head, the last block of a
+ * kv head ranks them: exact, no pool launch) made select_spec 78.5 us
+ * against 66.5 (the pivot rounds cost the scan ~60% more instructions and
+ * ~8 of 64 pages a warp survive); not kept. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -316,8 +321,9 @@ __device__ __forceinline__ bool p2_beats(p2_item a, p2_item b) { return a.v > b.
 __device__ __forceinline__ bool p2_after(p2_item a, p2_item prev) {
     return a.j != INT_MAX && (a.v < prev.v || (a.v == prev.v && a.j > prev.j));
 }
-/* The block's best item (every thread gets it). */
-__device__ __forceinline__ p2_item p2_block_best(p2_item b, p2_item *sw) {
+/* The block's best item (every thread gets it); p2_block_best1 leaves out the trailing barrier (the fused
+ * pool's rounds alternate two shared arrays instead). */
+__device__ __forceinline__ p2_item p2_block_best1(p2_item b, p2_item *sw) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
         p2_item x;
@@ -331,6 +337,10 @@ __device__ __forceinline__ p2_item p2_block_best(p2_item b, p2_item *sw) {
 #pragma unroll
     for (int k = 1; k < P2_RT / 32; k++)
         if (p2_beats(sw[k], b)) b = sw[k];
+    return b;
+}
+__device__ __forceinline__ p2_item p2_block_best(p2_item b, p2_item *sw) {
+    b = p2_block_best1(b, sw);
     __syncthreads();
     return b;
 }
@@ -367,22 +377,6 @@ template <int GT> __device__ __forceinline__ void p2_bsum_n(double (&v)[GT], dou
 #pragma unroll
         for (int k = 1; k < P2_RT / 32; k++) v[h] += sw[h][k];
     }
-}
-__device__ __forceinline__ p2_item p2_block_best1(p2_item b, p2_item *sw) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        p2_item x;
-        x.v = __shfl_xor_sync(0xffffffffu, b.v, o);
-        x.j = __shfl_xor_sync(0xffffffffu, b.j, o);
-        if (p2_beats(x, b)) b = x;
-    }
-    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = b;
-    __syncthreads();
-    b = sw[0];
-#pragma unroll
-    for (int k = 1; k < P2_RT / 32; k++)
-        if (p2_beats(sw[k], b)) b = sw[k];
-    return b;
 }
 /* Round r of a block argmax: p2_block_best, or (FZ) p2_block_best1 on the r-th half of sb2. */
 template <bool FZ>
