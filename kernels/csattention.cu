@@ -326,8 +326,8 @@ struct kv_cs_gpu {
     int use_thr;
     int nslot; /* the bound's slots a row (KVBENCH_CS_SLOTS) */
     int bulk;  /* the tiles' copies by the bulk copy engine (KVBENCH_CS_BULK=0: cp.async, ring 1024x4 only) */
-    int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=1), else searched per tile */
-    int use_bnd, ring;    /* ring: the cp.async ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
+    int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=0: searched per tile) */
+    int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
     size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
     int *spay;
@@ -392,14 +392,16 @@ kv_status cs_create_go(kv_cs_gpu *g) {
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TH: expected 256 or 512, found '%s'", eth);
     const char *ethr = getenv("KVBENCH_CS_THR"), *ebnd = getenv("KVBENCH_CS_BOUNDS"), *ering = getenv("KVBENCH_CS_RING");
     g->use_thr = !ethr || strcmp(ethr, "0");
-    g->use_bnd = ebnd && !strcmp(ebnd, "1");
-    g->ring = !ering || !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
-    if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
-    if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
+    g->use_bnd = !ebnd || strcmp(ebnd, "0");
     const char *ebulk = getenv("KVBENCH_CS_BULK");
     g->bulk = !ebulk || strcmp(ebulk, "0");
+    /* default ring 2048x3 (1024x4 where only that one exists: 256 threads, or the cp.async form) */
+    g->ring = !ering ? (g->tth == 512 && g->bulk ? 1 : 0)
+              : !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;
+    if (g->ring < 0) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING: expected 1024x4, 2048x3 or 512x6, found '%s'", ering);
+    if (g->ring && g->tth != 512) return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_RING=%s needs KVBENCH_CS_TH=512", ering);
     if (!g->bulk && (g->ring || g->tth != 512))
-        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_BULK=0: expected the default ring (1024x4) and 512 threads");
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_BULK=0: expected ring 1024x4 and 512 threads");
     const char *eslot = getenv("KVBENCH_CS_SLOTS");
     g->nslot = eslot ? atoi(eslot) : CS_NSLOT;
     if (g->nslot < 1 || g->nslot > CS_SMAX)

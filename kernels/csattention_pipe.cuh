@@ -16,11 +16,12 @@
  * per thread and chunk, whose source address search was ~35% of the
  * kernel's instructions; KVBENCH_CS_BULK=0 keeps the cp.async form, ring
  * 1024 x 4 and 512 threads only) through a ring of NB buffers of CAP
- * entries (index + score; 1024 x 4 by default, KVBENCH_CS_RING=2048x3|
+ * entries (index + score; 2048 x 3 by default, KVBENCH_CS_RING=1024x4|
  * 512x6): while the
- * block accumulates piece j, pieces j + 1 .. j + NB - 1 are in flight (24 KB
- * a block), and the smaller footprint (32 KB ring + the 16 KB accumulator at
- * 4096 keys) lets 4 blocks of 512 threads share an SM. The pieces cut the
+ * block accumulates piece j, pieces j + 1 .. j + NB - 1 are in flight (32 KB
+ * a block at 2048 x 3), and the footprint (48 KB ring + the 16 KB
+ * accumulator at 4096 keys) lets 3 blocks of 512 threads share an SM (4 with
+ * the 32 KB ring of 1024 x 4). The pieces cut the
  * flattened sequence of the m list ranges (range b = the positions [p0, p1)
  * of keys in [t0, t1), rounded out to 16 B; the rounded-in entries are never
  * read back and their copies stay inside the list's row, VL being a multiple
@@ -29,8 +30,8 @@
  * (keys are distinct within a list: no atomics); missing=min first marks the
  * union (an index-only pass), then per subspace stamps the values and adds
  * w_b (v or the list's minimum) to every union key, as the staged kernel.
- * The ranges are searched by each block (cs_lower, ~4 dependent loads), or
- * precomputed for every tile by one launch (cs_bounds, KVBENCH_CS_BOUNDS=1).
+ * The ranges are precomputed for every tile by one launch (cs_bounds), or
+ * searched by each block (cs_lower, ~4 dependent loads; KVBENCH_CS_BOUNDS=0).
  * Candidates: a per-row bound (thr, kv_f2key, zeroed by cs_nearest,
  * KVBENCH_CS_THR=0 turns it off) of the row's k-th best, the smallest of
  * ns slots (KVBENCH_CS_SLOTS, default 8; 1 = the previous single bound): a
@@ -58,11 +59,12 @@
  * rounding per list and tile (0.05 B per key at 4096 keys), the k x 8 B
  * candidate slots per tile written and read (0.4 B per key at k = 100), and
  * missing=min's second read of the indices (+4 B per entry). The defaults
- * (4096 x 512, ring 1024 x 4, bound on, ranges searched) are the design's
- * guess: KVBENCH_CS_SWEEP=1 (csattention_bench.cuh) times every variant
- * against the dense path (session 6, 1M tokens: ring 2048 x 3 with ranges
- * 255.7 us against the default's 271.6; the defaults are left as they are
- * until a sweep across lengths picks). Where the time is (ncu, session 6,
+ * (4096 keys x 512 threads, ring 2048 x 3, bound on, ranges precomputed
+ * by cs_bounds) are the fastest of KVBENCH_CS_SWEEP=1's variants
+ * (csattention_bench.cuh, every tiling timed against the dense path) at 1M
+ * tokens, and no slower at 16K and 128K (H100, session 6: 51.1 / 81.5 /
+ * 256.0 us against ring 1024 x 4 with searched ranges' 51.3 / 82.5 /
+ * 268.8 in the same call; KVBENCH_CS_RING, KVBENCH_CS_BOUNDS=0 restore it). Where the time is (ncu, session 6,
  * 1M tokens): the tiles 234 us, issue-bound (2.7 IPC, DRAM 21%), most of
  * it the per-(list, piece) loop set-up and the subspace barriers; the merge
  * ~27 us whatever its block shape (one block a row of 1024 threads, or
@@ -71,7 +73,8 @@
 constexpr int CS_KCAP = 2048, CS_MTH = 256; /* cs_merge threads a block */
 /* The row bound's slots: at most CS_SMAX a row (KVBENCH_CS_SLOTS, default CS_NSLOT; 1 = the single bound). */
 constexpr int CS_SMAX = 16, CS_NSLOT = 8;
-/* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4 (default), 2048x3, 512x6. */
+/* The ring geometries (entries a buffer x buffers) KVBENCH_CS_RING selects: 1024x4, 2048x3 (the default at 512
+ * threads with bulk copies), 512x6. */
 constexpr int CS_RINGS[3][2] = {{1024, 4}, {2048, 3}, {512, 6}};
 
 __device__ __forceinline__ void cs_cp16(void *s, const void *g) {
@@ -169,7 +172,7 @@ template <int TH, int CAP, int NB, bool BULK> __global__ void __launch_bounds__(
     __syncthreads();
     const int F = fq[m], np = (F + CAP - 1) / CAP, nv = (a.missing == 1 ? 2 : 1) * np;
     /* piece j = flattened entries [jj CAP, jj CAP + CAP) (jj = j, or j - np in missing=min's second pass,
-     * whose first pass copies the indices alone), into buffer j % NBUF; one commit group a call */
+     * whose first pass copies the indices alone), into buffer j % NBUF; cp.async: one commit group a call */
     auto issue = [&](int j) {
         if (BULK) { /* thread 0: one bulk copy per list range (and array) the piece meets */
             if (j >= nv || tid != 0) return;
@@ -327,7 +330,8 @@ inline size_t cs_merge_smem(long long nc, int ns, int kk) {
  * order: ties to the smaller position, which is the smaller key). Block s selects the kk best of its segment
  * of the row in position order (mv/mk [r][s][kk]); the last block of the row to finish (mctr[r], back to zero
  * after) ranks the ns x kk, whose concatenation keeps the row's position order. Why: one block per row had
- * the row's 256 x k candidates at 1M tokens to rank on 16 SMs (25.6 us of the search, H100, session 6). */
+ * the row's 256 x k candidates at 1M tokens to rank on 16 SMs; measured, the segments gain little (27.2 against
+ * 29.2 us, H100, session 6) but no row has to fit one block's shared memory any more. */
 __global__ void __launch_bounds__(CS_MTH) cs_merge(const float *cv, const int32_t *ci, long long cld, int nc, int kk,
                                                    float *mv, int32_t *mk, unsigned *mctr, int32_t *oidx) {
     extern __shared__ __align__(16) float cs_msm[];

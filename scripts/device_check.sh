@@ -49,7 +49,7 @@ if [ "${RUNLOOP:-0}" != 0 ]; then
         rm -f /tmp/kvb-runloop-bench.csv
         for m in exact pariskv pqcache quest magicpig; do
             timeout 120 ./kvbench bench --method $m --tokens 131072 --csv /tmp/kvb-rl-$m.csv --force >/dev/null 2>&1
-            if [ -f /tmp/kvb-runloop-bench.csv ]; then tail -n +2 /tmp/kvb-rl-$m.csv; else cat /tmp/kvb-rl-$m.csv; fi \
+            if [ -s /tmp/kvb-runloop-bench.csv ]; then tail -n +2 /tmp/kvb-rl-$m.csv; else cat /tmp/kvb-rl-$m.csv; fi \
                 >>/tmp/kvb-runloop-bench.csv
         done
         python3 - /tmp/kvb-runloop/summary.json /tmp/kvb-runloop-bench.csv <<'EOF'

@@ -139,19 +139,22 @@ static const char *cs_big[][7] = {
 };
 int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
 
-/* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads with the ranges from
- * cs_bounds, 8192 x 512 with the 2048 x 3 ring, 4096 x 512 with the 512 x 6 ring and no row bound, the
- * single-slot row bound (KVBENCH_CS_SLOTS=1, the previous one) and 16 slots at 2048 keys. */
+/* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
+ * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
+ * (KVBENCH_CS_SLOTS=1, the previous one), 16 slots at 2048 keys, the ring 1024 x 4 with searched ranges (the
+ * default before session 6) and the cp.async copies (KVBENCH_CS_BULK=0). */
 int test_csattention_gpu_tile_variants_match_cpu(void) {
     static const char *envs[] = {
         "KVBENCH_CS_REDUCE=staged",
-        "KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256,KVBENCH_CS_BOUNDS=1",
-        "KVBENCH_CS_TK=8192,KVBENCH_CS_RING=2048x3",
+        "KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256",
+        "KVBENCH_CS_TK=8192,KVBENCH_CS_BOUNDS=0",
         "KVBENCH_CS_RING=512x6,KVBENCH_CS_THR=0",
         "KVBENCH_CS_SLOTS=1",
         "KVBENCH_CS_TK=2048,KVBENCH_CS_SLOTS=16",
+        "KVBENCH_CS_RING=1024x4,KVBENCH_CS_BOUNDS=0",
+        "KVBENCH_CS_BULK=0",
     };
-    for (int e = 0; e < 6; e++)
+    for (int e = 0; e < (int)(sizeof envs / sizeof envs[0]); e++)
         if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, envs[e]) != KV_TEST_PASS) {
             fprintf(stderr, "    with %s\n", envs[e]);
             return KV_TEST_FAIL;
