@@ -68,7 +68,11 @@
  * 1M tokens): the tiles 234 us, issue-bound (2.7 IPC, DRAM 21%), most of
  * it the per-(list, piece) loop set-up and the subspace barriers; the merge
  * ~27 us whatever its block shape (one block a row of 1024 threads, or
- * segments of 1024 or 256 threads: 29.2 / 27.2 us), not yet understood. */
+ * segments of 1024 or 256 threads: 29.2 / 27.2 us), not yet understood.
+ * Tried and slower (session 6): tiles whose threads each own a run of keys
+ * and add them barrier-free after the whole tile's lists are copied (415
+ * against 260 us at 1M: the copies no longer stream; results/
+ * gpu-cost-h100.md, session 6 call 10). */
 
 constexpr int CS_KCAP = 2048, CS_MTH = 256; /* cs_merge threads a block */
 /* The row bound's slots: at most CS_SMAX a row (KVBENCH_CS_SLOTS, default CS_NSLOT; 1 = the single bound). */
