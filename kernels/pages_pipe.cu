@@ -71,7 +71,19 @@
  * of its pivot pages bound from above in every head, the last block of a
  * kv head ranks them: exact, no pool launch) made select_spec 78.5 us
  * against 66.5 (the pivot rounds cost the scan ~60% more instructions and
- * ~8 of 64 pages a warp survive); not kept. */
+ * ~8 of 64 pages a warp survive); not kept. Where the pool's ~9 us after
+ * the scan go (H100, 1M tokens, %globaltimer stamps, session 6): it starts
+ * 0.7 us after the scan's last block, has m_h and w_h 2.2-2.5 us later
+ * (the loads, two block reductions), its pooled scores and kp argmax rounds
+ * 3.2-3.6 us after that, arrives 1.4 us later (the stores, the fence, the
+ * atomic) and the last block ends 1.8 us after. The rounds are now one
+ * merge network where kp <= P2_KM = 4 (p2_block_top: each thread's best 4,
+ * butterfly merges of sorted lists within the warp, one barrier, warp 0
+ * over the warps; the last block's merge the same way; the selection is the
+ * rounds' exactly): pool 10.5 vs 11.2 us, select_spec 66.5-66.9 vs
+ * 66.8-67.2 us at 1M, three interleaved runs (KVBENCH_PAGES_KNET=0 keeps
+ * the rounds). The fence.acq_rel form of the arrival and a warp-0-only
+ * final merge measured within noise (session 6). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -378,6 +390,67 @@ template <int GT> __device__ __forceinline__ void p2_bsum_n(double (&v)[GT], dou
         for (int k = 1; k < P2_RT / 32; k++) v[h] += sw[h][k];
     }
 }
+/* The best P2_KM items as a list sorted best first (p2_beats order); for kp <= P2_KM the pool's selections are
+ * one merge network instead of kp rounds of block argmax (each round a block barrier: ~1.1 us a round at 1M,
+ * H100, session 6). */
+constexpr int P2_KM = 4;
+struct p2_top {
+    p2_item e[P2_KM];
+};
+__device__ __forceinline__ void p2_cswap(p2_item &a, p2_item &b) { /* a the better afterwards */
+    if (p2_beats(b, a)) {
+        const p2_item t = a;
+        a = b;
+        b = t;
+    }
+}
+__device__ __forceinline__ void p2_top_init(p2_top &t) {
+#pragma unroll
+    for (int i = 0; i < P2_KM; i++) t.e[i] = p2_item{-INFINITY, INT_MAX};
+}
+__device__ __forceinline__ void p2_top_add(p2_top &t, p2_item y) {
+#pragma unroll
+    for (int i = 0; i < P2_KM; i++) p2_cswap(t.e[i], y);
+}
+/* t = the best P2_KM of t and u (both sorted): the better of t[i] and u[P2_KM - 1 - i] is a bitonic sequence
+ * holding them, then a bitonic clean-up sorts it. */
+__device__ __forceinline__ void p2_top_merge(p2_top &t, const p2_top &u) {
+#pragma unroll
+    for (int i = 0; i < P2_KM; i++)
+        if (p2_beats(u.e[P2_KM - 1 - i], t.e[i])) t.e[i] = u.e[P2_KM - 1 - i];
+#pragma unroll
+    for (int d = P2_KM / 2; d; d >>= 1)
+#pragma unroll
+        for (int i = 0; i < P2_KM; i++)
+            if ((i & d) == 0) p2_cswap(t.e[i], t.e[i + d]);
+}
+/* Butterfly merges of the lanes' lists, lane distances o0, o0 / 2, .., 1 (whole warps). */
+__device__ __forceinline__ void p2_warp_top(p2_top &t, int o0) {
+    for (int o = o0; o; o >>= 1) {
+        p2_top u;
+#pragma unroll
+        for (int i = 0; i < P2_KM; i++) {
+            u.e[i].v = __shfl_xor_sync(0xffffffffu, t.e[i].v, o);
+            u.e[i].j = __shfl_xor_sync(0xffffffffu, t.e[i].j, o);
+        }
+        p2_top_merge(t, u);
+    }
+}
+/* The block's best P2_KM (valid in thread 0): butterfly merges in each warp, then warp 0 over the warps' lists
+ * (one barrier). sw: P2_RT / 32 lists of shared scratch. */
+__device__ __forceinline__ p2_top p2_block_top(p2_top t, p2_top *sw) {
+    p2_warp_top(t, 16);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) sw[w] = t;
+    __syncthreads();
+    if (w == 0) {
+        if (lane < P2_RT / 32) t = sw[lane];
+        else p2_top_init(t);
+        p2_warp_top(t, P2_RT / 64);
+    }
+    return t;
+}
+
 /* Round r of a block argmax: p2_block_best, or (FZ) p2_block_best1 on the r-th half of sb2. */
 template <bool FZ>
 __device__ __forceinline__ p2_item p2_round_best(p2_item x, int r, p2_item *sbest, p2_item (*sb2)[P2_RT / 32]) {
@@ -401,7 +474,7 @@ template <int GT, int ZM>
 __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long long PS, int ncand, float scale,
                                                       const int *flag, const float *tmax, int ntile, const double *tz,
                                                       double *zpart, int nbz, int kp, float *cv, int *cj,
-                                                      unsigned *ctr, int32_t *pages) {
+                                                      unsigned *ctr, int32_t *pages, int knet) {
     constexpr bool FZ = ZM == 1, ALT = ZM != 0;
     __shared__ float swf[P2_RT / 32];
     __shared__ double swd[P2_RT / 32];
@@ -511,9 +584,21 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             it[p].j = j;
         }
     }
+    __shared__ p2_top stop[P2_RT / 32];
+    const bool net = kp <= P2_KM && knet; /* the merge network, else kp rounds */
     p2_item prev = {INFINITY, -1};
     const long long cb = ((long long)g * gridDim.x + blockIdx.x) * kp;
-    for (int r = 0; r < kp; r++) {
+    if (net) {
+        p2_top t;
+        p2_top_init(t);
+#pragma unroll
+        for (int p = 0; p < P2_PPT; p++)
+            if (it[p].j != INT_MAX) p2_top_add(t, it[p]);
+        t = p2_block_top(t, stop);
+        if (threadIdx.x == 0)
+            for (int r = 0; r < kp; r++) { cv[cb + r] = t.e[r].v; cj[cb + r] = t.e[r].j; }
+    }
+    for (int r = 0; r < (net ? 0 : kp); r++) {
         p2_item x = {-INFINITY, INT_MAX};
 #pragma unroll
         for (int p = 0; p < P2_PPT; p++)
@@ -527,6 +612,17 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
     const int nc = gridDim.x * kp;
     const float *gv = cv + (long long)g * nc;
     const int *gj = cj + (long long)g * nc;
+    if (net) { /* each thread its candidates, then the network */
+        p2_top t;
+        p2_top_init(t);
+        for (int c = threadIdx.x; c < nc; c += P2_RT) p2_top_add(t, p2_item{__ldcg(gv + c), __ldcg(gj + c)});
+        t = p2_block_top(t, stop);
+        if (threadIdx.x == 0) {
+            for (int r = 0; r < kp; r++) pages[(long long)g * kp + r] = t.e[r].j;
+            ctr[g] = 0; /* ready for the next launch */
+        }
+        return;
+    }
     const bool insm = nc <= P2_CCAP;
     if (insm)
         for (int c = threadIdx.x; c < nc; c += P2_RT) scand[c] = p2_item{__ldcg(gv + c), __ldcg(gj + c)};
@@ -548,6 +644,17 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
 /* Where the pool's softmax sums come from (read once): 2 (default) the scan's tile partials, rescaled in
  * every pool block; KVBENCH_PAGES_FUSE=1 the pool blocks' chunk partials behind a barrier of the kv head's
  * blocks (only when all of them fit on the device at once: the barrier spins; else 0); =0 p2_zpart's launch. */
+/* The pool's selections by the top-P2_KM merge network where kp <= P2_KM (KVBENCH_PAGES_KNET=0: kp rounds of block
+ * argmax, read once). */
+int p2_knet() {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_KNET");
+        env = !(e && !strcmp(e, "0"));
+    }
+    return env;
+}
+
 int p2_zmode() {
     static int env = -1;
     if (env < 0) {
@@ -644,7 +751,7 @@ template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cud
                              a->scale, (const int *)a->flag, GT, (const float *)a->bmax, ntile, a->zpart, nbz));
     return p2_launch_pdl(pool, grid, st, (const float *)a->bound, a->PS, a->ncand, a->scale, (const int *)a->flag,
                          (const float *)a->bmax, ntile, (const double *)a->tz, a->zpart, nbz, a->kp, a->cv, a->cj,
-                         a->ctr, a->pages);
+                         a->ctr, a->pages, p2_knet());
 }
 
 }  // namespace

@@ -199,7 +199,8 @@ int test_racc_gpu_matches_cpu(void) {
  * (kernels/pages_pipe.cu, or pages_mean.cu under KVBENCH_PAGES_PIPE=0:
  * groups of 1, 2, 4, 8; one page per thread and more; one chunk and many,
  * so the last-block merge; a head dimension with a channel tail; float32
- * and float16 summaries) and the unfused path (kp 17 > PM_KMAX, group of 3). */
+ * and float16 summaries; kp <= 4 through the pool's top-4 merge network, larger kp through its argmax
+ * rounds) and the unfused path (kp 17 > PM_KMAX, group of 3). */
 typedef struct { int Hq, Hkv, D, page, npages, kp, half; } pm_case; /* half: float16 keys and summaries (the bench's) */
 
 static int pool_mean_case(const pm_case *c, uint64_t seed) {
@@ -272,6 +273,8 @@ int test_freekv_gpu_group_mean_pages(void) {
         {12, 4, 32, 16, 600, 6, 0},    /* G 3: the older path */
         {16, 8, 128, 32, 700, 3, 1},  /* float16 summaries, one page per thread (pages_pipe.cu) */
         {16, 8, 64, 1, 16400, 5, 1},  /* float16, two pages per thread (>= 512 tiles), a partial tile, 9 chunks */
+        {16, 8, 128, 32, 40000, 4, 1}, /* kp = 4, the most the top-4 merge network takes, 20 chunks */
+        {8, 8, 44, 4, 5000, 1, 0},     /* kp = 1 through the network, G 1 */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         int rc = pool_mean_case(&cs[i], 31 + i);
