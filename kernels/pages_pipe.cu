@@ -391,8 +391,7 @@ template <int GT> __device__ __forceinline__ void p2_bsum_n(double (&v)[GT], dou
     }
 }
 /* The best P2_KM items as a list sorted best first (p2_beats order); for kp <= P2_KM the pool's selections are
- * one merge network instead of kp rounds of block argmax (each round a block barrier: ~1.1 us a round at 1M,
- * H100, session 6). */
+ * one merge network with one block barrier instead of kp rounds of block argmax with one each. */
 constexpr int P2_KM = 4;
 struct p2_top {
     p2_item e[P2_KM];
@@ -597,15 +596,16 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
         t = p2_block_top(t, stop);
         if (threadIdx.x == 0)
             for (int r = 0; r < kp; r++) { cv[cb + r] = t.e[r].v; cj[cb + r] = t.e[r].j; }
-    }
-    for (int r = 0; r < (net ? 0 : kp); r++) {
-        p2_item x = {-INFINITY, INT_MAX};
+    } else {
+        for (int r = 0; r < kp; r++) {
+            p2_item x = {-INFINITY, INT_MAX};
 #pragma unroll
-        for (int p = 0; p < P2_PPT; p++)
-            if (p2_after(it[p], prev) && (x.j == INT_MAX || p2_beats(it[p], x))) x = it[p];
-        x = p2_round_best<ALT>(x, r, sbest, sb2);
-        if (threadIdx.x == 0) { cv[cb + r] = x.v; cj[cb + r] = x.j; }
-        prev = x;
+            for (int p = 0; p < P2_PPT; p++)
+                if (p2_after(it[p], prev) && (x.j == INT_MAX || p2_beats(it[p], x))) x = it[p];
+            x = p2_round_best<ALT>(x, r, sbest, sb2);
+            if (threadIdx.x == 0) { cv[cb + r] = x.v; cj[cb + r] = x.j; }
+            prev = x;
+        }
     }
     if (!kv_arrives_last(ctr + g, FZ ? 2 * gridDim.x : gridDim.x)) return;
     /* the last block of kv head g: the kp best of the chunks' candidates, read once */
@@ -641,20 +641,21 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
     if (threadIdx.x == 0) ctr[g] = 0; /* ready for the next launch */
 }
 
+/* 1 unless the environment variable is "0" (the switches that turn a default off). */
+int p2_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && !strcmp(e, "0"));
+}
+/* The pool's selections by the top-P2_KM merge network where kp <= P2_KM (KVBENCH_PAGES_KNET=0: kp rounds of block
+ * argmax; read once). */
+int p2_knet() {
+    static const int on = p2_env_on("KVBENCH_PAGES_KNET");
+    return on;
+}
+
 /* Where the pool's softmax sums come from (read once): 2 (default) the scan's tile partials, rescaled in
  * every pool block; KVBENCH_PAGES_FUSE=1 the pool blocks' chunk partials behind a barrier of the kv head's
  * blocks (only when all of them fit on the device at once: the barrier spins; else 0); =0 p2_zpart's launch. */
-/* The pool's selections by the top-P2_KM merge network where kp <= P2_KM (KVBENCH_PAGES_KNET=0: kp rounds of block
- * argmax, read once). */
-int p2_knet() {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("KVBENCH_PAGES_KNET");
-        env = !(e && !strcmp(e, "0"));
-    }
-    return env;
-}
-
 int p2_zmode() {
     static int env = -1;
     if (env < 0) {
@@ -696,11 +697,7 @@ template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile,
  * data. A launch the driver refuses with the attribute is retried plainly. */
 template <typename... A, typename... B>
 kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args) {
-    static int pdl = -1;
-    if (pdl < 0) {
-        const char *e = getenv("KVBENCH_PAGES_PDL");
-        pdl = !(e && !strcmp(e, "0"));
-    }
+    static int pdl = p2_env_on("KVBENCH_PAGES_PDL"); /* cleared below if the driver refuses the attribute */
     if (pdl) {
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

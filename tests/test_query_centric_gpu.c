@@ -131,7 +131,7 @@ int test_csattention_gpu_dense_matches_cpu(void) { return cs_gpu_matches_cpu(640
 int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640, 400, 16, cs_sets, 4, "sort"); }
 
 /* Several tiles of 4096 keys, a tile's entries above the staged kernel's 6144-entry window and above the
- * pipelined kernel's 1024-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
+ * pipelined kernel's 2048-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
  * enough decode keys that lists evict past their view's slack (compaction). */
 static const char *cs_big[][7] = {
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
