@@ -392,12 +392,6 @@ __device__ __forceinline__ int cts_place(const int *L, const int *len, int cpe, 
     return total;
 }
 
-/* Acquire load of a flag or counter other blocks write. */
-__device__ __forceinline__ unsigned cts_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* Slice bx of the set of n keys: positions [n bx / nb, n (bx + 1) / nb). */
 __device__ __forceinline__ int cts_cut(int n, int bx, int nb) { return (int)((long long)n * bx / nb); }
@@ -413,7 +407,7 @@ __device__ void cts_rerank_slice(const cts_args &a, int g, const float *sq, floa
     const int tid = threadIdx.x, Hkv = gridDim.y, G = a.G, D = a.D;
     if (tid == 0) { /* the flag is the set's size + 1 */
         unsigned f;
-        while ((f = cts_ld_acquire(a.ctr + Hkv + g)) == 0) {
+        while ((f = kv_ld_acquire(a.ctr + Hkv + g)) == 0) {
         }
         s_n = (int)f - 1;
     }
@@ -576,7 +570,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         cts_rerank_tiled<TK>(sq, sset + i0, i1 - i0, Kg, G, D, a.scale, sc + i0, a.ncap,
                              (uint4 *)((char *)cts_sm + a.tile_off));
         if (tid == 0) {
-            while (cts_ld_acquire(a.ctr + 2 * gridDim.y + g) < (unsigned)(a.nb - 1)) {
+            while (kv_ld_acquire(a.ctr + 2 * gridDim.y + g) < (unsigned)(a.nb - 1)) {
             }
             a.ctr[gridDim.y + g] = 0; /* every other block has read the flag: ready for the next launch */
             a.ctr[2 * gridDim.y + g] = 0;

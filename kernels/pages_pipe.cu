@@ -456,12 +456,6 @@ __device__ __forceinline__ p2_item p2_round_best(p2_item x, int r, p2_item *sbes
     return FZ ? p2_block_best1(x, sb2[r & 1]) : p2_block_best(x, sbest);
 }
 
-/* Acquire load of a counter other blocks bump (the fused pool's barrier). */
-__device__ __forceinline__ unsigned p2_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* ZM: where the softmax sums come from (p2_zmode). ZM 2 (the default): the scan's tile partials (above).
  * ZM 1 (fused softmax sums): the block computes its chunk's partials itself, exactly as
@@ -546,7 +540,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
             for (int h = 0; h < GT; h++) zpart[(long long)(g * GT + h) * nbz + blockIdx.x] = z[h];
             __threadfence();
             atomicAdd(ctr + g, 1u);
-            while (p2_ld_acquire(ctr + g) < gridDim.x) {
+            while (kv_ld_acquire(ctr + g) < gridDim.x) {
             }
             __threadfence();
         }

@@ -116,6 +116,14 @@ template <typename C> __device__ __forceinline__ C kv_warp_append(bool take, C *
     return __shfl_sync(0xffffffffu, pos, leader) + (C)__popc(m & ((1u << lane) - 1));
 }
 
+/* Acquire load (gpu scope) of a flag or counter other blocks write: the spin side of a flag a block raises
+ * after a __threadfence. */
+__device__ __forceinline__ unsigned kv_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 /* Threadfence reduction: true, in every thread, for the one block that
  * arrives last of `nblocks` at *ctr; every block's earlier global writes
  * are then visible to it. Has barriers. */
