@@ -83,7 +83,24 @@
  * rounds' exactly): pool 10.5 vs 11.2 us, select_spec 66.5-66.9 vs
  * 66.8-67.2 us at 1M, three interleaved runs (KVBENCH_PAGES_KNET=0 keeps
  * the rounds). The fence.acq_rel form of the arrival and a warp-0-only
- * final merge measured within noise (session 6). */
+ * final merge measured within noise (session 6). Session 7, tried and not
+ * kept (select_spec at 1M, each against this path in the same call): the
+ * whole selection as ONE cooperative launch, blocks resident for the whole
+ * selection claiming scan tiles from a counter, the bounds kept on chip,
+ * each kv head pooled by the blocks holding its tiles once its tiles were
+ * counted done, the head's last block merging (exact: the FreeKV, Quest and
+ * golden GPU tests passed): 75.1-77.8 against 64.5-64.9 us (16K 16.6-17.4
+ * against 15.5-15.6; a correction of one kv head 40.3-46.5 against
+ * 31.0-31.5). Its %globaltimer trace at 1M: the blocks' first stage lands
+ * 2.9 / 6.3 / 14.1 us (min / median / max) after the first block starts,
+ * the scans end 37.4 / 46.6 / 60.0 us in (this path's last scan block ends
+ * at ~51), and a block holding tiles of two kv heads pools them one after
+ * the other; 128-page tiles balanced the scan better (ends 42.5-55.2) but
+ * made the merges longer (select_spec 91-93 us); a plain launch instead of
+ * the cooperative one, 77.3 against 77.4. The pool with 2 or 4 pages a
+ * thread instead of 8: 67.6-67.7 and 66.7-66.8 against 66.1-66.6 us (at 16K
+ * 14.3-14.4 against 14.8-14.9). Ring shapes (stages x bytes) 7 x 8 KB, 4 x
+ * 16 KB, 8 x 4 KB: 68.9-69.0, 66.2-66.5, 70.8-71.0 against 66.2 (5 x 8 KB). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>

@@ -29,6 +29,17 @@
  * table and threshold) and pq_select_fused (the compaction marks ties in
  * registers, writes each block's first ties in order, and the last block
  * per kv head takes the first `take` of them and sorts), the same selection.
+ * Where the fixed cost is (H100, session 7, %globaltimer stamps in a
+ * temporary build): at 16K tokens the table's last block spent ~17 us in its
+ * per-head passes and ~8.5 us in the radix threshold, at 1M ~34 and ~8 us,
+ * one SM issuing 3 evaluations of each of the 4096 tuples per head (two
+ * integer divisions each) and 2 expf. Now each tuple's score is computed once
+ * per head and kept in registers with its expf (the same operations in the
+ * same order: bitwise the same table), the digits by shifts where C is a
+ * power of two, and from 262144 keys a kv head on the threshold first tries
+ * the top values one at a time (pq_threshold). Search, old against new in one
+ * call: 48.6-48.8 -> 40.4-40.6 us at 16K, 72.0-72.9 -> 61.9-62.4 at 256K,
+ * 76.8-80.1 -> 66.2-72.5 at 1M.
  * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
@@ -128,8 +139,8 @@ __device__ __forceinline__ float pq_score(const float *L, const uint8_t *code, i
     return __fmul_rn(s, scale);
 }
 
-template <class Op>
-__device__ __forceinline__ float block_reduce(float v, float *sh, Op op) {
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T *sh, Op op) {
     for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
@@ -152,6 +163,12 @@ __device__ __forceinline__ double block_sum_d(double v, double *sh) {
 }
 
 struct fmax_op { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct umax_op {
+    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a > b ? a : b; }
+};
+struct usum_op {
+    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a + b; }
+};
 
 __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -261,9 +278,38 @@ __global__ void __launch_bounds__(1024) pq_hist(const uint8_t *codes, long long 
  * count. thr[0] = K, the kk-th largest key of the region; thr[1] = how many
  * keys scoring exactly K the selection takes (>= 1; kv_topk_ref takes the
  * first ones by position). The caller syncs cnt and acc first; blockDim.x
- * is a multiple of 32. */
-__device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, int kk, unsigned *rh, unsigned *sel,
-                             unsigned *thr) {
+ * is a multiple of 32. Where the region's n keys are many per tuple (n >=
+ * 64 ntup: 262144 keys at the default 4096 tuples), the largest
+ * keys are first taken a value at a time (block max below the last one, then
+ * the count of keys at it), up to 4 values: when they hold kk keys, K is the
+ * last and `take` what it adds, as the radix select finds them (one value
+ * suffices at 1M tokens, where a tuple holds ~256 keys); else the radix
+ * select runs. */
+__device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, int n, int kk, unsigned *rh,
+                             unsigned *sel, unsigned *thr) {
+    __shared__ unsigned long long r64[32];
+    if (n >= 64 * ntup) {
+        unsigned long long lim = ~0ULL, above = 0; /* keys are compared + 1: 0 is "none" */
+        for (int r = 0; r < 4; r++) {
+            unsigned long long best = 0;
+            for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
+                const unsigned long long u = (unsigned long long)kv_f2key(acc[t]) + 1;
+                if (cnt[t] && u < lim && u > best) best = u;
+            }
+            best = block_reduce(best, r64, umax_op());
+            if (!best) break;
+            unsigned long long c = 0;
+            for (int t = threadIdx.x; t < ntup; t += blockDim.x)
+                if (cnt[t] && (unsigned long long)kv_f2key(acc[t]) + 1 == best) c += cnt[t];
+            c = block_reduce(c, r64, usum_op());
+            if (above + c >= (unsigned long long)kk) {
+                if (threadIdx.x == 0) { thr[0] = (unsigned)(best - 1); thr[1] = (unsigned)(kk - above); }
+                return;
+            }
+            above += c;
+            lim = best;
+        }
+    }
     unsigned prefix = 0, mask = 0, need = (unsigned)kk;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int e = threadIdx.x; e < 256; e += blockDim.x) rh[e] = 0;
@@ -288,13 +334,15 @@ __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, in
     if (threadIdx.x == 0) { thr[0] = prefix; thr[1] = need; }
 }
 
+constexpr int PQ_TUP_PT = PQ_TUP_MAX / 1024; /* tuples per thread of pq_table_body (1024 threads) */
+
 /* The tuple table of kv head g, one block: counts (the histogram is zeroed
  * for the next search as it is read), softmax constants, the per-tuple
  * table, and the top-kk threshold over the keys (pq_threshold into thr[2g],
  * thr[2g+1]). Shared: cnt, acc [PQ_TUP_MAX], sl [2048]. The histogram and
  * the tables may come from other blocks of the same launch (pq_hist_table):
  * read through L2 (__ldcg). */
-__device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int M, int C, int ntup, float scale,
+__device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int M, int C, int ntup, int n, float scale,
                               int kk, float *mz, float *tab, unsigned *thr, unsigned *cnt, float *acc, float *sl) {
     __shared__ float redf[32];
     __shared__ double redd[32];
@@ -308,45 +356,55 @@ __device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int 
     if (lut_sm)
         for (int e = threadIdx.x; e < G * M * C; e += blockDim.x) sl[e] = __ldcg(lut + (long long)g * G * M * C + e);
     __syncthreads();
+    /* each tuple's score computed once per head and kept in registers (PQ_TUP_PT a thread: the callers launch
+     * 1024 threads), its expf once; the max, the sum and the table in the order of three passes over t */
+    const int csh = (C & (C - 1)) == 0 ? __ffs(C) - 1 : -1; /* C a power of two: shifts for the tuple's digits */
     for (int hh = 0; hh < G; hh++) {
         const int h = g * G + hh;
         const float *L = lut_sm ? sl + hh * M * C : lut + (long long)h * M * C;
+        float e[PQ_TUP_PT];
         float mx = -INFINITY;
-        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-            if (!cnt[t]) continue;
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) {
+            const int t = threadIdx.x + j * blockDim.x;
+            e[j] = 0.f;
+            if (t >= ntup) continue;
             float s = 0.f;
-            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
-            mx = fmaxf(mx, __fmul_rn(s, scale));
+            for (int m = 0, r = t; m < M; m++, r = csh >= 0 ? r >> csh : r / C)
+                s = __fadd_rn(s, L[m * C + (csh >= 0 ? r & (C - 1) : r % C)]);
+            e[j] = __fmul_rn(s, scale);
+            if (cnt[t]) mx = fmaxf(mx, e[j]);
         }
         mx = block_reduce(mx, redf, fmax_op());
         double z = 0;
-        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-            if (!cnt[t]) continue;
-            float s = 0.f;
-            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
-            z += (double)cnt[t] * (double)expf(__fmul_rn(s, scale) - mx);
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) {
+            const int t = threadIdx.x + j * blockDim.x;
+            if (t >= ntup) continue;
+            e[j] = expf(e[j] - mx);
+            if (cnt[t]) z += (double)cnt[t] * (double)e[j];
         }
         z = block_sum_d(z, redd);
         const float inv = (float)(1.0 / z);
-        for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-            float s = 0.f;
-            for (int m = 0, r = t; m < M; m++, r /= C) s = __fadd_rn(s, L[m * C + r % C]);
-            acc[t] = __fadd_rn(acc[t], __fmul_rn(expf(__fmul_rn(s, scale) - mx), inv));
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) {
+            const int t = threadIdx.x + j * blockDim.x;
+            if (t < ntup) acc[t] = __fadd_rn(acc[t], __fmul_rn(e[j], inv));
         }
         if (threadIdx.x == 0) { mz[2 * h] = mx; mz[2 * h + 1] = inv; }
     }
     __syncthreads();
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) tab[(long long)g * ntup + t] = acc[t];
-    pq_threshold(cnt, acc, ntup, kk, rh, sel, thr + 2 * g);
+    pq_threshold(cnt, acc, ntup, n, kk, rh, sel, thr + 2 * g);
 }
 
 /* One block per kv head: pq_table_body (the unfused path, KVBENCH_PQ_FUSED=0). */
-__global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup,
+__global__ void __launch_bounds__(1024) pq_table(unsigned *gh, const float *lut, int G, int M, int C, int ntup, int n,
                                                   float scale, int kk, float *mz, float *tab, unsigned *thr) {
     __shared__ unsigned cnt[PQ_TUP_MAX];
     __shared__ float acc[PQ_TUP_MAX];
     __shared__ float sl[2048];
-    pq_table_body(blockIdx.x, gh, lut, G, M, C, ntup, scale, kk, mz, tab, thr, cnt, acc, sl);
+    pq_table_body(blockIdx.x, gh, lut, G, M, C, ntup, n, scale, kk, mz, tab, thr, cnt, acc, sl);
 }
 
 /* The fused scan (one launch, grid (nbk + 1, Hkv)): blocks x < nbk build
@@ -402,7 +460,7 @@ __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
             if (sh[e]) atomicAdd(&a.gh[(long long)g * a.ntup + e], sh[e]);
     }
     if (!kv_arrives_last(&a.ctr[g], gridDim.x)) return;
-    pq_table_body(g, a.gh, a.lut, a.G, a.M, a.C, a.ntup, a.scale, a.kk, a.mz, a.tab, a.thr, sh, acc, sl);
+    pq_table_body(g, a.gh, a.lut, a.G, a.M, a.C, a.ntup, a.hi - a.lo, a.scale, a.kk, a.mz, a.tab, a.thr, sh, acc, sl);
     if (threadIdx.x == 0) a.ctr[g] = 0;
 }
 
@@ -743,7 +801,7 @@ kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int w
         else
             pq_hist<false><<<dim3(nb, p->Hkv), 1024, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->bh);
         KV_LAUNCH_CHECK();
-        pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, p->G, M, C, p->ntup, scale, kk, p->mz, p->tab, p->thr);
+        pq_table<<<p->Hkv, 1024, 0, p->st>>>(p->bh, p->lut, p->G, M, C, p->ntup, n, scale, kk, p->mz, p->tab, p->thr);
         KV_LAUNCH_CHECK();
     }
     if (!want_agg) return KV_OK;
