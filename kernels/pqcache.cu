@@ -39,7 +39,9 @@
  * power of two, and from 262144 keys a kv head on the threshold first tries
  * the top values one at a time (pq_threshold). Search, old against new in one
  * call: 48.6-48.8 -> 40.4-40.6 us at 16K, 72.0-72.9 -> 61.9-62.4 at 256K,
- * 76.8-80.1 -> 66.2-72.5 at 1M.
+ * 76.8-80.1 -> 66.2-72.5 at 1M. Tried and not kept: pq_select_fused's pass
+ * loading the codes of 8 chunks before using the first (topk at 1M
+ * 40.7-41.2 against 38.2-41.7 us, 128K 21.0-21.2 against 18.6-18.9).
  * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
