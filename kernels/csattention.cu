@@ -390,11 +390,10 @@ kv_status cs_create_go(kv_cs_gpu *g) {
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TK: expected 2048, 4096 or 8192, found '%s'", etk);
     if (g->tth != 256 && g->tth != 512)
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_TH: expected 256 or 512, found '%s'", eth);
-    const char *ethr = getenv("KVBENCH_CS_THR"), *ebnd = getenv("KVBENCH_CS_BOUNDS"), *ering = getenv("KVBENCH_CS_RING");
-    g->use_thr = !ethr || strcmp(ethr, "0");
-    g->use_bnd = !ebnd || strcmp(ebnd, "0");
-    const char *ebulk = getenv("KVBENCH_CS_BULK");
-    g->bulk = !ebulk || strcmp(ebulk, "0");
+    const char *ering = getenv("KVBENCH_CS_RING");
+    g->use_thr = kv_env_on("KVBENCH_CS_THR");
+    g->use_bnd = kv_env_on("KVBENCH_CS_BOUNDS");
+    g->bulk = kv_env_on("KVBENCH_CS_BULK");
     /* default ring 2048x3 (1024x4 where only that one exists: 256 threads, or the cp.async form) */
     g->ring = !ering ? (g->tth == 512 && g->bulk ? 1 : 0)
               : !strcmp(ering, "1024x4") ? 0 : !strcmp(ering, "2048x3") ? 1 : !strcmp(ering, "512x6") ? 2 : -1;

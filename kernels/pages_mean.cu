@@ -323,11 +323,7 @@ void pm_sizes(int max_pages, int Hkv, int *nba, int *nbz) {
 }
 
 int pm_old_path(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KVBENCH_PAGES_PIPE");
-        v = e && !strcmp(e, "0");
-    }
+    static const int v = !kv_env_on("KVBENCH_PAGES_PIPE");
     return v;
 }
 

@@ -652,15 +652,10 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
     if (threadIdx.x == 0) ctr[g] = 0; /* ready for the next launch */
 }
 
-/* 1 unless the environment variable is "0" (the switches that turn a default off). */
-int p2_env_on(const char *name) {
-    const char *e = getenv(name);
-    return !(e && !strcmp(e, "0"));
-}
 /* The pool's selections by the top-P2_KM merge network where kp <= P2_KM (KVBENCH_PAGES_KNET=0: kp rounds of block
  * argmax; read once). */
 int p2_knet() {
-    static const int on = p2_env_on("KVBENCH_PAGES_KNET");
+    static const int on = kv_env_on("KVBENCH_PAGES_KNET");
     return on;
 }
 
@@ -708,7 +703,7 @@ template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile,
  * data. A launch the driver refuses with the attribute is retried plainly. */
 template <typename... A, typename... B>
 kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args) {
-    static int pdl = p2_env_on("KVBENCH_PAGES_PDL"); /* cleared below if the driver refuses the attribute */
+    static int pdl = kv_env_on("KVBENCH_PAGES_PDL"); /* cleared below if the driver refuses the attribute */
     if (pdl) {
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

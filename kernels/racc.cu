@@ -181,8 +181,7 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
         w->rz = g->z;
         w->zld = racc_vote_zchunks(g->T);
         KV_CUDA_ALLOC(w->zp, R * (size_t)w->zld * sizeof(double), 0, "racc vote row-sum partials");
-        const char *pf = getenv("KVBENCH_RACC_PREFETCH"); /* 0: no L2 prefetch of the next key tile (comparison) */
-        w->prefetch = !(pf && !strcmp(pf, "0"));
+        w->prefetch = kv_env_on("KVBENCH_RACC_PREFETCH"); /* 0: no L2 prefetch of the next key tile (comparison) */
     }
     return KV_OK;
 }

@@ -232,7 +232,8 @@ int test_pqcache_gpu_adc_matches_cpu(void) {
  * sub-vector, so the top keys and their ties lie in every compaction block),
  * n ~ 1M (many blocks), a zero query (every key ties), k > n; at n ~ 1M the
  * threshold comes from the top values one at a time (k = 100, 1000, 8192 on
- * few tuples) or, when 4 values hold fewer than k keys (k = 2000 on 4096
+ * few tuples, where the first holds k; k = 300 on 4096 tuples, where a later
+ * one does) or, when 4 values hold fewer than k keys (k = 2000 on 4096
  * tuples), from the radix select. Each search runs twice: without the
  * per-key scores, then with them. */
 int test_pqcache_gpu_tuple_topk_matches_ref(void) {
@@ -244,6 +245,7 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
         {4, 2, 32, 2, 64, 1 << 20, 3, (1 << 20) - 5, 100, 4, 0}, {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 8192, 3, 0},
         {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 1000, 8, 1},      {2, 1, 16, 1, 16, 300000, 11, 299990, 777, 5, 0},
         {6, 3, 48, 3, 16, 200000, 0, 200000, 500, 16, 0},        {4, 2, 32, 2, 64, 50, 0, 50, 100, 2, 0},
+        {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 300, 64, 0},  /* ~256 keys a tuple: the second or third top value */
         {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 2000, 64, 0}, /* ~256 keys a tuple: the 4 top values hold < k, radix */
     };
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {

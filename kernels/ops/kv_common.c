@@ -47,6 +47,11 @@ void *kv_calloc(size_t n, size_t size, const char *what) {
     return p;
 }
 
+int kv_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && !strcmp(e, "0"));
+}
+
 double kv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -52,6 +52,9 @@ void *kv_calloc(size_t n, size_t size, const char *what);
 /* Monotonic wall clock in seconds. */
 double kv_now(void);
 
+/* 1 unless the environment variable is "0": the switches that turn a default off (KVBENCH_...=0). */
+int kv_env_on(const char *name);
+
 /* Deterministic PRNG (splitmix64 seeding + xoshiro256**), one state per
  * user: no global state. */
 typedef struct { uint64_t s[4]; } kv_rng;
