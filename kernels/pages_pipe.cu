@@ -11,10 +11,13 @@
  *    (P2_ST - 1 stages in flight per block all the time, ~4 blocks per SM,
  *    ~20 MB in flight on an H100 where ~4 MB keeps HBM busy; the older scan
  *    kept one batch of 8 channels per thread in flight and idled between
- *    batches: 61% of copy bandwidth at 1M). Each thread sums its 1 or 2
+ *    batches: 61% of copy bandwidth at 1M); a block issues its first
+ *    stages before it loads q. Each thread sums its 1 or 2
  *    pages over the channels in order for all the group's query heads (one
  *    read of the summaries per kv head), products and sums rounded as on
- *    the CPU (bitwise kv_pages_bound), then writes the bounds and the
+ *    the CPU (bitwise kv_pages_bound: one product per channel and head, of
+ *    the row q's sign picks, p2_acc says why it is the CPU's max of two),
+ *    then writes the bounds and the
  *    tile's max of scale * bound per query head. Pages past ncand are
  *    zero-filled, never read; channels past D are not summed.
  * 2. p2_zpart: per query head and chunk of P2_CHUNK pages, the chunk's sum
@@ -100,9 +103,33 @@
  * the cooperative one, 77.3 against 77.4. The pool with 2 or 4 pages a
  * thread instead of 8: 67.6-67.7 and 66.7-66.8 against 66.1-66.6 us (at 16K
  * 14.3-14.4 against 14.8-14.9). Ring shapes (stages x bytes) 7 x 8 KB, 4 x
- * 16 KB, 8 x 4 KB: 68.9-69.0, 66.2-66.5, 70.8-71.0 against 66.2 (5 x 8 KB). */
+ * 16 KB, 8 x 4 KB: 68.9-69.0, 66.2-66.5, 70.8-71.0 against 66.2 (5 x 8 KB).
+ * Session 8 (1M tokens, H100, `kvbench bench --tokens 1048576`: 1M the
+ * first length of the process; as a later length select_spec loses the ~2 us
+ * the pool's PDL launch gains, 65.0-65.7 us, cause not found: the results
+ * file's Session 8 calls; two runs each in one call): the scan with one
+ * product per channel and head (the row q's sign picks; it was two products,
+ * a compare and a select) and its first stages issued before q is loaded:
+ * bound scan 55.4-55.6 us, select_spec 63.1-63.3, against 56.1-56.3 and
+ * 65.8-66.0 for the session 7 scan; the q-load move alone 55.3 and
+ * 64.6-64.7; the one product alone (call 1, 1M after 16K and 128K) 57.6-57.8
+ * and 68.5-68.8 against 56.4-56.7 and 66.1-66.4, so the gain needs both (as
+ * a later length the final tree's select_spec is 65.0-65.7). What is
+ * left of the arithmetic: the same scan with it removed (wrong bounds, a
+ * measurement) 53.8-54.0 and 61.9-62.0. A 3 x 16 KB ring: scan 54.6 us but
+ * select_spec 63.8-64.0 (48 KB blocks leave no room for the pool's early
+ * PDL blocks). The scan's access pattern alone (a dev microbenchmark, 134 MB,
+ * the same ring with no arithmetic, 1024 blocks): 51.6 us, against 46.7 us
+ * for a plain grid-stride read of the same bytes (4 x 16 B loads a thread in
+ * flight, no barriers): the ring's per-stage barriers, not the layout (128 KB
+ * contiguous tiles 52.2 us, 1 KB rows 51.1), are what separates the two.
+ * But a ring per warp (a quarter of the bytes for its own 64 pages, a warp
+ * barrier per stage, no block barrier) was slower: bound scan 58.4-58.5 us,
+ * select_spec 66.3-66.4, against 55.5-55.7 and 63.5-63.8 for the block's ring
+ * in the same call (three runs each; 128K 20.2 against 18.3). */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,18 +190,23 @@ template <> __device__ __forceinline__ void p2_lds<float, 4>(const unsigned char
     o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
 }
 
-/* acc[h][p] += max(q_h[i] * mx[p], q_h[i] * mn[p]), rounded as the CPU (kv_pages_bound). */
-template <int GT, int PPT>
-__device__ __forceinline__ void p2_acc(float (&acc)[GT][PPT], const float *sqv, int D, int i, const float *mn,
-                                       const float *mx) {
+/* acc[h][p] += max(q_h[i] * mx[p], q_h[i] * mn[p]), rounded as the CPU (kv_pages_bound), as one product:
+ * sq[h * D + i] holds q_h[i] and the byte offset in its stage of the row that wins, the max row of
+ * channel i where q_h[i] > 0 and its min row otherwise. Bitwise the CPU's: rounding is monotone and a
+ * summary's min <= max (or both NaN), so q > 0 gives q * mx >= q * mn and the CPU takes a = q * mx unless
+ * they are equal (then b, the same value up to the sign of a zero, which acc, never -0, does not see);
+ * q < 0 gives q * mn >= q * mx, and q = 0 or NaN leaves a > b false: the CPU takes b = q * mn, as here.
+ * tests/test_temporal_gpu.c's edge cases (+0, -0, pages whose min is their max) check it. */
+template <typename TS, int GT, int PPT>
+__device__ __forceinline__ void p2_acc(float (&acc)[GT][PPT], const float2 *sq, int D, int i,
+                                       const unsigned char *row) {
 #pragma unroll
     for (int h = 0; h < GT; h++) {
-        const float qi = sqv[h * D + i];
+        const float2 qs = sq[h * D + i];
+        float v[PPT];
+        p2_lds<TS, PPT>(row + __float_as_int(qs.y), v);
 #pragma unroll
-        for (int p = 0; p < PPT; p++) {
-            const float a = __fmul_rn(qi, mx[p]), b = __fmul_rn(qi, mn[p]);
-            acc[h][p] = __fadd_rn(acc[h][p], a > b ? a : b);
-        }
+        for (int p = 0; p < PPT; p++) acc[h][p] = __fadd_rn(acc[h][p], __fmul_rn(qs.x, v[p]));
     }
 }
 
@@ -183,31 +215,48 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
                                                  int ncand, float scale, const int *flag, float *bound, float *tmax,
                                                  double *tz, int ntile) {
     using C = p2_cfg<TS, PPT>;
+    constexpr int K = P2_SB / 16 / P2_TH; /* 16-byte copies per thread and stage */
     extern __shared__ __align__(16) unsigned char p2_sm[];
     __shared__ float swm[GT][P2_TH / 32];
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * C::TP, t = threadIdx.x;
     p2_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
     if (flag && !flag[g]) return; /* the whole block: this kv head is not corrected */
-    float *sqv = (float *)(p2_sm + P2_ST * P2_SB);
-    for (int e = t; e < GT * D; e += P2_TH) sqv[e] = q[(long long)g * GT * D + e];
-    const TS *mn0 = kmin + (long long)g * D * PS + j0, *mx0 = kmax + (long long)g * D * PS + j0;
-    const int nst = (D + C::CS - 1) / C::CS;
-    auto issue = [&](int s) {
-        unsigned char *dst = p2_sm + (s % P2_ST) * P2_SB;
-        const int i0 = s * C::CS;
+    float2 *sq = (float2 *)(p2_sm + P2_ST * P2_SB);
+    /* this thread's K copies of every stage: the same row, column and shared offset each stage, the
+     * source one stage (CS channel rows) further on; a copy past D or ncand zero-fills */
+    const TS *src[K];
+    int dst[K], chk[K];
+    bool colok[K];
 #pragma unroll
-        for (int k = 0; k < P2_SB / 16 / P2_TH; k++) {
-            const int c = t + k * P2_TH, r = c / C::CPR, col = c % C::CPR;
-            const int ch = r % C::CS, i = i0 + ch, jj = col * C::EPC;
-            const bool ok = i < D && j0 + jj < ncand; /* PS is a multiple of 8 pages: no chunk crosses it */
-            const TS *src = (r < C::CS ? mn0 : mx0) + (ok ? (long long)i * PS + jj : 0);
-            p2_cp16(dst + r * C::ROWB + col * 16, src, ok ? 16 : 0);
+    for (int k = 0; k < K; k++) {
+        const int c = t + k * P2_TH, r = c / C::CPR, col = c % C::CPR, ch = r % C::CS, jj = col * C::EPC;
+        colok[k] = j0 + jj < ncand; /* PS is a multiple of 8 pages: no chunk crosses it */
+        src[k] = (r < C::CS ? kmin : kmax) + (long long)g * D * PS + (long long)ch * PS + j0 + jj;
+        dst[k] = r * C::ROWB + col * 16;
+        chk[k] = ch;
+    }
+    const long long sstep = (long long)C::CS * PS;
+    const int nst = (D + C::CS - 1) / C::CS;
+    int ws = 0; /* the ring slot the next issue writes */
+    auto issue = [&](int s) {
+        unsigned char *dstb = p2_sm + ws * P2_SB;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const bool ok = colok[k] && s * C::CS + chk[k] < D;
+            p2_cp16(dstb + dst[k], ok ? (const void *)(src[k] + s * sstep) : (const void *)kmin, ok ? 16 : 0);
         }
+        ws = ws + 1 == P2_ST ? 0 : ws + 1;
     };
 #pragma unroll
     for (int s = 0; s < P2_ST - 1; s++) {
         if (s < nst) issue(s);
         p2_commit();
+    }
+    /* q after the copies are under way: its load's latency hides behind theirs (sq is read after the
+     * loop's first barrier) */
+    for (int e = t; e < GT * D; e += P2_TH) {
+        const float qe = q[(long long)g * GT * D + e];
+        sq[e] = make_float2(qe, __int_as_float(((qe > 0.f ? C::CS : 0) + e % D % C::CS) * C::ROWB));
     }
     float acc[GT][PPT];
 #pragma unroll
@@ -215,28 +264,20 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
 #pragma unroll
         for (int p = 0; p < PPT; p++) acc[h][p] = 0.f;
     const int off = t * PPT * (int)sizeof(TS);
+    int rs = 0; /* the ring slot stage s is in */
     for (int s = 0; s < nst; s++) {
         p2_wait<P2_ST - 2>(); /* stage s has landed (this thread's copies) */
         __syncthreads();      /* everyone's copies of stage s, and everyone is done with stage s - 1 */
         if (s + P2_ST - 1 < nst) issue(s + P2_ST - 1); /* into stage s - 1's buffer */
         p2_commit();
-        const unsigned char *sb = p2_sm + (s % P2_ST) * P2_SB + off;
+        const unsigned char *sb = p2_sm + rs * P2_SB + off;
+        rs = rs + 1 == P2_ST ? 0 : rs + 1;
         const int i0 = s * C::CS;
         if (i0 + C::CS <= D) {
 #pragma unroll
-            for (int ch = 0; ch < C::CS; ch++) {
-                float mn[PPT], mx[PPT];
-                p2_lds<TS, PPT>(sb + ch * C::ROWB, mn);
-                p2_lds<TS, PPT>(sb + (C::CS + ch) * C::ROWB, mx);
-                p2_acc<GT, PPT>(acc, sqv, D, i0 + ch, mn, mx);
-            }
+            for (int ch = 0; ch < C::CS; ch++) p2_acc<TS, GT, PPT>(acc, sq, D, i0 + ch, sb);
         } else {
-            for (int ch = 0; ch < D - i0; ch++) {
-                float mn[PPT], mx[PPT];
-                p2_lds<TS, PPT>(sb + ch * C::ROWB, mn);
-                p2_lds<TS, PPT>(sb + (C::CS + ch) * C::ROWB, mx);
-                p2_acc<GT, PPT>(acc, sqv, D, i0 + ch, mn, mx);
-            }
+            for (int ch = 0; ch < D - i0; ch++) p2_acc<TS, GT, PPT>(acc, sq, D, i0 + ch, sb);
         }
     }
     const int lane = t & 31, w = t >> 5, jt = j0 + t * PPT;
@@ -672,7 +713,7 @@ int p2_zmode() {
 }
 
 template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, int ntile, cudaStream_t st) {
-    const size_t sm = (size_t)P2_ST * P2_SB + (size_t)GT * a->D * sizeof(float);
+    const size_t sm = (size_t)P2_ST * P2_SB + (size_t)GT * a->D * sizeof(float2);
     static bool attr = false; /* one instantiation, one device: set once */
     if (!attr) {
         KV_CUDA_TRY(cudaFuncSetAttribute(p2_scan<TS, GT, PPT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -715,8 +756,11 @@ kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args
         cfg.stream = st;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        if (cudaLaunchKernelEx(&cfg, k, args...) == cudaSuccess) return KV_OK;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+        if (e == cudaSuccess) return KV_OK;
         (void)cudaGetLastError(); /* not sticky: fall back to a plain launch */
+        fprintf(stderr, "kvbench: pages GPU: a launch with programmatic dependent launch refused (%s, grid %u x %u): "
+                "plain launches from now on\n", cudaGetErrorString(e), grid.x, grid.y);
         pdl = 0;
     }
     k<<<grid, P2_RT, 0, st>>>(args...);
@@ -762,7 +806,7 @@ template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cud
 kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
     const int G = a->G, ncand = a->ncand;
     if (a->PS % 8) return kv_fail(KV_ERR_INTERNAL, "pages GPU: page stride %lld not a multiple of 8", a->PS);
-    if ((size_t)G * a->D * sizeof(float) > 48 * 1024)
+    if ((size_t)G * a->D * sizeof(float2) > 48 * 1024)
         return kv_fail(KV_ERR_INPUT, "pages GPU: group x head_dim too large (%d x %d)", G, a->D);
     const int ppt = p2_ppt(ncand, a->Hkv), tp = P2_TH * ppt;
     const int ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;

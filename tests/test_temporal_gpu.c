@@ -200,8 +200,13 @@ int test_racc_gpu_matches_cpu(void) {
  * groups of 1, 2, 4, 8; one page per thread and more; one chunk and many,
  * so the last-block merge; a head dimension with a channel tail; float32
  * and float16 summaries; kp <= 4 through the pool's top-4 merge network, larger kp through its argmax
- * rounds) and the unfused path (kp 17 > PM_KMAX, group of 3). */
-typedef struct { int Hq, Hkv, D, page, npages, kp, half; } pm_case; /* half: float16 keys and summaries (the bench's) */
+ * rounds) and the unfused path (kp 17 > PM_KMAX, group of 3); two cases
+ * with edge values (see pm_case.edge). */
+typedef struct {
+    int Hq, Hkv, D, page, npages, kp, half; /* half: float16 keys and summaries (the bench's) */
+    int edge; /* keys on a grid of 0.5 (pages whose min equals max, +0 and -0) and q with +0, -0 entries: the cases
+               * where the scan's one product per channel (the row q's sign picks) must still be the CPU's max */
+} pm_case;
 
 static int pool_mean_case(const pm_case *c, uint64_t seed) {
     const int Hq = c->Hq, Hkv = c->Hkv, D = c->D, G = Hq / Hkv, page = c->page, T = page * c->npages, P = c->npages;
@@ -214,9 +219,13 @@ static int pool_mean_case(const pm_case *c, uint64_t seed) {
     CHECK(k && q && gb && mn && mx && cb && pool && pages && ri, "out of memory");
     for (size_t e = 0; e < (size_t)Hkv * T * D; e++) {
         k[e] = (float)kv_rng_normal(&r);
+        if (c->edge) k[e] = roundf(k[e] * 2.f) * 0.5f * (e % 3 ? 1.f : 1e-3f); /* -0 where a small negative rounds */
         if (c->half) k[e] = kv_half_to_float(kv_float_to_half(k[e])); /* the float16 summaries are then exact */
     }
-    for (size_t e = 0; e < (size_t)Hq * D; e++) q[e] = 2.0f * (float)kv_rng_normal(&r);
+    for (size_t e = 0; e < (size_t)Hq * D; e++) {
+        q[e] = 2.0f * (float)kv_rng_normal(&r);
+        if (c->edge && e % 5 == 0) q[e] = e % 10 ? 0.f : -0.f;
+    }
     for (int g = 0; g < Hkv; g++)
         for (int j = 0; j < P; j++)
             for (int i = 0; i < D; i++) {
@@ -264,17 +273,19 @@ int test_freekv_gpu_group_mean_pages(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
     CHECK(&kv_quest_cuda, "built without CUDA");
     static const pm_case cs[] = {
-        {8, 2, 64, 16, 700, 7, 0},     /* G 4, one page per thread, one chunk */
-        {16, 8, 32, 1, 40000, 16, 0},  /* G 2, four pages per thread, 20 chunks merged */
-        {8, 8, 44, 4, 5000, 5, 0},     /* G 1, channel tail (44 = 5 x 8 + 4) */
-        {16, 2, 64, 8, 3000, 16, 0},   /* G 8 */
-        {16, 8, 128, 32, 9000, 3, 0},  /* the bench's shape, FreeKV's defaults */
-        {8, 2, 64, 16, 700, 17, 0},    /* kp > PM_KMAX: the older path */
-        {12, 4, 32, 16, 600, 6, 0},    /* G 3: the older path */
-        {16, 8, 128, 32, 700, 3, 1},  /* float16 summaries, one page per thread (pages_pipe.cu) */
-        {16, 8, 64, 1, 16400, 5, 1},  /* float16, two pages per thread (>= 512 tiles), a partial tile, 9 chunks */
-        {16, 8, 128, 32, 40000, 4, 1}, /* kp = 4, the most the top-4 merge network takes, 20 chunks */
-        {8, 8, 44, 4, 5000, 1, 0},     /* kp = 1 through the network, G 1 */
+        {8, 2, 64, 16, 700, 7, 0, 0},     /* G 4, one page per thread, one chunk */
+        {16, 8, 32, 1, 40000, 16, 0, 0},  /* G 2, four pages per thread, 20 chunks merged */
+        {8, 8, 44, 4, 5000, 5, 0, 0},     /* G 1, channel tail (44 = 5 x 8 + 4) */
+        {16, 2, 64, 8, 3000, 16, 0, 0},   /* G 8 */
+        {16, 8, 128, 32, 9000, 3, 0, 0},  /* the bench's shape, FreeKV's defaults */
+        {8, 2, 64, 16, 700, 17, 0, 0},    /* kp > PM_KMAX: the older path */
+        {12, 4, 32, 16, 600, 6, 0, 0},    /* G 3: the older path */
+        {16, 8, 128, 32, 700, 3, 1, 0},  /* float16 summaries, one page per thread (pages_pipe.cu) */
+        {16, 8, 64, 1, 16400, 5, 1, 0},  /* float16, two pages per thread (>= 512 tiles), a partial tile, 9 chunks */
+        {16, 8, 128, 32, 40000, 4, 1, 0}, /* kp = 4, the most the top-4 merge network takes, 20 chunks */
+        {8, 8, 44, 4, 5000, 1, 0, 0},     /* kp = 1 through the network, G 1 */
+        {16, 8, 128, 1, 16400, 3, 1, 1}, /* edge values, float16, page 1 (every min equals its max), 2 pages a thread */
+        {8, 2, 64, 16, 700, 7, 0, 1},    /* edge values, float32, page 16 */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         int rc = pool_mean_case(&cs[i], 31 + i);
