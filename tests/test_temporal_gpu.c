@@ -204,8 +204,11 @@ int test_racc_gpu_matches_cpu(void) {
  * with edge values (see pm_case.edge). */
 typedef struct {
     int Hq, Hkv, D, page, npages, kp, half; /* half: float16 keys and summaries (the bench's) */
-    int edge; /* keys on a grid of 0.5 (pages whose min equals max, +0 and -0) and q with +0, -0 entries: the cases
-               * where the scan's one product per channel (the row q's sign picks) must still be the CPU's max */
+    /* edge: keys on a grid of 0.5 (+0 and -0 among them; with page 1 every min is its max), q with +0 and -0
+     * entries, and where page > 1 a key of +inf in channel 0 every 7 tokens, a channel whose q is +-0 in every
+     * head. There the CPU's max(q * mx, q * mn) is q * mn (0 * inf is NaN, and NaN > b is false), so the scan's
+     * one product per channel must take the min row for q = +-0: a rule q >= 0 -> max row gives NaN bounds. */
+    int edge;
 } pm_case;
 
 static int pool_mean_case(const pm_case *c, uint64_t seed) {
@@ -220,11 +223,12 @@ static int pool_mean_case(const pm_case *c, uint64_t seed) {
     for (size_t e = 0; e < (size_t)Hkv * T * D; e++) {
         k[e] = (float)kv_rng_normal(&r);
         if (c->edge) k[e] = roundf(k[e] * 2.f) * 0.5f * (e % 3 ? 1.f : 1e-3f); /* -0 where a small negative rounds */
+        if (c->edge && page > 1 && e % D == 0 && e / D % 7 == 0) k[e] = INFINITY; /* every page keeps a finite min */
         if (c->half) k[e] = kv_half_to_float(kv_float_to_half(k[e])); /* the float16 summaries are then exact */
     }
     for (size_t e = 0; e < (size_t)Hq * D; e++) {
         q[e] = 2.0f * (float)kv_rng_normal(&r);
-        if (c->edge && e % 5 == 0) q[e] = e % 10 ? 0.f : -0.f;
+        if (c->edge && (e % 5 == 0 || e % D == 0)) q[e] = e % 2 ? -0.f : 0.f;
     }
     for (int g = 0; g < Hkv; g++)
         for (int j = 0; j < P; j++)
