@@ -123,6 +123,7 @@ typedef struct {
     int T;
     kv_gpu_keys *K, *V; /* GPU: float16 stores */
     float *hk, *hv;     /* CPU: [Hkv][T][D] */
+    void *stream;       /* GPU: the one stream every length and method is timed on (kv_gpu_bench_stream_create) */
 } bench_data;
 
 /* Generates segment `seg` (tokens [seg*SEG, ...)) chunk by chunk into the stores. */
@@ -259,7 +260,7 @@ static kv_status bench_method(const bench_opts *o, const bench_data *bd, const f
         return kv_fail(KV_ERR_INPUT, "bench --method %s: this method has no GPU bench (its CUDA path is missing); "
                                      "--device cpu times its C reference", r->m->name);
     kv_gpu_bench_spec spec = {.Hq = o->Hq, .Hkv = o->Hkv, .n = bd->T, .D = o->D, .k = o->k, .reps = o->reps,
-                              .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D)};
+                              .warmup = o->warmup, .scale = 1.0f / sqrtf((float)o->D), .stream = bd->stream};
     kv_shape sh = bench_shape(o, bd->T, 1);
     return r->m->bench_gpu(&sh, &r->ps, &spec, bd->K, bd->V, q, out);
 }
@@ -324,6 +325,8 @@ int cmd_bench(int argc, char **argv) {
            "GB/s", use_gpu ? "%copy" : "", "note");
     size_t l2 = 0, flush = 0;
     char notes[16][sizeof ((kv_gpu_stages *)0)->bytes_note] = {{0}}; /* one per method (at most 16), as long as the hook's */
+    void *stream = NULL; /* one for the process, as a decode loop has: see kv_gpu_bench_stream_create */
+    if (use_gpu) st = kv_gpu_bench_stream_create(&stream);
     for (int li = 0; li < o.n_tokens && st == KV_OK; li++) {
         bench_opts ol = o; /* this length's options: k clamped to the retrievable region [0, T) */
         if (ol.k > o.tokens[li]) {
@@ -331,7 +334,7 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "kvbench: warning: --k %d is larger than --tokens %d: the search retrieves every position; "
                             "the effective budget at this length is %d\n", o.k, o.tokens[li], ol.k);
         }
-        bench_data bd = {.o = &ol, .T = o.tokens[li]};
+        bench_data bd = {.o = &ol, .T = o.tokens[li], .stream = stream};
         float *q = kv_malloc((size_t)o.Hq * o.D * sizeof(float), "bench queries");
         double g0 = kv_now();
         st = q ? gen_query(&o, q) : KV_ERR_NOMEM;
@@ -373,6 +376,7 @@ int cmd_bench(int argc, char **argv) {
         kv_gpu_keys_destroy(bd.V);
         free(bd.hk); free(bd.hv); free(q);
     }
+    kv_gpu_bench_stream_destroy(stream);
     for (int mi = 0; mi < n_runs && st == KV_OK; mi++)
         printf("bytes, %s: %s\n", runs[mi].m->name, notes[mi]);
     if (st == KV_OK && use_gpu)

@@ -92,9 +92,9 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     kv_gpu_timing t[8];
-    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0)); /* the build is long: 3 runs */
+    KV_TRY(x.begin(s->reps < 3 ? s->reps : 3, 0, s->stream)); /* the build is long: 3 runs */
     KV_TRY(x.time([&]() { return cs_build_lists(g, &K->a, n); }, &t[0]));
-    KV_TRY(x.begin(s->reps, s->warmup));
+    KV_TRY(x.begin(s->reps, s->warmup, s->stream));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + g->tkeys - 1) / g->tkeys;
     if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);

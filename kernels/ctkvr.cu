@@ -702,9 +702,9 @@ kv_status ct_bench_go(kv_mbench<kv_ct_gpu> &x, const kv_gpu_bench_spec *s, const
     const char *brs = getenv("KVBENCH_CTKVR_BUILD_REPS");
     int br = brs ? atoi(brs) : 3;
     br = br < 1 ? 1 : br > 3 ? 3 : br;
-    KV_TRY(x.begin(s->reps < br ? s->reps : br, 0));
+    KV_TRY(x.begin(s->reps < br ? s->reps : br, 0, s->stream));
     KV_TRY(x.time([&]() { return ct_build_lists(g, C, n); }, &t[0]));
-    KV_TRY(x.begin(s->reps, s->warmup));
+    KV_TRY(x.begin(s->reps, s->warmup, s->stream));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int nmax = cp * bp->rho < n ? cp * bp->rho : n, k = s->k;
     /* the staged path stage by stage: recall (cosines + top C'), gather (dedup), rerank (scores, lse, ranking +

@@ -634,7 +634,7 @@ kv_status mp_bench_build(kv_mp_gpu *m, const kv_gpu_keys *keys, int n, double *s
 
 kv_status mp_bench_go(mp_bench_ctx *c, const kv_gpu_bench_spec *s, int K, int L, int minc, const float *proj,
                       const kv_gpu_keys *keys, const float *q, kv_gpu_stages *out) {
-    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup, s->stream));
     KV_TRY(kv_mp_gpu_create(s->Hq, s->Hkv, s->n, s->D, K, L, proj, &c->m));
     kv_mp_gpu *m = c->m;
     cudaStream_t st = c->tm.st;

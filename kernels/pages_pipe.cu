@@ -105,9 +105,9 @@
  * 14.3-14.4 against 14.8-14.9). Ring shapes (stages x bytes) 7 x 8 KB, 4 x
  * 16 KB, 8 x 4 KB: 68.9-69.0, 66.2-66.5, 70.8-71.0 against 66.2 (5 x 8 KB).
  * Session 8 (1M tokens, H100, `kvbench bench --tokens 1048576`: 1M the
- * first length of the process; as a later length select_spec loses the ~2 us
- * the pool's PDL launch gains, 65.0-65.7 us, cause not found: the results
- * file's Session 8 calls; two runs each in one call): the scan with one
+ * first length of the process; as a later length select_spec lost the ~2 us
+ * the pool's PDL launch gains, 65.0-65.7 us, because the bench made a new
+ * stream per length: session 9 below; two runs each in one call): the scan with one
  * product per channel and head (the row q's sign picks; it was two products,
  * a compare and a select) and its first stages issued before q is loaded:
  * bound scan 55.4-55.6 us, select_spec 63.1-63.3, against 56.1-56.3 and
@@ -121,12 +121,32 @@
  * PDL blocks). The scan's access pattern alone (a dev microbenchmark, 134 MB,
  * the same ring with no arithmetic, 1024 blocks): 51.6 us, against 46.7 us
  * for a plain grid-stride read of the same bytes (4 x 16 B loads a thread in
- * flight, no barriers): the ring's per-stage barriers, not the layout (128 KB
- * contiguous tiles 52.2 us, 1 KB rows 51.1), are what separates the two.
- * But a ring per warp (a quarter of the bytes for its own 64 pages, a warp
- * barrier per stage, no block barrier) was slower: bound scan 58.4-58.5 us,
+ * flight, no barriers): not the layout (128 KB contiguous tiles 52.2 us,
+ * 1 KB rows 51.1), and not the per-stage block barriers either, as session 9
+ * found (the copy-engine ring below has none and scans as fast). A ring per
+ * warp (a quarter of the bytes for its own 64 pages, a warp barrier per
+ * stage, no block barrier) was slower: bound scan 58.4-58.5 us,
  * select_spec 66.3-66.4, against 55.5-55.7 and 63.5-63.8 for the block's ring
- * in the same call (three runs each; 128K 20.2 against 18.3). */
+ * in the same call (three runs each; 128K 20.2 against 18.3).
+ * Session 9 (H100, `kvbench bench --method freekv --tokens
+ * 16384,131072,1048576`, three runs each in one call, select_spec at 1M):
+ * the order effect was the benchmark's, not the kernels': a kv_bench_timer
+ * made and destroyed its stream per length, and PDL gained nothing on the
+ * streams made for the later lengths (why, inside the driver, is not known:
+ * not device memory reuse, CUDA_DEVICE_MAX_CONNECTIONS or lazy module
+ * loading, each tried); with one stream for the whole
+ * process (kv_gpu_bench_stream_create) every length gets the overlap (1M
+ * three times in one process: 63.4-63.6 us each, against 63.2-63.8 then
+ * 64.8-65.8). Tried and not kept: the ring fed by the copy engine (a fifth
+ * warp issuing one cp.async.bulk per channel row, full and empty mbarriers
+ * per stage, no block barrier): bound scan 55.4-55.6 against 55.6-55.7, but
+ * select_spec 63.8-64.1 against 63.4-63.8, and at 16K a 12.8-12.9 us scan
+ * against 9.1; pool blocks of 512 threads x 8 or 4 pages a thread, or 256 x
+ * 16, against 256 x 8: 66.0-66.2, 64.5-64.7, 65.4-65.6 against 63.5-63.7;
+ * scan blocks of 256 threads (512-page tiles; or 256-page tiles, one page a
+ * thread): 63.8-63.9 and 66.1-66.2 against 63.3-63.7 (16K 17.0-17.2 against
+ * 15.2-15.3); 4 pages a scan thread (KVBENCH_PAGES_PPT=4, 512 blocks of
+ * 512-page tiles): 63.1-64.2 at 1M but 21.3 us at 16K. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>

@@ -919,7 +919,7 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
                       const float *q, double beta, double rho, int multi, kv_gpu_stages *out) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int n = spec->n, R = c->rows;
-    KV_TRY(kv_bench_timer_init(tm, spec->reps, spec->warmup));
+    KV_TRY(kv_bench_timer_init(tm, spec->reps, spec->warmup, spec->stream));
     cudaStream_t st = tm->st;
     const size_t cnt_bytes = (size_t)c->Hkv * c->nb * p->nc * 4;
     auto encode = [&]() -> kv_status {

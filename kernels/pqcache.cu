@@ -1001,8 +1001,8 @@ kv_status pq_bench_go(pq_bench_ctx *c, const kv_gpu_bench_spec *s, int M, int C,
     const int n = s->n;
     KV_TRY(kv_pq_gpu_create(s->Hq, s->Hkv, n, s->D, M, C, &c->p));
     kv_pq_gpu *p = c->p;
-    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
-    KV_TRY(kv_bench_timer_init(&c->tb, 3, 1)); /* k-means: a whole build per repetition */
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup, s->stream));
+    KV_TRY(kv_bench_timer_init(&c->tb, 3, 1, s->stream)); /* k-means: a whole build per repetition */
     KV_CUDA_ALLOC(c->w.x, (size_t)s->Hkv * n * s->D * sizeof(float), 0, "k-means keys");
     KV_TRY(pq_alloc_ws(p, &c->w, n));
     const long long gs = (long long)K->a.T * K->a.D, xs = (long long)n * s->D;

@@ -546,7 +546,7 @@ kv_status quest_bench_go(quest_bench_ctx *c, const kv_gpu_bench_spec *s, int pag
     kp = kp < 1 ? 1 : kp > np ? np : kp;
     KV_TRY(kv_quest_gpu_create(s->Hq, s->Hkv, n, s->D, page, 0, np, K->a.half, &c->g));
     kv_quest_gpu *g = c->g;
-    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup, s->stream));
     c->own = g->st;
     g->st = c->tm.st;
     const long long gs = (long long)K->a.T * K->a.D;

@@ -325,7 +325,7 @@ static kv_status racc_bench_go(kv_racc_gpu *g, const kv_gpu_bench_spec *s, doubl
     r = r < 1 ? 1 : r > n / 2 ? n / 2 : r;
     if (r > KV_GPU_TOPK_MAX) r = KV_GPU_TOPK_MAX;
     kv_bench_timer tm = {};
-    st = kv_bench_timer_init(&tm, s->reps, s->warmup);
+    st = kv_bench_timer_init(&tm, s->reps, s->warmup, s->stream);
     cudaStream_t own = g->st;
     g->st = tm.st;
     kv_gpu_timing t[2] = {};

@@ -7,7 +7,12 @@
  * 3x the L2 size, so a stage never finds its keys, values or scores in L2
  * (in decode, the other layers' traffic evicts them between two steps of a
  * layer); a read, not a memset, so L2 holds no dirty lines whose write-back
- * the timed stage would pay for. The copy bandwidth the report compares
+ * the timed stage would pay for. Every timer of a `kvbench bench` process
+ * launches on one stream the command makes once (kv_gpu_bench_stream_create),
+ * as a decode loop launches on one long-lived stream: with a stream made and
+ * destroyed per length, the lengths after the first lost the overlap of
+ * programmatic dependent launches (FreeKV's select_spec at 1M, 63.4 against
+ * 64.8-65.8 us; session 9). The copy bandwidth the report compares
  * against is a device-to-device cudaMemcpy, bytes read plus written. */
 #include <string.h>
 
@@ -26,7 +31,7 @@ __global__ void kv_flush_kernel(const uint4 *p, size_t n, unsigned *sink) {
 
 }  // namespace
 
-kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup) {
+kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup, void *stream) {
     *t = kv_bench_timer{};
     t->reps = reps < 1 ? 1 : reps;
     t->warmup = warmup < 0 ? 0 : warmup;
@@ -37,7 +42,12 @@ kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup) {
     KV_CUDA_ALLOC(t->flush, fb, 0, "the L2 flush buffer");
     KV_CUDA_ALLOC(t->sink, sizeof(unsigned), 0, "the L2 flush sink");
     KV_CUDA_TRY(cudaMemset(t->flush, 0x5a, fb));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&t->st, cudaStreamNonBlocking));
+    if (stream) {
+        t->st = (cudaStream_t)stream;
+        t->borrowed = 1;
+    } else {
+        KV_CUDA_TRY(cudaStreamCreateWithFlags(&t->st, cudaStreamNonBlocking));
+    }
     t->ev = (cudaEvent_t *)kv_calloc((size_t)2 * t->reps, sizeof(cudaEvent_t), "bench events");
     t->ms = (float *)kv_malloc((size_t)t->reps * sizeof(float), "bench times");
     if (!t->ev || !t->ms) return KV_ERR_NOMEM;
@@ -56,7 +66,7 @@ void kv_bench_timer_free(kv_bench_timer *t) {
     free(t->ms);
     cudaFree(t->flush);
     cudaFree(t->sink);
-    if (t->st) cudaStreamDestroy(t->st);
+    if (t->st && !t->borrowed) cudaStreamDestroy(t->st);
     *t = kv_bench_timer{};
 }
 
@@ -109,7 +119,7 @@ kv_status kv_bench_stage(kv_bench_ctx *c, int which) {
 
 kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
     const kv_gpu_bench_spec *s = c->s;
-    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup));
+    KV_TRY(kv_bench_timer_init(&c->tm, s->reps, s->warmup, s->stream));
     const size_t n = (size_t)s->n, kk = (size_t)(s->k < s->n ? s->k : s->n);
     KV_CUDA_ALLOC(c->q, (size_t)s->Hq * s->D * sizeof(float), 0, "bench queries");
     KV_CUDA_ALLOC(c->S, (size_t)s->Hq * n * sizeof(float), 0, "bench scores");
@@ -176,6 +186,20 @@ kv_status kv_copy_go(kv_copy_ctx *c, size_t bytes, int reps, double *gbs) {
     return KV_OK;
 }
 }  // namespace
+
+extern "C" kv_status kv_gpu_bench_stream_create(void **out) {
+    cudaStream_t st = NULL;
+    *out = NULL;
+    KV_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    *out = (void *)st;
+    return KV_OK;
+}
+
+extern "C" void kv_gpu_bench_stream_destroy(void *st) {
+    if (!st) return;
+    cudaStreamSynchronize((cudaStream_t)st);
+    cudaStreamDestroy((cudaStream_t)st);
+}
 
 extern "C" kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs) {
     *gbs = 0;

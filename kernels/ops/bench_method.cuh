@@ -2,10 +2,11 @@
  * (kernels/csattention.cu and kernels/ctkvr.cu share it; issue 9 asked to
  * fold their copies). The method state S has a stream member `st` its
  * launchers use; a timing phase borrows it: begin() makes a kv_bench_timer
- * (reps, warm-up) and points g->st at the timer's stream, end() puts the
- * state's own stream back and frees the timer. kv_mbench_run zeroes the
- * output, runs the hook's body and then, whether it failed or not, ends
- * the open phase and destroys the state. */
+ * (reps, warm-up; on the bench process's stream when the spec has one) and
+ * points g->st at the timer's stream, end() puts the state's own stream back
+ * and frees the timer. kv_mbench_run zeroes the output, runs the hook's body
+ * and then, whether it failed or not, ends the open phase and destroys the
+ * state. */
 #ifndef KV_BENCH_METHOD_CUH
 #define KV_BENCH_METHOD_CUH
 
@@ -19,9 +20,9 @@ template <class S> struct kv_mbench {
     cudaStream_t own = nullptr;
     bool on = false;
 
-    kv_status begin(int reps, int warmup) {
+    kv_status begin(int reps, int warmup, void *stream) {
         end();
-        KV_TRY(kv_bench_timer_init(&tm, reps, warmup));
+        KV_TRY(kv_bench_timer_init(&tm, reps, warmup, stream));
         own = g->st;
         g->st = tm.st;
         on = true;

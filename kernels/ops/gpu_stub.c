@@ -153,6 +153,13 @@ kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, con
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
+kv_status kv_gpu_bench_stream_create(void **out) {
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+void kv_gpu_bench_stream_destroy(void *st) { (void)st; }
+
 kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs) {
     (void)bytes; (void)reps;
     *gbs = 0;

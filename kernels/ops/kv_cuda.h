@@ -208,10 +208,13 @@ kv_status kv_exact_launch(const kv_dev_kv *K, const float *q, int Hq, float scal
 
 /* ---- stage timing for benchmarks (bench.cu) ---- */
 /* A stream, a flush buffer of >= 3x L2 (read before every repetition, so a
- * stage never finds its inputs in L2) and 2*reps CUDA events. */
+ * stage never finds its inputs in L2) and 2*reps CUDA events. The stream is
+ * the bench process's (kv_gpu_bench_spec.stream, borrowed: not destroyed)
+ * when one is given, else the timer's own. */
 typedef struct {
     kv_cuda_dev dev;
     cudaStream_t st;
+    int borrowed;
     uint4 *flush;
     size_t flush_n;
     unsigned *sink;
@@ -219,7 +222,7 @@ typedef struct {
     int nev, reps, warmup;
     float *ms;
 } kv_bench_timer;
-kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup);
+kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup, void *stream);
 void kv_bench_timer_free(kv_bench_timer *t);
 kv_status kv_bench_flush(kv_bench_timer *t);
 /* Median and p90 of the repetitions' event times. */

@@ -181,7 +181,15 @@ kv_status kv_gpu_topk_host(const float *scores, int R, int n, int k, int base, i
 typedef struct {
     int Hq, Hkv, n, D, k, reps, warmup;
     float scale;
+    void *stream; /* the bench process's stream (kv_gpu_bench_stream_create), on which every timer of every
+                     length and method launches; NULL: each timer makes and destroys its own */
 } kv_gpu_bench_spec;
+/* One non-blocking CUDA stream for a whole `kvbench bench` process. A decode
+ * loop launches on one long-lived stream; a stream destroyed and created
+ * again per length lost FreeKV's programmatic-dependent-launch overlap on
+ * every length after the first (about 2 us of 65 at 1M, session 9). */
+kv_status kv_gpu_bench_stream_create(void **out);
+void kv_gpu_bench_stream_destroy(void *st);
 typedef struct {
     double med_us, p90_us;
 } kv_gpu_timing;
