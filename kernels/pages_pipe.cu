@@ -114,7 +114,7 @@
  * 65.8-66.0 for the session 7 scan; the q-load move alone 55.3 and
  * 64.6-64.7; the one product alone (call 1, 1M after 16K and 128K) 57.6-57.8
  * and 68.5-68.8 against 56.4-56.7 and 66.1-66.4, so the gain needs both (as
- * a later length the final tree's select_spec is 65.0-65.7). What is
+ * a later length, on the stream made per length, 65.0-65.7). What is
  * left of the arithmetic: the same scan with it removed (wrong bounds, a
  * measurement) 53.8-54.0 and 61.9-62.0. A 3 x 16 KB ring: scan 54.6 us but
  * select_spec 63.8-64.0 (48 KB blocks leave no room for the pool's early
