@@ -78,7 +78,6 @@ template <typename TS, int GT, int PPT>
 __global__ void __launch_bounds__(PM_TH) pm_bounds(const TS *kmin, const TS *kmax, long long PS, const float *q, int D,
                                                    int ncand, float scale, float *bound, float *bmax, int nba) {
     extern __shared__ float sqv[];
-    __shared__ float swm[GT][PM_TH / 32];
     const int g = blockIdx.y;
     for (int e = threadIdx.x; e < GT * D; e += blockDim.x) sqv[e] = q[(long long)g * GT * D + e];
     __syncthreads();
@@ -109,26 +108,8 @@ __global__ void __launch_bounds__(PM_TH) pm_bounds(const TS *kmin, const TS *kma
             pm_acc<GT, PPT>(acc, sqv, D, i, mn, mx);
         }
     }
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int h = 0; h < GT; h++) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int p = 0; p < PPT; p++)
-            if (j0 + p < ncand) {
-                bound[(long long)(g * GT + h) * PS + j0 + p] = acc[h][p];
-                m = fmaxf(m, __fmul_rn(scale, acc[h][p]));
-            }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) swm[h][w] = m;
-    }
-    __syncthreads();
-    if (threadIdx.x < GT) {
-        float m = swm[threadIdx.x][0];
-        for (int k = 1; k < PM_TH / 32; k++) m = fmaxf(m, swm[threadIdx.x][k]);
-        bmax[(long long)(g * GT + threadIdx.x) * nba + blockIdx.x] = m;
-    }
+    pm_tile_out<GT, PPT, PM_TH>(acc, g, blockIdx.x, blockIdx.x * PM_TH * PPT, PS, ncand, scale, bound, bmax, nullptr,
+                                nba);
 }
 
 /* Max of the nba block maxima of head h (every thread gets it). */

@@ -49,4 +49,59 @@ int pm_old_path(void);
 kv_status pm_softmax_pool_launch(const float *bound, long long PS, int ncand, float scale, int Hq, int Hkv, float *mz,
                                  float *pooled, cudaStream_t st);
 
+#ifdef __CUDACC__
+/* A scan block's output: its threads' bounds (pages before ncand), the tile's max of scale * bound per query
+ * head, and (tz non-NULL) the tile's softmax partial against that max (the pool rescales it to the head's: no
+ * barrier there). PPT consecutive pages a thread from j0 + t * PPT, NT threads a block. The scans of
+ * pages_pipe.cu and pages_mean.cu share it. */
+template <int GT, int PPT, int NT>
+__device__ __forceinline__ void pm_tile_out(const float (&acc)[GT][PPT], int g, int tile, int j0, long long PS,
+                                            int ncand, float scale, float *bound, float *tmax, double *tz, int ntile) {
+    __shared__ float swm[GT][NT / 32];
+    __shared__ float stm[GT];
+    __shared__ double swz[GT][NT / 32];
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, jt = j0 + t * PPT;
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int p = 0; p < PPT; p++)
+            if (jt + p < ncand) {
+                bound[(long long)(g * GT + h) * PS + jt + p] = acc[h][p];
+                m = fmaxf(m, __fmul_rn(scale, acc[h][p]));
+            }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) swm[h][w] = m;
+    }
+    __syncthreads();
+    if (t < GT) {
+        float m = swm[t][0];
+#pragma unroll
+        for (int k = 1; k < NT / 32; k++) m = fmaxf(m, swm[t][k]);
+        tmax[(long long)(g * GT + t) * ntile + tile] = m;
+        stm[t] = m;
+    }
+    if (!tz) return;
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        double z = 0;
+#pragma unroll
+        for (int p = 0; p < PPT; p++)
+            if (jt + p < ncand) z += (double)expf(__fmul_rn(scale, acc[h][p]) - stm[h]);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+        if (lane == 0) swz[h][w] = z;
+    }
+    __syncthreads();
+    if (t < GT) {
+        double z = swz[t][0];
+#pragma unroll
+        for (int k = 1; k < NT / 32; k++) z += swz[t][k];
+        tz[(long long)(g * GT + t) * ntile + tile] = z;
+    }
+}
+#endif
+
 #endif

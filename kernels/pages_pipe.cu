@@ -3,7 +3,16 @@
  * two short launches (1 and 3 below; three with KVBENCH_PAGES_FUSE=0); the default path of pm_launch (kernels/pages_mean.cu
  * keeps the older one, KVBENCH_PAGES_PIPE=0 selects it).
  *
- * 1. p2_scan: one block per tile of TP = 128 or 256 consecutive pages of
+ * 1. The bound scan, p2_rscan where its 512-page tiles give >= 256 blocks
+ *    (from 524288 tokens at page 32 and 8 kv heads) and the launch is not a
+ *    correction (that keeps the ring: p2_rppt says why; KVBENCH_PAGES_RSCAN=0|2|4
+ *    forces the ring, or the register scan with 256- or 512-page tiles):
+ *    each thread loads its 4 pages' min and max rows straight into
+ *    registers, 8 channels a batch, two batches in flight (see p2_rscan),
+ *    no shared-memory ring and no block barrier; at 1M tokens its scan is
+ *    ~6 us faster than the ring's and, capped at 96 registers, leaves room
+ *    on every SM for one early (PDL) pool block. Below that, p2_scan:
+ *    one block per tile of TP = 128 or 256 consecutive pages of
  *    one kv head (1024 blocks at 1M tokens, page 32, 8 kv heads, against
  *    512 for the older scan; KVBENCH_PAGES_PPT=1|2|4 forces 128, 256 or 512
  *    pages, to measure the choice): the tile's channel rows of min and max stream
@@ -146,12 +155,31 @@
  * scan blocks of 256 threads (512-page tiles; or 256-page tiles, one page a
  * thread): 63.8-63.9 and 66.1-66.2 against 63.3-63.7 (16K 17.0-17.2 against
  * 15.2-15.3); 4 pages a scan thread (KVBENCH_PAGES_PPT=4, 512 blocks of
- * 512-page tiles): 63.1-64.2 at 1M but 21.3 us at 16K. */
+ * 512-page tiles): 63.1-64.2 at 1M but 21.3 us at 16K.
+ * Session 10 (H100, `kvbench bench --method freekv`, three interleaved runs
+ * each in one call, select_spec / bound scan in us): p2_rscan, the scan
+ * without the ring. At 1M with 106 registers (4 blocks an SM): scan
+ * 49.2-49.8 against the ring's 55.4-55.7, but select_spec only 61.7-62.2
+ * against 63.4-63.8: its blocks filled the register file, so the pool's PDL
+ * blocks waited for scan blocks to end (tail 12.3 us against 7.9). Capped at
+ * 96 registers (__launch_bounds__ 5 blocks, 4 blocks an SM and one pool
+ * block beside them): 56.8-57.4 at 1M (78-79% of copy bandwidth) against
+ * 62.0-62.2 uncapped and 63.4-63.8 for the ring in the same call; 4-channel
+ * batches (72 registers) 57.3-57.5; 2 pages a thread (1024 blocks, 4-byte
+ * loads) scan 51.2-51.4; __ldg instead of the evict-first __ldcs: scan
+ * 52.0-52.4, select_spec 64.5-64.8. The ring stays below 256 blocks: at
+ * 262144 tokens (128 blocks) 22.3 against 26.5-26.6, at 524288 (256) the
+ * register scan 34.8-35.1 against 38.0-38.5; at 16K and 128K it has too few
+ * blocks (16.7-17.4 against 11.0-11.2 at 128K). The correction keeps the
+ * ring (p2_rppt says why). The final tree's device_check: select_spec 15.1
+ * / 18.0 / 56.8 us at 16K / 128K / 1M (79.2% at 1M), bound scan 49.3. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/kv_cuda.h"
 #include "pages_mean.cuh"
@@ -185,6 +213,9 @@ __device__ __forceinline__ void p2_commit() { asm volatile("cp.async.commit_grou
  * p2_dep_wait), and wait for the previous kernel's completion and memory; both no-ops without PDL. */
 __device__ __forceinline__ void p2_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void p2_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/* The register scan's loads: streaming (evict-first in L2, where the bounds the pool reads back live; __ldg
+ * made the scan ~3 us slower at 1M, session 10). */
+template <typename R> __device__ __forceinline__ R p2_ldr(const R *p) { return __ldcs(p); }
 template <int N> __device__ __forceinline__ void p2_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <typename TS, int PPT> __device__ __forceinline__ void p2_lds(const unsigned char *p, float *o);
@@ -237,7 +268,6 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
     using C = p2_cfg<TS, PPT>;
     constexpr int K = P2_SB / 16 / P2_TH; /* 16-byte copies per thread and stage */
     extern __shared__ __align__(16) unsigned char p2_sm[];
-    __shared__ float swm[GT][P2_TH / 32];
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * C::TP, t = threadIdx.x;
     p2_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
     if (flag && !flag[g]) return; /* the whole block: this kv head is not corrected */
@@ -300,50 +330,74 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
             for (int ch = 0; ch < D - i0; ch++) p2_acc<TS, GT, PPT>(acc, sq, D, i0 + ch, sb);
         }
     }
-    const int lane = t & 31, w = t >> 5, jt = j0 + t * PPT;
+    pm_tile_out<GT, PPT, P2_TH>(acc, g, tile, j0, PS, ncand, scale, bound, tmax, tz, ntile);
+}
+
+/* The register scan's raw loads: PPT summaries of one channel row (8 or 4 bytes of __half, 16 or 8 of float). */
+template <typename TS, int PPT> struct p2_raw;
+template <> struct p2_raw<__half, 2> { using type = unsigned; };
+template <> struct p2_raw<__half, 4> { using type = uint2; };
+template <> struct p2_raw<float, 2> { using type = uint2; };
+template <> struct p2_raw<float, 4> { using type = uint4; };
+
+/* p2_rscan: the bound scan with the summaries loaded straight into registers (no shared-memory ring): a thread
+ * owns PPT consecutive pages, a block of P2_TH threads a tile of P2_TH * PPT, and the thread reads its pages'
+ * min and max rows CB channels at a time into one of two register buffers while it sums the other one, so
+ * 2 x CB rows of min and max per thread are in flight between the sums (no block barrier, nothing staged
+ * in shared memory but q). Sums, products and the row the sign of q picks as p2_acc (bitwise the CPU's);
+ * output as p2_scan (pm_tile_out). Needs D % (2 * CB) == 0. Pages past ncand in a thread's last load are
+ * the summaries' padding (PS is a multiple of 8 pages), read and never written; a thread wholly past ncand
+ * reads page 0's rows. At most 96 registers for groups of 2 (104 for 1, whose pool block is smaller): four
+ * blocks an SM then leave room for one block of p2_pool_topk, whose PDL launch is resident before the scan
+ * ends (the pool's ~8 us instead of ~12 after the scan at 1M; groups of 4 and 8 would spill). */
+template <typename TS, int GT, int PPT, int CB>
+__global__ void __launch_bounds__(P2_TH, GT == 2 ? 5 : 4)
+    p2_rscan(const TS *kmin, const TS *kmax, long long PS, const float *q, int D, int ncand, float scale,
+             const int *flag, float *bound, float *tmax, double *tz, int ntile) {
+    using R = typename p2_raw<TS, PPT>::type;
+    extern __shared__ __align__(16) unsigned char p2_sm[];
+    float *sq = (float *)p2_sm; /* [GT][D] */
+    const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * P2_TH * PPT, t = threadIdx.x, jt = j0 + t * PPT;
+    p2_dep_launch();
+    if (flag && !flag[g]) return;
+    const long long rs = PS / PPT, base = ((long long)g * D * PS + (jt < ncand ? jt : 0)) / PPT;
+    const R *pn = (const R *)kmin + base, *px = (const R *)kmax + base;
+    R n0[CB], x0[CB], n1[CB], x1[CB];
+    auto load = [&](R (&n)[CB], R (&x)[CB], int i0) {
 #pragma unroll
-    for (int h = 0; h < GT; h++) {
-        float m = -INFINITY;
+        for (int c = 0; c < CB; c++) {
+            n[c] = p2_ldr(pn + (i0 + c) * rs);
+            x[c] = p2_ldr(px + (i0 + c) * rs);
+        }
+    };
+    float acc[GT][PPT];
+    auto sum = [&](const R (&n)[CB], const R (&x)[CB], int i0) {
 #pragma unroll
-        for (int p = 0; p < PPT; p++)
-            if (jt + p < ncand) {
-                bound[(long long)(g * GT + h) * PS + jt + p] = acc[h][p];
-                m = fmaxf(m, __fmul_rn(scale, acc[h][p]));
+        for (int c = 0; c < CB; c++)
+#pragma unroll
+            for (int h = 0; h < GT; h++) {
+                const float qh = sq[h * D + i0 + c];
+                const R r = qh > 0.f ? x[c] : n[c];
+                float v[PPT];
+                p2_lds<TS, PPT>((const unsigned char *)&r, v);
+#pragma unroll
+                for (int p = 0; p < PPT; p++) acc[h][p] = __fadd_rn(acc[h][p], __fmul_rn(qh, v[p]));
             }
+    };
+    load(n0, x0, 0); /* the first rows before q: q's latency hides behind theirs */
+    for (int e = t; e < GT * D; e += P2_TH) sq[e] = q[(long long)g * GT * D + e];
 #pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) swm[h][w] = m;
-    }
+    for (int h = 0; h < GT; h++)
+#pragma unroll
+        for (int p = 0; p < PPT; p++) acc[h][p] = 0.f;
     __syncthreads();
-    __shared__ float stm[GT];
-    if (t < GT) {
-        float m = swm[t][0];
-#pragma unroll
-        for (int k = 1; k < P2_TH / 32; k++) m = fmaxf(m, swm[t][k]);
-        tmax[(long long)(g * GT + t) * ntile + tile] = m;
-        stm[t] = m;
+    for (int i0 = 0; i0 < D; i0 += 2 * CB) {
+        load(n1, x1, i0 + CB);
+        sum(n0, x0, i0);
+        if (i0 + 2 * CB < D) load(n0, x0, i0 + 2 * CB);
+        sum(n1, x1, i0 + CB);
     }
-    if (!tz) return;
-    /* the tile's softmax partial against its own max (the pool rescales it to the head's: no barrier there) */
-    __shared__ double swz[GT][P2_TH / 32];
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < GT; h++) {
-        double z = 0;
-#pragma unroll
-        for (int p = 0; p < PPT; p++)
-            if (jt + p < ncand) z += (double)expf(__fmul_rn(scale, acc[h][p]) - stm[h]);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-        if (lane == 0) swz[h][w] = z;
-    }
-    __syncthreads();
-    if (t < GT) {
-        double z = swz[t][0];
-#pragma unroll
-        for (int k = 1; k < P2_TH / 32; k++) z += swz[t][k];
-        tz[(long long)(g * GT + t) * ntile + tile] = z;
-    }
+    pm_tile_out<GT, PPT, P2_TH>(acc, g, tile, j0, PS, ncand, scale, bound, tmax, tz, ntile);
 }
 
 /* Block-wide max of v (every thread gets it). */
@@ -749,14 +803,34 @@ template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, i
     return KV_OK;
 }
 
-template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile, cudaStream_t st) {
-    switch (a->G) {
-    case 1: return p2_scan_go<TS, 1, PPT>(a, ntile, st);
-    case 2: return p2_scan_go<TS, 2, PPT>(a, ntile, st);
-    case 4: return p2_scan_go<TS, 4, PPT>(a, ntile, st);
-    case 8: return p2_scan_go<TS, 8, PPT>(a, ntile, st);
-    default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", a->G);
+constexpr int P2_RB = 64; /* p2_rscan: bytes of min rows (and as many of max rows) per thread and load batch */
+template <typename TS, int PPT> constexpr int p2_rcb() { return P2_RB / (PPT * (int)sizeof(TS)); }
+
+template <typename TS, int GT, int PPT> kv_status p2_rscan_go(const pm_args *a, int ntile, cudaStream_t st) {
+    p2_rscan<TS, GT, PPT, p2_rcb<TS, PPT>()><<<dim3(ntile, a->Hkv), P2_TH, (size_t)GT * a->D * sizeof(float), st>>>(
+        (const TS *)a->kmin, (const TS *)a->kmax, a->PS, a->q, a->D, a->ncand, a->scale, a->flag, a->bound, a->bmax,
+        p2_zmode() == 2 ? a->tz : nullptr, ntile);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
+/* f(std::integral_constant<int, G>) for the group sizes the kernels are built for (1, 2, 4, 8). */
+template <class F> kv_status p2_by_group(int G, F &&f) {
+    switch (G) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", G);
     }
+}
+
+template <typename TS, int PPT> kv_status p2_rscan_g(const pm_args *a, int ntile, cudaStream_t st) {
+    return p2_by_group(a->G, [&](auto gt) { return p2_rscan_go<TS, decltype(gt)::value, PPT>(a, ntile, st); });
+}
+
+template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile, cudaStream_t st) {
+    return p2_by_group(a->G, [&](auto gt) { return p2_scan_go<TS, decltype(gt)::value, PPT>(a, ntile, st); });
 }
 
 /* Launch with programmatic stream serialization (PDL) unless KVBENCH_PAGES_PDL=0 (read once): the
@@ -800,6 +874,25 @@ int p2_ppt(int ncand, int Hkv) {
     return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
 }
 
+/* The register scan's pages per thread, or 0 for the ring: KVBENCH_PAGES_RSCAN=0|2|4 (an experiment knob, read
+ * once), else 4 when D suits its batches and that gives >= 256 blocks (1M tokens, page 32, 8 kv heads: 512
+ * blocks of 512 pages), else 0; and 0 for a correction (flag non-NULL), where only the blocks of the kv heads
+ * that fire work: one head's 64 tiles of 512 pages scan slower than its 128 ring tiles of 256 (at 1M, one head
+ * corrected 34.9 us against 29.5, all eight 67.0 against 73.5; session 10, one call), and on the real traces
+ * 6-41% of a kv head's steps correct, so few heads fire at once. */
+int p2_rppt(int ncand, int Hkv, int D, int half, const int *flag) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KVBENCH_PAGES_RSCAN");
+        env = e && (!strcmp(e, "0") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : -2;
+    }
+    const int cb2 = 2 * (half ? p2_rcb<__half, 2>() : p2_rcb<float, 2>()); /* the largest 2 x CB */
+    if (D % cb2) return 0;
+    if (env != -2) return env;
+    if (flag) return 0;
+    return (long long)((ncand + 4 * P2_TH - 1) / (4 * P2_TH)) * Hkv >= 256 ? 4 : 0;
+}
+
 template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cudaStream_t st) {
     static int cap = -1;
     int zm = p2_zmode();
@@ -828,11 +921,14 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
     if (a->PS % 8) return kv_fail(KV_ERR_INTERNAL, "pages GPU: page stride %lld not a multiple of 8", a->PS);
     if ((size_t)G * a->D * sizeof(float2) > 48 * 1024)
         return kv_fail(KV_ERR_INPUT, "pages GPU: group x head_dim too large (%d x %d)", G, a->D);
-    const int ppt = p2_ppt(ncand, a->Hkv), tp = P2_TH * ppt;
-    const int ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
+    const int rppt = p2_rppt(ncand, a->Hkv, a->D, a->half, a->flag), ppt = rppt ? rppt : p2_ppt(ncand, a->Hkv);
+    const int tp = P2_TH * ppt, ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
     if (which <= 0) {
         kv_status s;
-        if (a->half)
+        if (rppt)
+            s = a->half ? (rppt == 4 ? p2_rscan_g<__half, 4>(a, ntile, st) : p2_rscan_g<__half, 2>(a, ntile, st))
+                        : (rppt == 4 ? p2_rscan_g<float, 4>(a, ntile, st) : p2_rscan_g<float, 2>(a, ntile, st));
+        else if (a->half)
             s = ppt == 4 ? p2_scan_g<__half, 4>(a, ntile, st)
                 : ppt == 2 ? p2_scan_g<__half, 2>(a, ntile, st) : p2_scan_g<__half, 1>(a, ntile, st);
         else
@@ -840,14 +936,7 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
                 : ppt == 2 ? p2_scan_g<float, 2>(a, ntile, st) : p2_scan_g<float, 1>(a, ntile, st);
         KV_TRY(s);
     }
-    if (which != 0) {
-        switch (G) {
-        case 1: return p2_pool_go<1>(a, ntile, nbz, st);
-        case 2: return p2_pool_go<2>(a, ntile, nbz, st);
-        case 4: return p2_pool_go<4>(a, ntile, nbz, st);
-        case 8: return p2_pool_go<8>(a, ntile, nbz, st);
-        default: return kv_fail(KV_ERR_INTERNAL, "pages GPU: group of %d", G);
-        }
-    }
+    if (which != 0)
+        return p2_by_group(G, [&](auto gt) { return p2_pool_go<decltype(gt)::value>(a, ntile, nbz, st); });
     return KV_OK;
 }

@@ -197,7 +197,9 @@ int test_racc_gpu_matches_cpu(void) {
  * where their CPU pooled scores agree within 1e-6 relative (CUDA's expf is
  * within 2 ulp of glibc's). The shapes cover the fused path
  * (kernels/pages_pipe.cu, or pages_mean.cu under KVBENCH_PAGES_PIPE=0:
- * groups of 1, 2, 4, 8; one page per thread and more; one chunk and many,
+ * groups of 1, 2, 4, 8; the ring scan and, from 256 scan blocks, the
+ * register scan (KVBENCH_PAGES_RSCAN=0|4 forces either on every case:
+ * scripts/device_check.sh runs these tests so); one chunk and many,
  * so the last-block merge; a head dimension with a channel tail; float32
  * and float16 summaries; kp <= 4 through the pool's top-4 merge network, larger kp through its argmax
  * rounds) and the unfused path (kp 17 > PM_KMAX, group of 3); two cases
@@ -278,17 +280,18 @@ int test_freekv_gpu_group_mean_pages(void) {
     CHECK(&kv_quest_cuda, "built without CUDA");
     static const pm_case cs[] = {
         {8, 2, 64, 16, 700, 7, 0, 0},     /* G 4, one page per thread, one chunk */
-        {16, 8, 32, 1, 40000, 16, 0, 0},  /* G 2, four pages per thread, 20 chunks merged */
+        {16, 8, 32, 1, 40000, 16, 0, 0},  /* G 2, the register scan (float32, >= 256 blocks), 20 chunks merged */
         {8, 8, 44, 4, 5000, 5, 0, 0},     /* G 1, channel tail (44 = 5 x 8 + 4) */
         {16, 2, 64, 8, 3000, 16, 0, 0},   /* G 8 */
         {16, 8, 128, 32, 9000, 3, 0, 0},  /* the bench's shape, FreeKV's defaults */
         {8, 2, 64, 16, 700, 17, 0, 0},    /* kp > PM_KMAX: the older path */
         {12, 4, 32, 16, 600, 6, 0, 0},    /* G 3: the older path */
         {16, 8, 128, 32, 700, 3, 1, 0},  /* float16 summaries, one page per thread (pages_pipe.cu) */
-        {16, 8, 64, 1, 16400, 5, 1, 0},  /* float16, two pages per thread (>= 512 tiles), a partial tile, 9 chunks */
-        {16, 8, 128, 32, 40000, 4, 1, 0}, /* kp = 4, the most the top-4 merge network takes, 20 chunks */
+        {16, 8, 64, 1, 16400, 5, 1, 0},  /* float16, the register scan (264 blocks), a partial tile, 9 chunks */
+        {16, 8, 128, 2, 40000, 4, 1, 0},  /* kp = 4, the most the top-4 merge network takes, 20 chunks, register scan
+                                           * (page 2: 80000 keys; at page 32, 1.28M keys, the test took ~100 s) */
         {8, 8, 44, 4, 5000, 1, 0, 0},     /* kp = 1 through the network, G 1 */
-        {16, 8, 128, 1, 16400, 3, 1, 1}, /* edge values, float16, page 1 (every min equals its max), 2 pages a thread */
+        {16, 8, 128, 1, 16400, 3, 1, 1}, /* edge values, float16, page 1 (every min equals its max), register scan */
         {8, 2, 64, 16, 700, 7, 0, 1},    /* edge values, float32, page 16 */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {

@@ -33,6 +33,7 @@ __global__ void kv_flush_kernel(const uint4 *p, size_t n, unsigned *sink) {
 
 kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup, void *stream) {
     *t = kv_bench_timer{};
+    if (!stream) return kv_fail(KV_ERR_INTERNAL, "bench timer: no stream (kv_gpu_bench_stream_create makes it)");
     t->reps = reps < 1 ? 1 : reps;
     t->warmup = warmup < 0 ? 0 : warmup;
     KV_TRY(kv_cuda_dev_query(&t->dev));
@@ -42,12 +43,7 @@ kv_status kv_bench_timer_init(kv_bench_timer *t, int reps, int warmup, void *str
     KV_CUDA_ALLOC(t->flush, fb, 0, "the L2 flush buffer");
     KV_CUDA_ALLOC(t->sink, sizeof(unsigned), 0, "the L2 flush sink");
     KV_CUDA_TRY(cudaMemset(t->flush, 0x5a, fb));
-    if (stream) {
-        t->st = (cudaStream_t)stream;
-        t->borrowed = 1;
-    } else {
-        KV_CUDA_TRY(cudaStreamCreateWithFlags(&t->st, cudaStreamNonBlocking));
-    }
+    t->st = (cudaStream_t)stream;
     t->ev = (cudaEvent_t *)kv_calloc((size_t)2 * t->reps, sizeof(cudaEvent_t), "bench events");
     t->ms = (float *)kv_malloc((size_t)t->reps * sizeof(float), "bench times");
     if (!t->ev || !t->ms) return KV_ERR_NOMEM;
@@ -66,7 +62,6 @@ void kv_bench_timer_free(kv_bench_timer *t) {
     free(t->ms);
     cudaFree(t->flush);
     cudaFree(t->sink);
-    if (t->st && !t->borrowed) cudaStreamDestroy(t->st);
     *t = kv_bench_timer{};
 }
 

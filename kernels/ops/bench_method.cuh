@@ -2,7 +2,7 @@
  * (kernels/csattention.cu and kernels/ctkvr.cu share it; issue 9 asked to
  * fold their copies). The method state S has a stream member `st` its
  * launchers use; a timing phase borrows it: begin() makes a kv_bench_timer
- * (reps, warm-up; on the bench process's stream when the spec has one) and
+ * (reps, warm-up; on the bench process's stream) and
  * points g->st at the timer's stream, end() puts the state's own stream back
  * and frees the timer. kv_mbench_run zeroes the output, runs the hook's body
  * and then, whether it failed or not, ends the open phase and destroys the

@@ -209,12 +209,11 @@ kv_status kv_exact_launch(const kv_dev_kv *K, const float *q, int Hq, float scal
 /* ---- stage timing for benchmarks (bench.cu) ---- */
 /* A stream, a flush buffer of >= 3x L2 (read before every repetition, so a
  * stage never finds its inputs in L2) and 2*reps CUDA events. The stream is
- * the bench process's (kv_gpu_bench_spec.stream, borrowed: not destroyed)
- * when one is given, else the timer's own. */
+ * the bench process's (kv_gpu_bench_spec.stream; the timer does not destroy
+ * it). */
 typedef struct {
     kv_cuda_dev dev;
     cudaStream_t st;
-    int borrowed;
     uint4 *flush;
     size_t flush_n;
     unsigned *sink;
