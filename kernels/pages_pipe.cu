@@ -5,8 +5,8 @@
  *
  * 1. The bound scan, p2_rscan where its 512-page tiles give >= 256 blocks
  *    (from 524288 tokens at page 32 and 8 kv heads) and the launch is not a
- *    correction (that keeps the ring: p2_rppt says why; KVBENCH_PAGES_RSCAN=0|2|4
- *    forces the ring, or the register scan with 256- or 512-page tiles):
+ *    correction (that keeps the ring: p2_use_rscan says why; KVBENCH_PAGES_RSCAN=0|1
+ *    forces the ring or the register scan):
  *    each thread loads its 4 pages' min and max rows straight into
  *    registers, 8 channels a batch, two batches in flight (see p2_rscan),
  *    no shared-memory ring and no block barrier; at 1M tokens its scan is
@@ -171,8 +171,10 @@
  * 262144 tokens (128 blocks) 22.3 against 26.5-26.6, at 524288 (256) the
  * register scan 34.8-35.1 against 38.0-38.5; at 16K and 128K it has too few
  * blocks (16.7-17.4 against 11.0-11.2 at 128K). The correction keeps the
- * ring (p2_rppt says why). The final tree's device_check: select_spec 15.1
- * / 18.0 / 56.8 us at 16K / 128K / 1M (79.2% at 1M), bound scan 49.3. */
+ * ring (p2_use_rscan says why). The 2-page register scan was a knob
+ * (KVBENCH_PAGES_RSCAN=2) for these calls, removed afterwards. The final
+ * tree's device_check: select_spec 15.2 / 18.0 / 56.8 us at 16K / 128K / 1M
+ * (79.2% at 1M), bound scan 49.4. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -333,28 +335,30 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
     pm_tile_out<GT, PPT, P2_TH>(acc, g, tile, j0, PS, ncand, scale, bound, tmax, tz, ntile);
 }
 
-/* The register scan's raw loads: PPT summaries of one channel row (8 or 4 bytes of __half, 16 or 8 of float). */
-template <typename TS, int PPT> struct p2_raw;
-template <> struct p2_raw<__half, 2> { using type = unsigned; };
-template <> struct p2_raw<__half, 4> { using type = uint2; };
-template <> struct p2_raw<float, 2> { using type = uint2; };
-template <> struct p2_raw<float, 4> { using type = uint4; };
+constexpr int P2_RPPT = 4; /* p2_rscan: pages per thread (a tile of P2_TH * P2_RPPT = 512 pages) */
+constexpr int P2_RB = 64;  /* p2_rscan: bytes of min rows (and as many of max rows) per thread and load batch */
+template <typename TS> __host__ __device__ constexpr int p2_rcb() { return P2_RB / (P2_RPPT * (int)sizeof(TS)); }
+/* The register scan's raw loads: P2_RPPT summaries of one channel row (8 bytes of __half, 16 of float). */
+template <typename TS> struct p2_raw;
+template <> struct p2_raw<__half> { using type = uint2; };
+template <> struct p2_raw<float> { using type = uint4; };
 
 /* p2_rscan: the bound scan with the summaries loaded straight into registers (no shared-memory ring): a thread
- * owns PPT consecutive pages, a block of P2_TH threads a tile of P2_TH * PPT, and the thread reads its pages'
- * min and max rows CB channels at a time into one of two register buffers while it sums the other one, so
- * 2 x CB rows of min and max per thread are in flight between the sums (no block barrier, nothing staged
- * in shared memory but q). Sums, products and the row the sign of q picks as p2_acc (bitwise the CPU's);
+ * owns PPT = P2_RPPT consecutive pages, a block of P2_TH threads a tile of P2_TH * PPT, and the thread reads
+ * its pages' min and max rows CB = p2_rcb channels at a time into one of two register buffers while it sums
+ * the other one, so 2 x CB rows of min and max per thread are in flight between the sums (no block barrier,
+ * nothing staged in shared memory but q). Sums, products and the row the sign of q picks as p2_acc (bitwise the CPU's);
  * output as p2_scan (pm_tile_out). Needs D % (2 * CB) == 0. Pages past ncand in a thread's last load are
  * the summaries' padding (PS is a multiple of 8 pages), read and never written; a thread wholly past ncand
  * reads page 0's rows. At most 96 registers for groups of 2 (104 for 1, whose pool block is smaller): four
  * blocks an SM then leave room for one block of p2_pool_topk, whose PDL launch is resident before the scan
  * ends (the pool's ~8 us instead of ~12 after the scan at 1M; groups of 4 and 8 would spill). */
-template <typename TS, int GT, int PPT, int CB>
+template <typename TS, int GT>
 __global__ void __launch_bounds__(P2_TH, GT == 2 ? 5 : 4)
     p2_rscan(const TS *kmin, const TS *kmax, long long PS, const float *q, int D, int ncand, float scale,
              const int *flag, float *bound, float *tmax, double *tz, int ntile) {
-    using R = typename p2_raw<TS, PPT>::type;
+    constexpr int PPT = P2_RPPT, CB = p2_rcb<TS>();
+    using R = typename p2_raw<TS>::type;
     extern __shared__ __align__(16) unsigned char p2_sm[];
     float *sq = (float *)p2_sm; /* [GT][D] */
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * P2_TH * PPT, t = threadIdx.x, jt = j0 + t * PPT;
@@ -803,11 +807,8 @@ template <typename TS, int GT, int PPT> kv_status p2_scan_go(const pm_args *a, i
     return KV_OK;
 }
 
-constexpr int P2_RB = 64; /* p2_rscan: bytes of min rows (and as many of max rows) per thread and load batch */
-template <typename TS, int PPT> constexpr int p2_rcb() { return P2_RB / (PPT * (int)sizeof(TS)); }
-
-template <typename TS, int GT, int PPT> kv_status p2_rscan_go(const pm_args *a, int ntile, cudaStream_t st) {
-    p2_rscan<TS, GT, PPT, p2_rcb<TS, PPT>()><<<dim3(ntile, a->Hkv), P2_TH, (size_t)GT * a->D * sizeof(float), st>>>(
+template <typename TS, int GT> kv_status p2_rscan_go(const pm_args *a, int ntile, cudaStream_t st) {
+    p2_rscan<TS, GT><<<dim3(ntile, a->Hkv), P2_TH, (size_t)GT * a->D * sizeof(float), st>>>(
         (const TS *)a->kmin, (const TS *)a->kmax, a->PS, a->q, a->D, a->ncand, a->scale, a->flag, a->bound, a->bmax,
         p2_zmode() == 2 ? a->tz : nullptr, ntile);
     KV_LAUNCH_CHECK();
@@ -825,8 +826,8 @@ template <class F> kv_status p2_by_group(int G, F &&f) {
     }
 }
 
-template <typename TS, int PPT> kv_status p2_rscan_g(const pm_args *a, int ntile, cudaStream_t st) {
-    return p2_by_group(a->G, [&](auto gt) { return p2_rscan_go<TS, decltype(gt)::value, PPT>(a, ntile, st); });
+template <typename TS> kv_status p2_rscan_g(const pm_args *a, int ntile, cudaStream_t st) {
+    return p2_by_group(a->G, [&](auto gt) { return p2_rscan_go<TS, decltype(gt)::value>(a, ntile, st); });
 }
 
 template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile, cudaStream_t st) {
@@ -874,23 +875,22 @@ int p2_ppt(int ncand, int Hkv) {
     return (long long)((ncand + 2 * P2_TH - 1) / (2 * P2_TH)) * Hkv >= 512 ? 2 : 1;
 }
 
-/* The register scan's pages per thread, or 0 for the ring: KVBENCH_PAGES_RSCAN=0|2|4 (an experiment knob, read
- * once), else 4 when D suits its batches and that gives >= 256 blocks (1M tokens, page 32, 8 kv heads: 512
- * blocks of 512 pages), else 0; and 0 for a correction (flag non-NULL), where only the blocks of the kv heads
- * that fire work: one head's 64 tiles of 512 pages scan slower than its 128 ring tiles of 256 (at 1M, one head
- * corrected 34.9 us against 29.5, all eight 67.0 against 73.5; session 10, one call), and on the real traces
- * 6-41% of a kv head's steps correct, so few heads fire at once. */
-int p2_rppt(int ncand, int Hkv, int D, int half, const int *flag) {
+/* 1: the scan is p2_rscan, 0: the ring (p2_scan). Never where D is not a multiple of two load batches; else
+ * KVBENCH_PAGES_RSCAN=0|1 (an experiment knob, read once) decides, or by default the register scan where its
+ * tiles give >= 256 blocks (1M tokens, page 32, 8 kv heads: 512 blocks of 512 pages) and the launch is not a
+ * correction (flag non-NULL). There only the blocks of the kv heads that fire work, and one head's 64 tiles
+ * of 512 pages scan slower than its 128 ring tiles of 256 (at 1M, one head corrected 34.9 us against 29.5,
+ * all eight 67.0 against 73.5; session 10, one call); results/real-traces.md has the traces' correction
+ * rates, at which few heads fire at once. */
+int p2_use_rscan(int ncand, int Hkv, int D, int half, const int *flag) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("KVBENCH_PAGES_RSCAN");
-        env = e && (!strcmp(e, "0") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : -2;
+        env = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
     }
-    const int cb2 = 2 * (half ? p2_rcb<__half, 2>() : p2_rcb<float, 2>()); /* the largest 2 x CB */
-    if (D % cb2) return 0;
-    if (env != -2) return env;
-    if (flag) return 0;
-    return (long long)((ncand + 4 * P2_TH - 1) / (4 * P2_TH)) * Hkv >= 256 ? 4 : 0;
+    if (D % (2 * (half ? p2_rcb<__half>() : p2_rcb<float>()))) return 0;
+    if (env != 2) return env;
+    return !flag && (long long)((ncand + P2_RPPT * P2_TH - 1) / (P2_RPPT * P2_TH)) * Hkv >= 256;
 }
 
 template <int GT> kv_status p2_pool_go(const pm_args *a, int ntile, int nbz, cudaStream_t st) {
@@ -921,13 +921,13 @@ kv_status pm2_launch(const pm_args *a, int which, cudaStream_t st) {
     if (a->PS % 8) return kv_fail(KV_ERR_INTERNAL, "pages GPU: page stride %lld not a multiple of 8", a->PS);
     if ((size_t)G * a->D * sizeof(float2) > 48 * 1024)
         return kv_fail(KV_ERR_INPUT, "pages GPU: group x head_dim too large (%d x %d)", G, a->D);
-    const int rppt = p2_rppt(ncand, a->Hkv, a->D, a->half, a->flag), ppt = rppt ? rppt : p2_ppt(ncand, a->Hkv);
+    const int rscan = p2_use_rscan(ncand, a->Hkv, a->D, a->half, a->flag);
+    const int ppt = rscan ? P2_RPPT : p2_ppt(ncand, a->Hkv);
     const int tp = P2_TH * ppt, ntile = (ncand + tp - 1) / tp, nbz = (ncand + P2_CHUNK - 1) / P2_CHUNK;
     if (which <= 0) {
         kv_status s;
-        if (rppt)
-            s = a->half ? (rppt == 4 ? p2_rscan_g<__half, 4>(a, ntile, st) : p2_rscan_g<__half, 2>(a, ntile, st))
-                        : (rppt == 4 ? p2_rscan_g<float, 4>(a, ntile, st) : p2_rscan_g<float, 2>(a, ntile, st));
+        if (rscan)
+            s = a->half ? p2_rscan_g<__half>(a, ntile, st) : p2_rscan_g<float>(a, ntile, st);
         else if (a->half)
             s = ppt == 4 ? p2_scan_g<__half, 4>(a, ntile, st)
                 : ppt == 2 ? p2_scan_g<__half, 2>(a, ntile, st) : p2_scan_g<__half, 1>(a, ntile, st);

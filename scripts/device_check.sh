@@ -136,7 +136,7 @@ LAST=${TOKENS##*,}
     pariskv:KVBENCH_CUDA_GRAPHS=0 pqcache:KVBENCH_CUDA_GRAPHS=0 pariskv:KVBENCH_PK_FUSED=1 pqcache:KVBENCH_PQ_FUSED=0 \
     csattention:KVBENCH_CS_REDUCE=staged csattention:KVBENCH_CS_BULK=0 csattention:KVBENCH_CS_SWEEP=1 ctkvr:KVBENCH_CTKVR_TRACE=1 ctkvr:KVBENCH_CTKVR_DIST=0 \
     freekv:KVBENCH_PAGES_PIPE=0 freekv:KVBENCH_PAGES_FUSE=0 freekv:KVBENCH_PAGES_FUSE=1 freekv:KVBENCH_PAGES_RSCAN=0 \
-    freekv:KVBENCH_PAGES_RSCAN=4 racc:KVBENCH_RACC_VOTE=fused; do
+    freekv:KVBENCH_PAGES_RSCAN=1 racc:KVBENCH_RACC_VOTE=fused; do
     m=${v%%:*}; e=${v#*:}
     case ",$METHODS," in *",$m,"*)
         echo "-- $m with $e" | tee -a "$OUT/bench_variants.log"

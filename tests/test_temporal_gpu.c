@@ -198,7 +198,7 @@ int test_racc_gpu_matches_cpu(void) {
  * within 2 ulp of glibc's). The shapes cover the fused path
  * (kernels/pages_pipe.cu, or pages_mean.cu under KVBENCH_PAGES_PIPE=0:
  * groups of 1, 2, 4, 8; the ring scan and, from 256 scan blocks, the
- * register scan (KVBENCH_PAGES_RSCAN=0|4 forces either on every case:
+ * register scan (KVBENCH_PAGES_RSCAN=0|1 forces either on every case:
  * scripts/device_check.sh runs these tests so); one chunk and many,
  * so the last-block merge; a head dimension with a channel tail; float32
  * and float16 summaries; kp <= 4 through the pool's top-4 merge network, larger kp through its argmax
@@ -288,6 +288,7 @@ int test_freekv_gpu_group_mean_pages(void) {
         {12, 4, 32, 16, 600, 6, 0, 0},    /* G 3: the older path */
         {16, 8, 128, 32, 700, 3, 1, 0},  /* float16 summaries, one page per thread (pages_pipe.cu) */
         {16, 8, 64, 1, 16400, 5, 1, 0},  /* float16, the register scan (264 blocks), a partial tile, 9 chunks */
+        {16, 8, 40, 1, 16400, 5, 1, 0},  /* the same with D 40 (not two register batches): the ring, 2 pages a thread */
         {16, 8, 128, 2, 40000, 4, 1, 0},  /* kp = 4, the most the top-4 merge network takes, 20 chunks, register scan
                                            * (page 2: 80000 keys; at page 32, 1.28M keys, the test took ~100 s) */
         {8, 8, 44, 4, 5000, 1, 0, 0},     /* kp = 1 through the network, G 1 */

@@ -182,7 +182,7 @@ typedef struct {
     int Hq, Hkv, n, D, k, reps, warmup;
     float scale;
     void *stream; /* the bench process's stream (kv_gpu_bench_stream_create), on which every timer of every
-                     length and method launches; NULL: each timer makes and destroys its own */
+                     length and method launches (required) */
 } kv_gpu_bench_spec;
 /* One non-blocking CUDA stream for a whole `kvbench bench` process. A decode
  * loop launches on one long-lived stream; a stream destroyed and created
