@@ -14,17 +14,22 @@
  * not, so every later try-insert decides as on the CPU.
  * Try-insert (append): one thread per list, the CPU's list_try_insert, and
  * the same change in the list's by-key view (tombstone + append; a block per
- * list compacts a view whose slack is used up).
+ * list compacts a view whose slack is used up) and a record of it that
+ * cs_bappend applies to the bit view (csattention_bits.cuh).
  * Search: per row (a query head, or a kv head with pool=mean: the group
  * mean in the CPU's head order) and subspace the nearest centroid (one warp,
  * the CPU loop's first maximum) and the weight; then the reduce-by-key in
- * one of four variants, all the CPU's additions in the CPU's subspace order
- * (bitwise): DEFAULT the pipelined tiled shared-memory accumulator over the
- * lists' by-key views (csattention_pipe.cuh: reads the m gathered lists
- * once, 8 B per entry = m x L x 8 B per row, the floor, through a cp.async
- * ring; per-tile candidates above a per-row bound, then one block per row
- * for the top k); KVBENCH_CS_REDUCE=staged the same tiles with the entries
- * staged through registers (csattention_tile.cuh, the previous default);
+ * one of five variants, all the CPU's additions in the CPU's subspace order
+ * (bitwise): DEFAULT the bit view (csattention_bits.cuh: a bitmap, the
+ * scores and a base a 1024-key chunk per list, 9 B per region key and row
+ * at m = 8, alpha = 0.25; a lane adds its 32 keys' scores in registers;
+ * candidates above a sampled bound, then one block per row for the top k);
+ * KVBENCH_CS_REDUCE=tiled the pipelined tiled shared-memory accumulator
+ * over the lists' by-key views (csattention_pipe.cuh, the default before
+ * session 11: m x L x 8 B per row = 16 B per region key, through a bulk-copy
+ * ring; per-tile candidates above a per-row bound, then cs_merge);
+ * KVBENCH_CS_REDUCE=staged the same tiles with the entries
+ * staged through registers (csattention_tile.cuh);
  * KVBENCH_CS_REDUCE=dense the dense global accumulator row
  * over the region, -inf = not gathered (missing=zero: one launch per
  * subspace adds w_b * v, first time from 0; missing=min: the union marked,
@@ -32,10 +37,12 @@
  * list's minimum = its heap root); the candidates compacted, the top k by
  * the shared top-k over the row; 3 x 4 B per region key more);
  * KVBENCH_CS_REDUCE=sort a stable radix sort of (key, subspace) pairs and
- * one sum per run into the same dense rows (csattention_sort.cuh). The
- * bench times the dense, sort and default ones (csattention_bench.cuh;
- * KVBENCH_CS_SWEEP=1 adds every tiling, each checked against the dense
- * path); the measured H100 numbers behind the default are in its header.
+ * one sum per run into the same dense rows (csattention_sort.cuh). Only the
+ * view the chosen variant reads is allocated (the bench allocates both and
+ * times every variant: csattention_bench.cuh, which also checks the default
+ * against the dense path at each length; KVBENCH_CS_SWEEP=1 adds every
+ * tiling of the tiled kernels); the measured H100 numbers behind the default
+ * are in its header and in results/gpu-cost-h100.md.
  * k-means (kmeans=gpu): every (kv head, subspace) job at once (blockIdx.y):
  * k-means++ from the host's uniforms (the CPU's kv_rng sequence), double
  * distances in the CPU's order, the running total and the walk by a block
@@ -58,9 +65,9 @@
 namespace {
 
 constexpr int CS_CHUNK = 16; /* centroids whose score rows are built at once */
-/* The search without KVBENCH_CS_REDUCE: 0 the pipelined tiles (csattention_pipe.cuh, the default), 3 the
- * staged tiles (csattention_tile.cuh, the previous default, verified on the H100; the one-line fallback). */
-constexpr int CS_DEFAULT_REDUCE = 0;
+/* The search without KVBENCH_CS_REDUCE: 4 the bit view (csattention_bits.cuh, the default), 0 the pipelined
+ * tiles (csattention_pipe.cuh, the default before session 11), 3 the staged tiles (csattention_tile.cuh). */
+constexpr int CS_DEFAULT_REDUCE = 4;
 
 __device__ __forceinline__ float cs_tof(__half h) { return __half2float(h); }
 __device__ __forceinline__ float cs_tof(float f) { return f; }
@@ -149,10 +156,12 @@ __global__ void cs_heapify_level(int32_t *lidx, float *lval, const int *lcnt, in
     }
 }
 
-/* Try-insert key t (key [Hkv][D] on the device) into every list, and into its by-key view. */
+/* Try-insert key t (key [Hkv][D] on the device) into every list, into its by-key view (vidx non-NULL), and
+ * record for the bit view (act non-NULL; csattention_bits.cuh's cs_bappend applies it): act[li] = -2 nothing,
+ * -1 inserted, e >= 0 inserted in place of key e; nv[li] the score. */
 __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int ds, int L, int nlists, const float *cent,
                               int32_t *lidx, float *lval, int *lcnt, int32_t *vidx, float *vval, int *vcnt,
-                              long long VL) {
+                              long long VL, int *act, float *nv) {
     const int li = blockIdx.x * blockDim.x + threadIdx.x;
     if (li >= nlists) return;
     const int g = li / (m * C), b = (li / C) % m;
@@ -171,29 +180,25 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
             i = p;
         }
         lcnt[li] = n + 1;
-        cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, -1, t, v);
+        if (vidx) cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, -1, t, v);
+        if (act) { act[li] = -1; nv[li] = v; }
     } else if (L > 0 && cs_weaker(hv[0], hi[0], v, t)) {
         const int e = hi[0];
         hi[0] = t; hv[0] = v;
         cs_heap_down(hi, hv, L, 0);
-        cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, e, t, v);
-    }
+        if (vidx) cs_view_update(vidx + (size_t)li * VL, vval + (size_t)li * VL, vcnt + li, e, t, v);
+        if (act) { act[li] = e; nv[li] = v; }
+    } else if (act)
+        act[li] = -2;
 }
 
-/* Per row r and subspace b: the list to gather (jl[r*m + b]) and its weight. One warp per (r, b), four
- * per block: the (pooled) query sub-vector in shared memory, each lane scores centroids lane, lane + 32,
- * ..., then the warp's best by (score desc, centroid asc): the CPU loop's first maximum. */
-constexpr int CS_NEAR_TH = 128;
-__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
-                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
-                                                         int *nu0, unsigned *thr0) {
-    __shared__ float sq[CS_NEAR_TH / 32][128];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
-    if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
-    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R * CS_SMAX) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
-    if (t >= R * m) return; /* whole warps */
-    const int r = t / m, b = t % m, g = pool ? r : r / G;
-    float *qv = sq[w];
+/* Row r's subspace b: the list to gather (*jl) and its weight (*wb), written by lane 0 of the calling warp.
+ * The (pooled) query sub-vector goes to qv (ds floats of the warp's own shared memory), each lane scores
+ * centroids lane, lane + 32, ..., then the warp's best by (score desc, centroid asc): the CPU loop's first
+ * maximum. Used by cs_nearest and by the bit-view search's sample blocks (csattention_bits.cuh). */
+__device__ void cs_near_warp(const float *q, int pool, int weight, int G, int D, int m, int C, int ds,
+                             const float *cent, int r, int b, float *qv, int *jl, float *wb) {
+    const int lane = threadIdx.x & 31, g = pool ? r : r / G;
     for (int j = lane; j < ds; j += 32) {
         if (!pool) { qv[j] = q[(size_t)r * D + b * ds + j]; continue; }
         float a = 0.f;
@@ -214,10 +219,27 @@ __global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int poo
         if (ob != 0x7fffffff && (best == 0x7fffffff || ov > bv || (ov == bv && ob < best))) { bv = ov; best = ob; }
     }
     if (lane == 0) {
-        jl[t] = (int)(cb + (best == 0x7fffffff ? 0 : best));
-        wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+        *jl = (int)(cb + (best == 0x7fffffff ? 0 : best));
+        *wb = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
     }
+    __syncwarp(); /* qv is free again */
 }
+
+/* Per row r and subspace b (one warp each, four per block): jl[r*m + b] and wb[r*m + b] by cs_near_warp. */
+constexpr int CS_NEAR_TH = 128;
+__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
+                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
+                                                         int *nu0, unsigned *thr0) {
+    __shared__ float sq[CS_NEAR_TH / 32][128];
+    const int w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
+    kv_dep_launch(); /* the bit view's cs_bsamp may be scheduled (it waits for this grid) */
+    if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R * CS_SMAX) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
+    if (t >= R * m) return; /* whole warps */
+    cs_near_warp(q, pool, weight, G, D, m, C, ds, cent, t / m, t % m, sq[w], jl + t, wb + t);
+}
+
+#include "csattention_bits.cuh"
 
 __global__ void cs_fill(float *S, long long ld, int lo, int hi, int R, float v) {
     const long long n = hi - lo;
@@ -319,14 +341,26 @@ struct kv_cs_gpu {
     unsigned *mctr;
     long long cld;
     int kcap;             /* k the tiled search's candidate rows hold */
-    int reduce;           /* 0 pipelined tiles (default), 1 dense global accumulator, 2 radix sort, 3 staged tiles
-                             (KVBENCH_CS_REDUCE=dense|sort|staged) */
+    int reduce;           /* 4 the bit view (default), 0 pipelined tiles, 1 dense global accumulator, 2 radix sort,
+                             3 staged tiles (KVBENCH_CS_REDUCE=tiled|dense|sort|staged|bits) */
     int tkeys, tth;        /* the pipelined tiles' keys and threads (KVBENCH_CS_TK, KVBENCH_CS_TH) */
     unsigned *thr;        /* per row, the pipelined tiles' shared bound of the k-th best (KVBENCH_CS_THR=0: unused) */
     int use_thr;
     int nslot; /* the bound's slots a row (KVBENCH_CS_SLOTS) */
     int bulk;  /* the tiles' copies by the bulk copy engine (KVBENCH_CS_BULK=0: cp.async, ring 1024x4 only) */
     int *bnd;             /* the tiles' list ranges from cs_bounds (KVBENCH_CS_BOUNDS=0: searched per tile) */
+    /* the bit view (csattention_bits.cuh; allocated for reduce 4, the default, or for the bench) */
+    uint32_t *bbits;
+    int *bbase, *btl, *blast, *bact;
+    float *bval, *bnv;
+    long long BW, NCH, BL;
+    int *bcnt, *bnu;      /* per row: candidates, gathered keys (accumulating) */
+    unsigned *bcv;        /* candidates [Hq][bcap]: kv_f2key of their sums */
+    int32_t *bck;
+    long long bcap;
+    int bsample;          /* the sample blocks' chunks (KVBENCH_CS_SAMPLE=0: none, every warp bounds itself) */
+    int bpdl;             /* the launches after cs_nearest programmatic dependent ones (KVBENCH_CS_PDL=0: plain) */
+    int tlast;            /* the last key indexed (appends must come after it) */
     int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
     size_t merge_smax;    /* the most dynamic shared memory cs_merge may take */
     unsigned *skey;       /* the sort path's pairs (in, out), allocated at its first use */
@@ -345,8 +379,28 @@ kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
     return KV_OK;
 }
 
-kv_status cs_create_go(kv_cs_gpu *g) {
+/* The bit-view kernels' shared memory: cs_bsamp's 16 warps need 134 KB, cs_bsel 97 KB; cs_bits's blocks
+ * share an SM. */
+template <bool MIN, bool W1> kv_status cs_bits_attr() {
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)(CS_BSELC * sizeof(unsigned long long))));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsamp<MIN, W1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)cs_bits_smem(CS_BSW)));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared));
+    return KV_OK;
+}
+
+/* all_views: both list views (the bench times every path); else the one the chosen reduce reads. */
+kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
     const kv_cs_gpu_config &c = g->c;
+    const char *env = getenv("KVBENCH_CS_REDUCE");
+    g->reduce = !env || !*env ? CS_DEFAULT_REDUCE : !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1
+              : !strcmp(env, "sort") ? 2 : !strcmp(env, "staged") ? 3 : !strcmp(env, "bits") ? 4 : -1;
+    if (g->reduce < 0)
+        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_REDUCE: expected bits, tiled, dense, sort or staged, found '%s'", env);
+    const bool tiles = all_views || g->reduce == 0 || g->reduce == 3, bits = all_views || g->reduce == 4;
+    g->tlast = -1;
     g->ds = c.D / c.m;
     g->G = c.Hq / c.Hkv;
     g->nlists = c.Hkv * c.m * c.C;
@@ -379,10 +433,12 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_TRY(kv_topk_ws_create(&g->tk, c.Hq, c.T, &g->dev));
     KV_TRY(kv_topk_ws_create(&g->tkl, CS_CHUNK, c.T, &g->dev));
     g->VL = cs_view_ld(c.L);
-    KV_CUDA_ALLOC(g->vidx, NL * g->VL * sizeof(int32_t), 0, "csattention lists by key");
-    KV_CUDA_ALLOC(g->vval, NL * g->VL * sizeof(float), 0, "csattention list scores by key");
-    KV_CUDA_ALLOC(g->vcnt, NL * sizeof(int), 0, "csattention list-by-key counts");
-    KV_CUDA_TRY(cudaMemset(g->vcnt, 0, NL * sizeof(int)));
+    if (tiles) {
+        KV_CUDA_ALLOC(g->vidx, NL * g->VL * sizeof(int32_t), 0, "csattention lists by key");
+        KV_CUDA_ALLOC(g->vval, NL * g->VL * sizeof(float), 0, "csattention list scores by key");
+        KV_CUDA_ALLOC(g->vcnt, NL * sizeof(int), 0, "csattention list-by-key counts");
+        KV_CUDA_TRY(cudaMemset(g->vcnt, 0, NL * sizeof(int)));
+    }
     const char *etk = getenv("KVBENCH_CS_TK"), *eth = getenv("KVBENCH_CS_TH");
     g->tkeys = etk ? atoi(etk) : 4096;
     g->tth = eth ? atoi(eth) : 512;
@@ -406,7 +462,37 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     if (g->nslot < 1 || g->nslot > CS_SMAX)
         return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_SLOTS: expected 1 to %d, found '%s'", CS_SMAX, eslot);
     KV_CUDA_ALLOC(g->thr, Hq * CS_SMAX * sizeof(unsigned), 0, "csattention row bound slots");
+    KV_CUDA_TRY(cudaMemset(g->thr, 0, Hq * CS_SMAX * sizeof(unsigned)));
     g->kcap = c.k_max > 0 && c.k_max <= CS_KCAP ? c.k_max : 1024;
+    if (bits) {
+        g->NCH = ((long long)T + 1023) / 1024;
+        g->BW = g->NCH * 32;
+        g->BL = cs_bview_ld(c.L);
+        g->bcap = g->NCH * g->kcap; /* at most k from each chunk's warp */
+        g->bsample = kv_env_on("KVBENCH_CS_SAMPLE");
+        g->bpdl = kv_env_on("KVBENCH_CS_PDL");
+        KV_CUDA_ALLOC(g->bbits, NL * g->BW * sizeof(uint32_t), 0, "csattention list bitmaps");
+        KV_CUDA_ALLOC(g->bbase, NL * g->NCH * sizeof(int), 0, "csattention list chunk bases");
+        KV_CUDA_ALLOC(g->bval, (NL * g->BL + 4) * sizeof(float), 0, "csattention list scores (bit view)");
+        KV_CUDA_ALLOC(g->btl, NL * sizeof(int), 0, "csattention bit-view tails");
+        KV_CUDA_ALLOC(g->blast, NL * sizeof(int), 0, "csattention bit-view last chunks");
+        KV_CUDA_ALLOC(g->bact, NL * sizeof(int), 0, "csattention try-insert records");
+        KV_CUDA_ALLOC(g->bnv, NL * sizeof(float), 0, "csattention try-insert scores");
+        KV_CUDA_ALLOC(g->bcnt, Hq * sizeof(int), 0, "csattention candidate counts");
+        KV_CUDA_ALLOC(g->bnu, Hq * sizeof(int), 0, "csattention union counts");
+        KV_CUDA_ALLOC(g->bcv, Hq * g->bcap * sizeof(unsigned), 0, "csattention candidates");
+        KV_CUDA_ALLOC(g->bck, Hq * g->bcap * sizeof(int32_t), 0, "csattention candidate keys");
+        KV_CUDA_TRY(cudaMemset(g->bbits, 0, NL * g->BW * sizeof(uint32_t)));
+        KV_CUDA_TRY(cudaMemset(g->bbase, 0, NL * g->NCH * sizeof(int)));
+        KV_CUDA_TRY(cudaMemset(g->btl, 0, NL * sizeof(int)));
+        KV_CUDA_TRY(cudaMemset(g->blast, 0xff, NL * sizeof(int))); /* -1: no chunk yet */
+        KV_CUDA_TRY(cudaMemset(g->bcnt, 0, Hq * sizeof(int)));
+        KV_CUDA_TRY(cudaMemset(g->bnu, 0, Hq * sizeof(int)));
+        KV_TRY((cs_bits_attr<false, false>()));
+        KV_TRY((cs_bits_attr<false, true>()));
+        KV_TRY((cs_bits_attr<true, false>()));
+        KV_TRY((cs_bits_attr<true, true>()));
+    }
     const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
     g->cld = nt * g->kcap;
     KV_CUDA_ALLOC(g->cv, Hq * g->cld * sizeof(float), 0, "csattention tile candidates");
@@ -430,11 +516,6 @@ kv_status cs_create_go(kv_cs_gpu *g) {
     KV_CUDA_TRY(cudaFuncGetAttributes(&fa, cs_merge)); /* static + dynamic shared memory <= the opt-in limit */
     g->merge_smax = (size_t)g->dev.smem_optin - fa.sharedSizeBytes;
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g->merge_smax));
-    const char *env = getenv("KVBENCH_CS_REDUCE");
-    g->reduce = !env || !*env ? CS_DEFAULT_REDUCE : !strcmp(env, "tiled") ? 0 : !strcmp(env, "dense") ? 1
-              : !strcmp(env, "sort") ? 2 : !strcmp(env, "staged") ? 3 : -1;
-    if (g->reduce < 0)
-        return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_REDUCE: expected tiled, dense, sort or staged, found '%s'", env);
     return KV_OK;
 }
 
@@ -446,6 +527,8 @@ void cs_destroy(void *p) {
     cudaFree(g->S); cudaFree(g->tmp); cudaFree(g->stamp); cudaFree(g->u); cudaFree(g->nu); cudaFree(g->jl);
     cudaFree(g->wb); cudaFree(g->oidx); cudaFree(g->LS); cudaFree(g->vidx); cudaFree(g->vval); cudaFree(g->vcnt);
     cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->mv); cudaFree(g->mk); cudaFree(g->mctr); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
+    cudaFree(g->bbits); cudaFree(g->bbase); cudaFree(g->bval); cudaFree(g->btl); cudaFree(g->blast); cudaFree(g->bact);
+    cudaFree(g->bnv); cudaFree(g->bcnt); cudaFree(g->bnu); cudaFree(g->bcv); cudaFree(g->bck);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);
@@ -454,11 +537,11 @@ void cs_destroy(void *p) {
     free(g);
 }
 
-kv_status cs_alloc(const kv_cs_gpu_config *cfg, kv_cs_gpu **out) {
+kv_status cs_alloc(const kv_cs_gpu_config *cfg, int all_views, kv_cs_gpu **out) {
     kv_cs_gpu *g = (kv_cs_gpu *)calloc(1, sizeof *g);
     if (!g) return kv_fail(KV_ERR_NOMEM, "csattention GPU state");
     g->c = *cfg;
-    kv_status s = cs_create_go(g);
+    kv_status s = cs_create_go(g, all_views);
     if (s != KV_OK) { cs_destroy(g); return s; }
     *out = g;
     return KV_OK;
@@ -466,7 +549,7 @@ kv_status cs_alloc(const kv_cs_gpu_config *cfg, kv_cs_gpu **out) {
 
 kv_status cs_create(const kv_cs_gpu_config *cfg, void **out) {
     kv_cs_gpu *g = NULL;
-    KV_TRY(cs_alloc(cfg, &g));
+    KV_TRY(cs_alloc(cfg, 0, &g));
     *out = g;
     return KV_OK;
 }
@@ -575,8 +658,19 @@ kv_status cs_build_lists(kv_cs_gpu *g, const kv_dev_kv *K, int n) {
             if (e != cudaSuccess) st = kv_cuda_error(e, "list counts", __FILE__, __LINE__);
         }
     }
+    /* the bit view, from the same position-ordered lists */
+    if (st == KV_OK && g->bbits) {
+        cudaError_t e = cudaMemsetAsync(g->bbits, 0, (size_t)g->nlists * g->BW * sizeof(uint32_t), g->st);
+        if (e == cudaSuccess) {
+            cs_bbuild<<<g->nlists, 256, 0, g->st>>>(g->lidx, g->lval, c.L, L, g->bbits, g->bbase, g->bval, g->BW, g->NCH,
+                                                    g->BL, g->btl, g->blast);
+            e = cudaGetLastError();
+        }
+        if (e != cudaSuccess) st = kv_cuda_error(e, "csattention bit view", __FILE__, __LINE__);
+        g->tlast = n - 1;
+    }
     /* the by-key view: the selection wrote every list in position order */
-    if (st == KV_OK) {
+    if (st == KV_OK && g->vidx) {
         cudaError_t e = cudaMemcpy2DAsync(g->vidx, g->VL * sizeof(int32_t), g->lidx, (size_t)c.L * sizeof(int32_t),
                                           (size_t)L * sizeof(int32_t), g->nlists, cudaMemcpyDeviceToDevice, g->st);
         if (e == cudaSuccess)
@@ -631,12 +725,23 @@ kv_status cs_append(void *p, int t, const float *key) {
     kv_cs_gpu *g = (kv_cs_gpu *)p;
     const kv_cs_gpu_config &c = g->c;
     KV_CUDA_TRY(cudaMemcpyAsync(g->key, key, (size_t)c.Hkv * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    if (g->bbits && t <= g->tlast)
+        return kv_fail(KV_ERR_INTERNAL, "csattention GPU: key %d appended after key %d (keys must arrive in order)", t,
+                       g->tlast);
     cs_try_insert<<<(g->nlists + 127) / 128, 128, 0, g->st>>>(g->key, t, c.D, c.m, c.C, g->ds, c.L, g->nlists, g->cent,
                                                               g->lidx, g->lval, g->lcnt, g->vidx, g->vval, g->vcnt,
-                                                              g->VL);
+                                                              g->VL, g->bact, g->bnv);
     KV_LAUNCH_CHECK();
-    cs_vcompact<<<g->nlists, 256, 0, g->st>>>(g->vidx, g->vval, g->vcnt, g->VL);
-    KV_LAUNCH_CHECK();
+    if (g->vidx) {
+        cs_vcompact<<<g->nlists, 256, 0, g->st>>>(g->vidx, g->vval, g->vcnt, g->VL);
+        KV_LAUNCH_CHECK();
+    }
+    if (g->bbits) {
+        cs_bappend<<<(g->nlists + 3) / 4, 128, 0, g->st>>>(g->bact, g->bnv, t, g->nlists, g->bbits, g->bbase, g->bval,
+                                                          g->BW, g->NCH, g->BL, g->btl, g->blast);
+        KV_LAUNCH_CHECK();
+        g->tlast = t;
+    }
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     return KV_OK;
 }
@@ -645,6 +750,8 @@ kv_status cs_append(void *p, int t, const float *key) {
 
 /* The tiled path serves this search (else the dense one). */
 bool cs_tiled(const kv_cs_gpu *g, int k) { return (g->reduce == 0 || g->reduce == 3) && k <= g->kcap && g->c.m <= CS_MMAX; }
+/* The bit-view path serves this search. */
+bool cs_bits_ok(const kv_cs_gpu *g, int k) { return g->reduce == 4 && k <= g->kcap && g->c.m <= CS_MMAX; }
 
 kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
                     int *count, int32_t *cand, int cand_ld, int *ncand) {
@@ -656,7 +763,8 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     const int kk = k < n ? k : n;
-    if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, cand != NULL));
+    if (cs_bits_ok(g, k)) KV_TRY(cs_bits_launch(g, pool, missing, weight, hi, k, cand != NULL));
+    else if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, cand != NULL));
     else {
         if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
         else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));

@@ -1,12 +1,68 @@
 /* csattention_bench.cuh: `kvbench bench --method csattention` (the hook of
  * kernels/csattention.h), included at the end of csattention.cu inside its
  * anonymous namespace. Stages: the list build; the dense global accumulator
- * (reduce_dense, topk_dense, search_dense); the tiles (reduce_tiled) and
- * their candidates' top k (topk_tiled); the radix-sort variant
- * (search_sort); then `search`, the tiled search whole: the pipelined tiles
- * (the default), or the staged ones under KVBENCH_CS_REDUCE=staged. The bytes
- * each stage must move are printed under the table (bytes_note): the floor
- * of a search is the m gathered lists, L entries of 8 B, per row. */
+ * (reduce_dense, topk_dense, search_dense); the radix-sort variant
+ * (search_sort); the tiles (reduce_tiled) and the tiled search whole
+ * (search_tiled: the pipelined tiles, or the staged ones under
+ * KVBENCH_CS_REDUCE=staged); then `search`, the default search whole: the
+ * bit view (csattention_bits.cuh; the tiles under KVBENCH_CS_REDUCE=tiled or
+ * staged). After the timing the bit view's top k and union counts are
+ * checked against the dense path's at the same length (a difference fails
+ * the bench). The bytes each stage must move are printed under the table
+ * (bytes_note): the bit view reads per row m lists x (L x 4 B + 1 bit a key
+ * + 4 B a 1024-key chunk); the other rows' floor is the m gathered lists, L
+ * entries of 8 B, per row. */
+
+/* The checks below: the dense path's top kk and union counts (ref [R][kk], rnu [R]) and room for a
+ * variant's (got, gnu), in one allocation at ref (the caller frees it, also on failure). */
+struct cs_cmp {
+    int32_t *ref, *got;
+    int *rnu, *gnu;
+};
+kv_status cs_bench_ref(kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int R, int kk, cs_cmp *c) {
+    const size_t no = (size_t)R * kk;
+    if (!(c->ref = (int32_t *)malloc(2 * no * sizeof(int32_t) + 2 * (size_t)R * sizeof(int))))
+        return kv_fail(KV_ERR_NOMEM, "csattention bench reference");
+    c->got = c->ref + no;
+    c->rnu = (int *)(c->got + no);
+    c->gnu = c->rnu + R;
+    KV_TRY(cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n));
+    KV_TRY(kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    KV_CUDA_TRY(cudaMemcpy(c->ref, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy(c->rnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost));
+    return KV_OK;
+}
+
+/* The bit-view search's top k and union counts against the dense path's at the bench's length, printed to
+ * stderr; a difference fails the bench. */
+kv_status cs_bench_check(kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int k, int R, int kk) {
+    const size_t no = (size_t)R * kk;
+    cs_cmp cmp = {};
+    kv_status st = cs_bench_ref(g, bp, n, R, kk, &cmp);
+    int32_t *ref = cmp.ref, *got = cmp.got;
+    int *rnu = cmp.rnu, *gnu = cmp.gnu;
+    if (st == KV_OK) st = cs_bits_launch(g, bp->pool, bp->missing, bp->weight, n, k, 0);
+    cudaError_t e = st == KV_OK ? cudaStreamSynchronize(g->st) : cudaSuccess;
+    if (e == cudaSuccess && st == KV_OK) e = cudaMemcpy(got, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess && st == KV_OK) e = cudaMemcpy(gnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) st = kv_cuda_error(e, "csattention bench check", __FILE__, __LINE__);
+    long bad = -1;
+    int badnu = -1;
+    for (size_t i = 0; st == KV_OK && i < no && bad < 0; i++)
+        if (got[i] != ref[i]) bad = (long)i;
+    for (int r = 0; st == KV_OK && r < R && badnu < 0; r++)
+        if (gnu[r] != rnu[r]) badnu = r;
+    if (st == KV_OK)
+        fprintf(stderr, "csattention check n=%d: search (bit view) top %d %s, union counts %s\n", n, kk,
+                bad < 0 ? "= dense" : "DIFFER from dense", badnu < 0 ? "= dense" : "DIFFER from dense");
+    if (st == KV_OK && (bad >= 0 || badnu >= 0))
+        st = kv_fail(KV_ERR_INTERNAL, "csattention GPU: the bit-view search differs from the dense path at n=%d "
+                     "(row %ld rank %ld: %d vs %d; union row %d)", n, bad < 0 ? -1 : bad / kk, bad < 0 ? -1 : bad % kk,
+                     bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad], badnu);
+    free(ref);
+    return st;
+}
 
 /* KVBENCH_CS_SWEEP=1 (a development aid): after the bench's rows, time the tiled search whole in each
  * variant (staged; pipelined at 2048/4096/8192 keys x 256/512 threads, ring geometries, row bound on/off,
@@ -15,17 +71,10 @@
 kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int k, int R,
                          int kk) {
     const size_t no = (size_t)R * kk;
-    int32_t *ref = (int32_t *)malloc(2 * no * sizeof(int32_t) + 2 * (size_t)R * sizeof(int));
-    if (!ref) return kv_fail(KV_ERR_NOMEM, "csattention sweep");
-    int32_t *got = ref + no;
-    int *rnu = (int *)(got + no), *gnu = rnu + R;
-    /* the reference: the dense path once more (the bench's reduce_dense + topk_dense) */
-    kv_status st = cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n);
-    if (st == KV_OK) st = kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
-    cudaError_t e0 = st == KV_OK ? cudaStreamSynchronize(g->st) : cudaSuccess;
-    if (e0 == cudaSuccess && st == KV_OK) e0 = cudaMemcpy(ref, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
-    if (e0 == cudaSuccess && st == KV_OK) e0 = cudaMemcpy(rnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
-    if (e0 != cudaSuccess) st = kv_cuda_error(e0, "csattention sweep", __FILE__, __LINE__);
+    cs_cmp cmp = {}; /* the reference: the dense path once more (the bench's reduce_dense + topk_dense) */
+    kv_status st = cs_bench_ref(g, bp, n, R, kk, &cmp);
+    int32_t *ref = cmp.ref, *got = cmp.got;
+    int *rnu = cmp.rnu, *gnu = cmp.gnu;
     const int tk0 = g->tkeys, th0 = g->tth, thr0 = g->use_thr, bnd0 = g->use_bnd, ring0 = g->ring;
     /* variant (3 staged, 0 pipelined), keys, threads, ring, row bound, precomputed ranges */
     static const int cf[][6] = {{3, 4096, 512, 0, 0, 0}, {0, 4096, 512, 0, 1, 0}, {0, 4096, 512, 0, 0, 0},
@@ -80,7 +129,7 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     int L = (int)ceil(bp->alpha * n - 1e-9);
     L = L < 1 ? 1 : L > n ? n : L;
     kv_cs_gpu_config cfg = {s->Hq, s->Hkv, n, s->D, bp->m, bp->C, L, 0, s->k};
-    KV_TRY(cs_alloc(&cfg, &x.g));
+    KV_TRY(cs_alloc(&cfg, 1, &x.g));
     kv_cs_gpu *g = x.g;
     const int tot = s->Hkv * bp->m * bp->C;
     if (K->a.half)
@@ -97,14 +146,14 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_TRY(x.begin(s->reps, s->warmup, s->stream));
     KV_CUDA_TRY(cudaMemcpy(g->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
     const int R = bp->pool ? s->Hkv : s->Hq, kk = s->k < n ? s->k : n, nt = (n + g->tkeys - 1) / g->tkeys;
-    if (!cs_tiled(g, s->k)) return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d above the tiled search's", s->k);
-    /* the pipelined tiles (default): nearest + tiles, then the candidates' top-k; the dense global
-     * accumulator (KVBENCH_CS_REDUCE=dense): reduce_dense, then the top-k over the dense rows */
+    if (s->k > g->kcap || bp->m > CS_MMAX)
+        return kv_fail(KV_ERR_INPUT, "csattention GPU bench: k=%d or m=%d above the tiled searches'", s->k, bp->m);
+    /* the bit view (default): sample, chunks, candidates' top-k; the pipelined tiles: nearest + tiles, then the
+     * candidates' top-k; the dense global accumulator: reduce_dense, then the top-k over the dense rows */
     const int var = g->reduce == 3 ? 3 : 0; /* the tiles timed: pipelined, or staged when KVBENCH_CS_REDUCE=staged */
     const int ntv = var == 3 ? (n + CS_TK - 1) / CS_TK : nt;
     int ntl = ntv;
     auto tiles = [&]() { return cs_tiles_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0, &ntl); };
-    auto cand_topk = [&]() { return cs_cand_launch(g, var, R, ntv, s->k, kk); };
     auto reduce = [&]() { return cs_reduce_launch(g, bp->pool, bp->missing, bp->weight, n); };
     auto topk = [&]() {
         return kv_topk_launch(&g->tk, g->S, n, 0, n, R, kk, 0, NULL, 1, g->oidx, NULL, kk, NULL, g->st);
@@ -113,15 +162,20 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     KV_TRY(x.time(topk, &t[2]));
     KV_TRY(x.time([&]() -> kv_status { KV_TRY(reduce()); return topk(); }, &t[3]));
     KV_TRY(x.time(tiles, &t[4]));
-    KV_TRY(x.time(cand_topk, &t[5]));
+    KV_TRY(x.time([&]() { return cs_tile_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[5]));
     KV_TRY(x.time([&]() -> kv_status { KV_TRY(cs_sort_launch(g, bp->pool, bp->missing, bp->weight, n)); return topk(); },
                   &t[7]));
-    KV_TRY(x.time([&]() { return cs_tile_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0); }, &t[6]));
+    const bool bits = g->reduce == 4; /* `search`: the default path */
+    KV_TRY(x.time([&]() {
+        return bits ? cs_bits_launch(g, bp->pool, bp->missing, bp->weight, n, s->k, 0)
+                    : cs_tile_launch(g, var, bp->pool, bp->missing, bp->weight, n, s->k, 0);
+    }, &t[6]));
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     int nu[64];
     KV_CUDA_TRY(cudaMemcpy(nu, g->nu, (size_t)(R < 64 ? R : 64) * sizeof(int), cudaMemcpyDeviceToHost));
     double su = 0;
     for (int r = 0; r < R && r < 64; r++) su += nu[r];
+    if (bits) KV_TRY(cs_bench_check(g, bp, n, s->k, R, kk));
     if (getenv("KVBENCH_CS_SWEEP")) { /* after the rows are timed: a failure here costs only the sweep */
         const kv_status ss = cs_bench_sweep(x, g, bp, n, s->k, R, kk);
         if (ss != KV_OK) fprintf(stderr, "cs sweep n=%d stopped: %s\n", n, kv_last_error());
@@ -130,6 +184,7 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     }
     const double es = K->a.half ? 2 : 4, lists = (double)R * bp->m * L * 8, dense = (double)R * n * 4,
                  cand = (double)R * ntv * s->k * 8, out_b = (double)R * kk * 4,
+                 bview = (double)R * bp->m * ((double)L * 4 + ((n - 1) / 1024 + 1) * (128.0 + 4)),
                  build = (double)s->Hkv * bp->m *
                          ((double)((bp->C + CS_CHUNK - 1) / CS_CHUNK) * n * g->ds * es + (double)bp->C * n * 4 * 3 +
                           (double)bp->C * L * 8);
@@ -139,18 +194,17 @@ kv_status cs_bench_go(kv_mbench<kv_cs_gpu> &x, const kv_gpu_bench_spec *s, const
     out->stage[2] = kv_gpu_stage{"topk_dense", t[2], dense + out_b};
     out->stage[3] = kv_gpu_stage{"search_dense", t[3], lists + out_b};
     out->stage[4] = kv_gpu_stage{"reduce_tiled", t[4], lists + cand};
-    out->stage[5] = kv_gpu_stage{"topk_tiled", t[5], cand + out_b};
+    out->stage[5] = kv_gpu_stage{"search_tiled", t[5], lists + out_b};
     out->stage[6] = kv_gpu_stage{"search_sort", t[7], lists + out_b};
-    out->stage[7] = kv_gpu_stage{"search", t[6], lists + out_b};
+    out->stage[7] = kv_gpu_stage{"search", t[6], (bits ? bview : lists) + out_b};
     snprintf(out->bytes_note, sizeof out->bytes_note,
-             "csattention m=%d C=%d L=%d pool=%s missing=%s; centroids = key sub-vectors at even positions; "
-             "union %.0f/row; floor = m lists x L x 8 B (int32 + f32) per row = %.1f B per region key; "
-             "reduce_dense: + 3 x 4 B/key global accumulator, topk_dense reads it; search_sort: radix sort + run sums; "
-             "reduce_tiled: %s tiles of %d keys x %d threads, row bound %s, k x 8 B candidates a tile; topk_tiled: "
-             "their top k; search = the tiles whole, candidates counted",
+             "csattention m=%d C=%d L=%d pool=%s missing=%s; union %.0f/row; search (%s) reads m lists x (L x 4 B + "
+             "1 bit a key + 4 B a 1024-key chunk) a row = %.2f B/key; the other rows' floor: m lists x L x 8 B (index + "
+             "score) = %.1f B/key; reduce_dense: + 12 B/key; reduce_tiled: %s tiles of %d keys x %d threads, bound %s; "
+             "search_tiled: + their top k; centroids = key sub-vectors",
              bp->m, bp->C, L, bp->pool ? "mean" : "none", bp->missing ? "min" : "zero", su / R,
-             (double)bp->m * L * 8 / n, var == 3 ? "staged" : "pipelined", var == 3 ? CS_TK : g->tkeys,
-             var == 3 ? CS_TTH : g->tth, var == 0 && g->use_thr ? "on" : "off");
+             bits ? "bit view" : "tiles", bview / R / n, (double)bp->m * L * 8 / n, var == 3 ? "staged" : "pipelined",
+             var == 3 ? CS_TK : g->tkeys, var == 3 ? CS_TTH : g->tth, var == 0 && g->use_thr ? "on" : "off");
     return KV_OK;
 }
 

@@ -1,8 +1,9 @@
 /* csattention_pipe.cuh: CSAttention's decode reduce-by-key as a PIPELINED
- * tiled shared-memory accumulator, the default search (issue 9, point 4;
- * included by csattention.cu inside its anonymous namespace after
- * csattention_tile.cuh, whose by-key views, range search cs_lower, argument
- * block and candidate layout it shares).
+ * tiled shared-memory accumulator, the default search until session 11,
+ * KVBENCH_CS_REDUCE=tiled since (the bit view of csattention_bits.cuh
+ * replaced it; issue 9, point 4; included by csattention.cu inside its
+ * anonymous namespace after csattention_tile.cuh, whose by-key views, range
+ * search cs_lower, argument block and candidate layout it shares).
  *
  * Why: the staged tile kernel (csattention_tile.cuh, KVBENCH_CS_REDUCE=
  * staged) copies each tile's list entries through registers into a 48 KB

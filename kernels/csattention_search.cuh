@@ -170,3 +170,35 @@ kv_status cs_tile_launch(kv_cs_gpu *g, int variant, int pool, int missing, int w
     KV_TRY(cs_tiles_launch(g, variant, pool, missing, weight, hi, k, want_u, &nt));
     return cs_cand_launch(g, variant, R, nt, k, kk);
 }
+
+/* The bit-view search (csattention_bits.cuh) on g->st, q on the device: cs_nearest, then cs_bsamp, cs_bits
+ * and cs_bsel as programmatic dependent launches (unless KVBENCH_CS_PDL=0: cs_bits's blocks start beside
+ * cs_bsamp's and wait for it only to read the bound): the top kk = min(k, hi - sink) to oidx [R][kk] and nu
+ * (and u when want_u). The sample: a quarter of the region's chunks up to 16 (one cs_bsamp block a row),
+ * one more block of 16 every 512 chunks (KVBENCH_CS_SAMPLE=0: none). */
+kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
+    const kv_cs_gpu_config &c = g->c;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n, m = c.m;
+    if (n <= 0 || kk <= 0) return KV_OK;
+    const int clo = lo >> 10, nreg = ((hi - 1) >> 10) - clo + 1, SB = nreg / 512 > 1 ? nreg / 512 : 1;
+    const int S = !g->bsample ? 0 : nreg / 4 < 1 ? 1 : nreg / 4 < SB * CS_BSW ? nreg / 4 : SB * CS_BSW;
+    const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
+                            m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
+                            want_u ? g->u : NULL, c.T};
+    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
+                                                        g->wb, NULL, NULL);
+    KV_LAUNCH_CHECK();
+    void (*samp)(cs_bits_args) = missing == 1 ? (weight ? cs_bsamp<true, false> : cs_bsamp<true, true>)
+                                              : (weight ? cs_bsamp<false, false> : cs_bsamp<false, true>);
+    void (*main_k)(cs_bits_args) = missing == 1 ? (weight ? cs_bits<true, false> : cs_bits<true, true>)
+                                                : (weight ? cs_bits<false, false> : cs_bits<false, true>);
+    if (S > 0) KV_TRY(kv_launch(&g->bpdl, "csattention GPU", samp, dim3(R, SB), dim3(CS_BSW * 32), cs_bits_smem(CS_BSW),
+                                g->st, a));
+    int plain = 0; /* without cs_bsamp, cs_bits reads cs_nearest's lists at once: after it */
+    KV_TRY(kv_launch(S > 0 ? &g->bpdl : &plain, "csattention GPU", main_k, dim3(R, (nreg + CS_BW - 1) / CS_BW),
+                     dim3(CS_BW * 32), cs_bits_smem(CS_BW), g->st, a));
+    KV_TRY(kv_launch(&g->bpdl, "csattention GPU", cs_bsel, dim3(R), dim3(CS_BSEL), CS_BSELC * sizeof(unsigned long long),
+                     g->st, (const unsigned *)g->bcv, (const int32_t *)g->bck, g->bcap, g->bcnt, kk, g->bnu, g->nu,
+                     g->thr, g->oidx));
+    return KV_OK;
+}

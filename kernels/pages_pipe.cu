@@ -211,10 +211,6 @@ __device__ __forceinline__ void p2_cp16(void *dst, const void *src, int n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void p2_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-/* Programmatic dependent launch (sm_90): let the next kernel's blocks be scheduled now (they wait in
- * p2_dep_wait), and wait for the previous kernel's completion and memory; both no-ops without PDL. */
-__device__ __forceinline__ void p2_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void p2_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 /* The register scan's loads: streaming (evict-first in L2, where the bounds the pool reads back live; __ldg
  * made the scan ~3 us slower at 1M, session 10). */
 template <typename R> __device__ __forceinline__ R p2_ldr(const R *p) { return __ldcs(p); }
@@ -271,7 +267,7 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
     constexpr int K = P2_SB / 16 / P2_TH; /* 16-byte copies per thread and stage */
     extern __shared__ __align__(16) unsigned char p2_sm[];
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * C::TP, t = threadIdx.x;
-    p2_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
+    kv_dep_launch(); /* p2_zpart's blocks may take free slots once every scan block has started */
     if (flag && !flag[g]) return; /* the whole block: this kv head is not corrected */
     float2 *sq = (float2 *)(p2_sm + P2_ST * P2_SB);
     /* this thread's K copies of every stage: the same row, column and shared offset each stage, the
@@ -362,7 +358,7 @@ __global__ void __launch_bounds__(P2_TH, GT == 2 ? 5 : 4)
     extern __shared__ __align__(16) unsigned char p2_sm[];
     float *sq = (float *)p2_sm; /* [GT][D] */
     const int g = blockIdx.y, tile = blockIdx.x, j0 = tile * P2_TH * PPT, t = threadIdx.x, jt = j0 + t * PPT;
-    p2_dep_launch();
+    kv_dep_launch();
     if (flag && !flag[g]) return;
     const long long rs = PS / PPT, base = ((long long)g * D * PS + (jt < ncand ? jt : 0)) / PPT;
     const R *pn = (const R *)kmin + base, *px = (const R *)kmax + base;
@@ -442,8 +438,8 @@ __global__ void __launch_bounds__(P2_RT) p2_zpart(const float *bound, long long 
     __shared__ float sw[P2_RT / 32];
     __shared__ double sd[P2_RT / 32];
     const int h = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
-    p2_dep_launch();
-    p2_dep_wait(); /* the scan's bounds and tile maxima */
+    kv_dep_launch();
+    kv_dep_wait(); /* the scan's bounds and tile maxima */
     if (flag && !flag[h / G]) return;
     float b[P2_PPT];
 #pragma unroll
@@ -613,7 +609,7 @@ __global__ void __launch_bounds__(P2_RT) p2_pool_topk(const float *bound, long l
     __shared__ p2_item sb2[2][P2_RT / 32];          /* ZM 1, 2: the argmax rounds, alternating */
     __shared__ p2_item scand[P2_CCAP];
     const int g = blockIdx.y, j0 = blockIdx.x * P2_CHUNK;
-    p2_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
+    kv_dep_wait(); /* p2_zpart's partials (and, through it, the scan's bounds) */
     if (flag && !flag[g]) return;
     /* every load this block needs before its first reduction: bounds, tile maxima, softmax partials */
     float b[GT][P2_PPT], mp[GT], mt[GT];
@@ -835,32 +831,12 @@ template <typename TS, int PPT> kv_status p2_scan_g(const pm_args *a, int ntile,
 }
 
 /* Launch with programmatic stream serialization (PDL) unless KVBENCH_PAGES_PDL=0 (read once): the
- * kernel's launch and block scheduling overlap the previous kernel's tail, p2_dep_wait orders the
+ * kernel's launch and block scheduling overlap the previous kernel's tail, kv_dep_wait orders the
  * data. A launch the driver refuses with the attribute is retried plainly. */
 template <typename... A, typename... B>
 kv_status p2_launch_pdl(void (*k)(A...), dim3 grid, cudaStream_t st, B &&...args) {
-    static int pdl = kv_env_on("KVBENCH_PAGES_PDL"); /* cleared below if the driver refuses the attribute */
-    if (pdl) {
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(P2_RT);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
-        if (e == cudaSuccess) return KV_OK;
-        (void)cudaGetLastError(); /* not sticky: fall back to a plain launch */
-        fprintf(stderr, "kvbench: pages GPU: a launch with programmatic dependent launch refused (%s, grid %u x %u): "
-                "plain launches from now on\n", cudaGetErrorString(e), grid.x, grid.y);
-        pdl = 0;
-    }
-    k<<<grid, P2_RT, 0, st>>>(args...);
-    KV_LAUNCH_CHECK();
-    return KV_OK;
+    static int pdl = kv_env_on("KVBENCH_PAGES_PDL"); /* cleared if the driver refuses the attribute */
+    return kv_launch(&pdl, "pages GPU", k, grid, dim3(P2_RT), 0, st, args...);
 }
 
 /* Pages per scan thread: KVBENCH_PAGES_PPT=1|2|4 (an experiment knob, read once), else 2 when that still

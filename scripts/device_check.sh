@@ -7,7 +7,8 @@
 # every kernel file uses shared memory); full logs under $OUT, and a short
 # side-by-side table printed LAST.
 #   OUT=/tmp/out scripts/device_check.sh   (TOKENS=..., METHODS=... to change the lengths, methods;
-#                                           SANITIZER=0 skips compute-sanitizer, SAN_TIMEOUT=s per tool;
+#                                           SANITIZER=0 skips compute-sanitizer, SAN_TIMEOUT=s per tool,
+#                                           SAN_TESTS="name ..." the tests it runs;
 #                                           RUNCMP=0 skips the GPU-vs-CPU run, SUITE=0 the full suite)
 # RUNLOOP=1 adds, right after the build, issue 12's run-loop measurement: the
 # 7-method 4096-step `kvbench run --device gpu` on a 131072-token synth trace
@@ -134,7 +135,8 @@ step "kvbench bench of the other paths (the environment variable that selects ea
 LAST=${TOKENS##*,}
 [ "${VARIANTS:-1}" = 0 ] && echo "skipped (VARIANTS=0)" || for v in \
     pariskv:KVBENCH_CUDA_GRAPHS=0 pqcache:KVBENCH_CUDA_GRAPHS=0 pariskv:KVBENCH_PK_FUSED=1 pqcache:KVBENCH_PQ_FUSED=0 \
-    csattention:KVBENCH_CS_REDUCE=staged csattention:KVBENCH_CS_BULK=0 csattention:KVBENCH_CS_SWEEP=1 ctkvr:KVBENCH_CTKVR_TRACE=1 ctkvr:KVBENCH_CTKVR_DIST=0 \
+    csattention:KVBENCH_CS_REDUCE=tiled csattention:KVBENCH_CS_REDUCE=staged csattention:KVBENCH_CS_SAMPLE=0 \
+    csattention:KVBENCH_CS_PDL=0 ctkvr:KVBENCH_CTKVR_TRACE=1 ctkvr:KVBENCH_CTKVR_DIST=0 \
     freekv:KVBENCH_PAGES_PIPE=0 freekv:KVBENCH_PAGES_FUSE=0 freekv:KVBENCH_PAGES_FUSE=1 freekv:KVBENCH_PAGES_RSCAN=0 \
     freekv:KVBENCH_PAGES_RSCAN=1 racc:KVBENCH_RACC_VOTE=fused; do
     m=${v%%:*}; e=${v#*:}
@@ -215,7 +217,8 @@ if [ "${SANITIZER:-1}" != 0 ]; then
     step "GPU tests under compute-sanitizer (memcheck, racecheck); log in $OUT/sanitizer.log"
     SAN=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     # every GPU test but gpu_oom_is_an_error, whose deliberate failed cudaMalloc is an API error to the sanitizer
-    SAN_TESTS=$(./tests/run_tests --list | grep -E '^(gpu_|[a-z]+_gpu_)' | grep -v '^gpu_oom_is_an_error$' | tr '\n' ' ')
+    # (SAN_TESTS="name ..." to check fewer)
+    SAN_TESTS=${SAN_TESTS:-$(./tests/run_tests --list | grep -E '^(gpu_|[a-z]+_gpu_)' | grep -v '^gpu_oom_is_an_error$' | tr '\n' ' ')}
     SAN_RESULT=""
     : >"$OUT/sanitizer.log"
     for tool in memcheck racecheck; do

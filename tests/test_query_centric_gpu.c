@@ -78,10 +78,11 @@ static void cs_env(const char *env, int set) {
 }
 
 /* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
- * stride-th step; env: NULL the default (the pipelined tiles, kernels/csattention_pipe.cuh), or settings for
+ * stride-th step; env: NULL the default (the bit view, kernels/csattention_bits.cuh), or settings for
  * the GPU's open such as KVBENCH_CS_REDUCE=dense (global accumulator), =sort (radix sort,
- * csattention_sort.cuh), =staged (the staged tiles, csattention_tile.cuh), or the pipelined tiles' knobs
- * KVBENCH_CS_TK, _TH, _RING, _BOUNDS, _THR, _SLOTS. */
+ * csattention_sort.cuh), =staged (the staged tiles, csattention_tile.cuh), =tiled (the pipelined tiles,
+ * csattention_pipe.cuh) and their knobs KVBENCH_CS_TK, _TH, _RING, _BOUNDS, _THR, _SLOTS, or the bit view's
+ * KVBENCH_CS_SAMPLE=0. */
 static int cs_gpu_matches_cpu_at(int T, int P, int stride, const char *(*sets)[7], int nsets, const char *env) {
     int sink = 4, local = 16, k = 24;
     kv_layer L;
@@ -132,12 +133,22 @@ int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640,
 
 /* Several tiles of 4096 keys, a tile's entries above the staged kernel's 6144-entry window and above the
  * pipelined kernel's 2048-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
- * enough decode keys that lists evict past their view's slack (compaction). */
+ * enough decode keys that lists evict past their views' slack (compaction: the by-key view's L/16 + 34 and
+ * the bit view's L/8 + 64 slots; ~3800 decode keys, L = 2250). For the bit view: 13 chunks of 1024 keys, 3
+ * of them sampled, the others' warps emitting above the sample's bound. */
 static const char *cs_big[][7] = {
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
 };
 int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
+
+/* The pipelined tiles (the default before session 11) and the bit view without the sample blocks
+ * (KVBENCH_CS_SAMPLE=0: every warp selects its own exact top k and raises the bound itself). */
+int test_csattention_gpu_pipelined_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, "tiled"); }
+int test_csattention_gpu_bits_unsampled_match_cpu(void) {
+    if (cs_gpu_matches_cpu_at(640, 400, 16, cs_sets, 4, "KVBENCH_CS_SAMPLE=0") != KV_TEST_PASS) return KV_TEST_FAIL;
+    return cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, "KVBENCH_CS_SAMPLE=0");
+}
 
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
  * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
@@ -146,13 +157,13 @@ int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800
 int test_csattention_gpu_tile_variants_match_cpu(void) {
     static const char *envs[] = {
         "KVBENCH_CS_REDUCE=staged",
-        "KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256",
-        "KVBENCH_CS_TK=8192,KVBENCH_CS_BOUNDS=0",
-        "KVBENCH_CS_RING=512x6,KVBENCH_CS_THR=0",
-        "KVBENCH_CS_SLOTS=1",
-        "KVBENCH_CS_TK=2048,KVBENCH_CS_SLOTS=16",
-        "KVBENCH_CS_RING=1024x4,KVBENCH_CS_BOUNDS=0",
-        "KVBENCH_CS_BULK=0",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_TK=2048,KVBENCH_CS_TH=256",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_TK=8192,KVBENCH_CS_BOUNDS=0",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_RING=512x6,KVBENCH_CS_THR=0",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_SLOTS=1",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_TK=2048,KVBENCH_CS_SLOTS=16",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_RING=1024x4,KVBENCH_CS_BOUNDS=0",
+        "KVBENCH_CS_REDUCE=tiled,KVBENCH_CS_BULK=0",
     };
     for (int e = 0; e < (int)(sizeof envs / sizeof envs[0]); e++)
         if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, envs[e]) != KV_TEST_PASS) {

@@ -14,6 +14,30 @@
 
 #include "kv_cuda.h"
 
+/* Warp 0 of a radix select (call from its 32 lanes): the bin of 256 (counts hist, larger bins first) that
+ * holds the rem-th largest; *bin, *above = the count in the bins above it, *exact = that bin completes rem.
+ * Lane l sums bins 255 - 8l down to 248 - 8l, one warp scan, then the lane whose range holds it walks its 8. */
+static __device__ __forceinline__ void kv_pick_bin(const unsigned *hist, int rem, unsigned *bin, int *above,
+                                                   int *exact) {
+    const int lane = threadIdx.x & 31;
+    int cnt = 0;
+    for (int b = 0; b < 8; b++) cnt += hist[255 - 8 * lane - b];
+    int incl = cnt;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const int excl = incl - cnt;
+    if (excl < rem && incl >= rem) {
+        int c = excl;
+        for (int b = 0; b < 8; b++) {
+            const int bi = 255 - 8 * lane - b, h = (int)hist[bi];
+            if (c + h >= rem) { *bin = (unsigned)bi; *above = c; *exact = c + h == rem; break; }
+            c += h;
+        }
+    }
+}
+
 /* out[0..kk) = the positions of the kk best of val[0..n) (kk <= n), kv_topk_ref order (ranked = false:
  * the same set in position order). sel: kk ints of
  * shared scratch (not val), hist: 257 unsigned. Radix select of the kk-th key, 8 bits a pass (warp-
@@ -42,25 +66,7 @@ static __device__ __noinline__ void kv_block_topk(const float *val, int n, int k
             if (lane == __ffs(grp) - 1 && bin < 256) atomicAdd(&hist[bin], (unsigned)__popc(grp));
         }
         __syncthreads();
-        if (tid < 32) {
-            /* lane l holds bins 255 - 8l down to 248 - 8l */
-            int cnt = 0;
-            for (int b = 0; b < 8; b++) cnt += hist[255 - 8 * lane - b];
-            int incl = cnt;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += y;
-            }
-            const int excl = incl - cnt;
-            if (excl < rem && incl >= rem) {
-                int c = excl;
-                for (int b = 0; b < 8; b++) {
-                    const int bin = 255 - 8 * lane - b, h = (int)hist[bin];
-                    if (c + h >= rem) { s_bin = (unsigned)bin; s_above = c; s_exact = c + h == rem; break; }
-                    c += h;
-                }
-            }
-        }
+        if (tid < 32) kv_pick_bin(hist, rem, &s_bin, &s_above, &s_exact);
         __syncthreads();
         prefix |= s_bin << shift;
         pmask |= 255u << shift;

@@ -124,6 +124,48 @@ __device__ __forceinline__ unsigned kv_ld_acquire(const unsigned *p) {
     return v;
 }
 
+/* Programmatic dependent launch (sm_90): the device side. kv_dep_launch lets the next kernel's blocks be
+ * scheduled now; kv_dep_wait waits for the previous kernel's completion and memory. Both no-ops when the
+ * kernel was launched plainly. */
+__device__ __forceinline__ void kv_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void kv_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+/* The host side: launch k with programmatic stream serialization (its blocks may start during the previous
+ * kernel on st, and order their reads of its results with kv_dep_wait). Returns the launch's error: a
+ * caller that gets one may clear it (cudaGetLastError) and launch plainly. */
+template <typename... A, typename... B>
+cudaError_t kv_launch_pdl(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, B &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+/* Launch k with programmatic dependent launch when *pdl, else plainly; a launch the driver refuses with
+ * the attribute clears *pdl (said once on stderr, naming who) and is made plainly. */
+template <typename... A, typename... B>
+kv_status kv_launch(int *pdl, const char *who, void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                    B &&...args) {
+    if (*pdl) {
+        const cudaError_t e = kv_launch_pdl(k, grid, block, smem, st, args...);
+        if (e == cudaSuccess) return KV_OK;
+        (void)cudaGetLastError(); /* not sticky */
+        fprintf(stderr, "kvbench: %s: a launch with programmatic dependent launch refused (%s, grid %u x %u): "
+                "plain launches from now on\n", who, cudaGetErrorString(e), grid.x, grid.y);
+        *pdl = 0;
+    }
+    k<<<grid, block, smem, st>>>(args...);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
 /* Threadfence reduction: true, in every thread, for the one block that
  * arrives last of `nblocks` at *ctr; every block's earlier global writes
  * are then visible to it. Has barriers. */

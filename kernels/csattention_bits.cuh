@@ -1,0 +1,597 @@
+/* csattention_bits.cuh: CSAttention's decode reduce-by-key over a BIT VIEW
+ * of the lists, the default search since session 11 (issue 9, point 4;
+ * included by csattention.cu inside its anonymous namespace after
+ * cs_nearest; its launcher is cs_bits_launch in csattention_search.cuh).
+ *
+ * The view: per list, a bitmap over the key positions (bit i of word w =
+ * key 32 w + i is in the list), the scores in key order, and per chunk of
+ * 1024 keys the slot of its first score (chunk c's scores are at
+ * val[base[c] .. base[c] + popc(chunk c)), chunks in order, holes allowed
+ * after a chunk's scores). A search reads per row and list 1 bit per
+ * region key, 4 B per entry and 4 B per chunk: m x (n / 8 + L x 4 + n / 256)
+ * B, 9.03 B per region key at m = 8, alpha = 0.25, against 16 B for the
+ * (index, score) entries the tiled kernels read (csattention_pipe.cuh,
+ * KVBENCH_CS_REDUCE=tiled). Why: those kernels were bound by instruction
+ * issue in their per-(list, piece) set-up and subspace barriers (257 us =
+ * 35% of their byte floor at 1M tokens, H100); here a lane owns a word of 32
+ * keys and adds its keys' partial scores in registers in the CPU's subspace
+ * order (bitwise the CPU's sums), no atomics, no block barrier, four
+ * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh).
+ * Search, four launches on one stream. cs_nearest: the rows' lists and
+ * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
+ * over the region; a lane's largest gathered sum is one key of its 32, so
+ * when k lanes have one, the k-th largest of those maxima is at most the
+ * row's k-th best: it becomes the row's bound thr (atomicMax of kv_f2key).
+ * cs_bits (rows x chunks / 4 blocks, a warp per chunk): every chunk's sums;
+ * the warp counts its gathered keys (nu, and lists them when asked: u),
+ * then emits those at or above the bound, or, when more than k are, its own
+ * exact top k (warp bisection of kv_f2key, ties to the smaller key), whose
+ * k-th raises the bound. cs_bsel (a block per row): the top k of the row's
+ * candidates by the pair (kv_f2key(sum), ~key): kv_topk_ref's order (larger
+ * first, ties to the smaller key) whatever order the atomics emitted them
+ * in; it publishes nu and clears the row's counters for the next search.
+ * cs_bsamp, cs_bits and cs_bsel are programmatic dependent launches
+ * (KVBENCH_CS_PDL=0: plain): cs_bits's blocks start beside cs_bsamp's and
+ * wait for it only before reading the bound, so the sample costs little
+ * more than its bytes; KVBENCH_CS_SAMPLE=0 drops it (every warp then bounds
+ * itself: the exact top-k path everywhere, which the tests use).
+ * Staging: per group of 8 lists a warp loads every word and base at once,
+ * then copies each list's scores for its chunk (16 B cp.async from the 16-B
+ * boundary below the base) into one of CS_BNB buffers, CS_BNA lists ahead of
+ * the one it adds; a chunk with more than ~512 entries of one list (twice
+ * the mean at alpha = 0.25; possible on real traces, whose lists cluster)
+ * is read from global memory where it lies (the slow path, same sums).
+ * Update (cs_bappend, a warp per list, after cs_try_insert recorded what
+ * each heap did): an evicted key's score leaves its chunk's run (the run's
+ * later scores move down one slot, its bit clears, a hole stays at the run's
+ * end); the appended key (keys arrive in increasing order: the host checks)
+ * goes after the last chunk's run. A list whose scores reach the end of its
+ * row (L + L/8 + 64 slots) is compacted in place by the same warp. */
+
+constexpr int CS_BW = 4;           /* warps (chunks of 1024 keys) a block of cs_bits */
+constexpr int CS_BSW = 16;         /* warps (sample chunks) a block of cs_bsamp */
+constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */
+constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
+constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
+constexpr int CS_BG = 8;           /* lists whose words are loaded at once */
+constexpr int CS_BSEL = 1024;      /* threads of cs_bsel */
+constexpr int CS_BSELC = 8192;     /* candidates cs_bsel keeps in shared memory (more are read from L2) */
+/* A warp's shared memory (4-B words): the buffers, then per list of the group its words, the lanes' first
+ * slots, and per list the base, the count and the slow flag. */
+constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32 + 3 * CS_BG;
+
+/* Row stride of the view's scores: L + slack for the holes evictions leave, a multiple of 4. */
+inline long long cs_bview_ld(int L) { return ((long long)L + L / 8 + 64 + 3) & ~3LL; }
+/* Dynamic shared memory of a block of `warps` warps of cs_bits or cs_bsamp. */
+inline size_t cs_bits_smem(int warps) { return (size_t)warps * CS_BWS * 4; }
+
+struct cs_bits_args {
+    const uint32_t *bits; /* [nlists][BW] */
+    const int *base;      /* [nlists][NCH] */
+    const float *val;     /* [nlists][BL] */
+    long long BW, NCH, BL;
+    const int *jl;
+    const float *wb, *lval;
+    const int *lcnt;
+    int L, m, lo, hi, k;
+    int clo, nreg, S;     /* the region's chunks [clo, clo + nreg); S of them sampled */
+    unsigned *thr;        /* the row's bound at thr[r * CS_SMAX] (kv_f2key; 0 = none) */
+    int *bcnt;            /* candidates a row */
+    unsigned *bcv;        /* [R][bcap]: kv_f2key of the candidates' sums */
+    int32_t *bck;
+    long long bcap;
+    int *bnu;             /* gathered keys a row, accumulating */
+    int32_t *u;           /* nullable: the gathered keys [R][uld] */
+    long long uld;
+};
+
+__device__ __forceinline__ void cs_bcp16(float *s, const float *g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g)
+                 : "memory");
+}
+
+/* Warp sum, and exclusive warp prefix with *tot the sum (lane order). */
+__device__ __forceinline__ int cs_wsum(int v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ int cs_wscan(int v, int *tot) {
+    const int lane = threadIdx.x & 31;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    *tot = __shfl_sync(0xffffffffu, x, 31);
+    return x - v;
+}
+
+/* Keys j of this lane's word with u[j] >= x (u: kv_f2key of a gathered key's sum, 0 for the others). */
+__device__ __forceinline__ int cs_bge(const unsigned (&u)[32], unsigned x) {
+    if (x == 0) x = 1; /* kv_f2key of a float is never 0: the gathered keys alone */
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++) c += u[j] >= x;
+    return c;
+}
+
+/* Add one list's scores of the lane's word wc (p: its first score, in shared or global memory) to s, in
+ * the CPU's arithmetic: missing=zero adds w v for the keys in the list, missing=min w (v or mn) for every
+ * key of the region (km); W1: w = 1 exactly, the product is v. Branch-free: every step loads *p (the
+ * next lane's first score, or the slack after the last one, once the lane's own are done) and moves p by
+ * the key's bit. */
+template <bool MIN, bool W1, bool FULL>
+__device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km, float w, float mn, float (&s)[32]) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const unsigned in = (wc >> j) & 1u;
+        float v = *p;
+        p += in;
+        if (MIN) {
+            v = in ? v : mn;
+            if (FULL || ((km >> j) & 1u)) s[j] = __fadd_rn(s[j], W1 ? v : __fmul_rn(w, v));
+        } else {
+            const float t = __fadd_rn(s[j], W1 ? v : __fmul_rn(w, v));
+            s[j] = in && (FULL || ((km >> j) & 1u)) ? t : s[j];
+        }
+    }
+}
+/* The same for a word whose keys are all in the region, its scores in shared memory at address sa: four
+ * instructions a key for missing=zero, w = 1 (the bit into a predicate, the load, the predicated address
+ * step and add), written in PTX because the compiler's selects took twice as many. */
+template <bool MIN, bool W1>
+__device__ __forceinline__ void cs_badd_sh(unsigned sa, unsigned wc, float w, float mn, float (&s)[32]) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        if (!MIN && W1)
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\t@p add.rn.f32 %0, %0, v;\n\t}"
+                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j));
+        else if (!MIN)
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\t@p mul.rn.f32 v, %4, v;\n\t@p add.rn.f32 %0, %0, v;\n\t}"
+                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(w));
+        else if (W1)
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\tselp.f32 v, v, %4, p;\n\tadd.rn.f32 %0, %0, v;\n\t}"
+                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(mn));
+        else
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\tselp.f32 v, v, %5, p;\n\tmul.rn.f32 v, %4, v;\n\t"
+                         "add.rn.f32 %0, %0, v;\n\t}"
+                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(w), "f"(mn));
+    }
+}
+
+template <bool MIN, bool W1>
+__device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km, float w, float mn, float (&s)[32]) {
+    if (km == 0xffffffffu) cs_badd<MIN, W1, true>(p, wc, km, w, mn, s); /* every key of the word in the region */
+    else cs_badd<MIN, W1, false>(p, wc, km, w, mn, s);
+}
+
+/* The sums of region chunk c for the row whose lists are sli (weights sws, missing=min defaults smn) into
+ * s[32] (key c*1024 + 32 lane + j), lists in the CPU's subspace order; returns the lane's gathered keys (in
+ * a list and in [lo, hi)). ws: the warp's CS_BWS words of shared memory. Per group of CS_BG lists: every
+ * word and base loaded at once, then each list's scores copied (16-B cp.async, CS_BNA lists ahead) into a
+ * buffer, or, when a chunk holds more than a buffer (> ~512 keys of the list: never at alpha = 0.25 on
+ * uniform lists), read from global memory where they are (the slow path). */
+template <bool MIN, bool W1>
+__device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *sli, const float *sws,
+                                             const float *smn, int c, float *ws, float (&s)[32]) {
+    const int lane = threadIdx.x & 31;
+    const long long wi = (long long)c * 32 + lane, k0 = wi * 32, d0 = a.lo - k0, d1 = a.hi - k0;
+    const unsigned km = (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
+                        (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
+    unsigned *swd = (unsigned *)(ws + CS_BNB * CS_BBUF);
+    int *sof = (int *)(swd + CS_BG * 32), *sbs = sof + CS_BG * 32, *stot = sbs + CS_BG, *ssl = stot + CS_BG;
+#pragma unroll
+    for (int j = 0; j < 32; j++) s[j] = 0.f;
+    unsigned g = 0;
+    for (int g0 = 0; g0 < a.m; g0 += CS_BG) {
+        const int mg = a.m - g0 < CS_BG ? a.m - g0 : CS_BG;
+        unsigned wv[CS_BG];
+        int bv[CS_BG];
+#pragma unroll
+        for (int i = 0; i < CS_BG; i++)
+            if (i < mg) {
+                const int li = sli[g0 + i];
+                wv[i] = __ldcs(a.bits + (size_t)li * a.BW + wi);
+                bv[i] = __ldcs(a.base + (size_t)li * a.NCH + c);
+            }
+#pragma unroll
+        for (int i = 0; i < CS_BG; i++)
+            if (i < mg) {
+                int tot;
+                const int ex = cs_wscan(__popc(wv[i]), &tot), slow = (bv[i] & 3) + tot > CS_BBUF - 4;
+                swd[i * 32 + lane] = wv[i];
+                sof[i * 32 + lane] = slow ? bv[i] + ex : (bv[i] & 3) + ex;
+                if (lane == 0) { sbs[i] = bv[i]; stot[i] = tot; ssl[i] = slow; }
+            }
+        __syncwarp();
+        auto issue = [&](int i) { /* list g0 + i's scores into buffer i % CS_BNB; one commit group always */
+            if (i < mg && !ssl[i]) {
+                const int bs = sbs[i], n16 = ((bs & 3) + stot[i] + 3) >> 2;
+                const float *src = a.val + (size_t)sli[g0 + i] * a.BL + (bs & ~3);
+                float *dst = ws + (i % CS_BNB) * CS_BBUF;
+                for (int q = lane; q < n16; q += 32) cs_bcp16(dst + 4 * q, src + 4 * q);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        for (int i = 0; i < CS_BNA; i++) issue(i);
+        for (int b = 0; b < mg; b++) {
+            issue(b + CS_BNA);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(CS_BNA) : "memory");
+            __syncwarp();
+            const unsigned wc = swd[b * 32 + lane];
+            const int o = sof[b * 32 + lane];
+            if (ssl[b]) cs_badd<MIN, W1>(a.val + (size_t)sli[g0 + b] * a.BL + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+            else if (km == 0xffffffffu)
+                cs_badd_sh<MIN, W1>((unsigned)__cvta_generic_to_shared(ws + (b % CS_BNB) * CS_BBUF + o), wc,
+                                    sws[g0 + b], smn[g0 + b], s);
+            else cs_badd<MIN, W1>(ws + (b % CS_BNB) * CS_BBUF + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+            g |= wc & km;
+            __syncwarp(); /* buffer b % CS_BNB is refilled next */
+        }
+    }
+    return g;
+}
+
+/* The gathered keys of the lane's word: counted into bnu[r], listed into u when asked (any order). */
+__device__ __forceinline__ void cs_bunion(const cs_bits_args &a, int r, unsigned g, int key0) {
+    int tot;
+    const int ex = cs_wscan(__popc(g), &tot);
+    if (!tot) return;
+    int at = 0;
+    if ((threadIdx.x & 31) == 0) at = atomicAdd(a.bnu + r, tot);
+    at = __shfl_sync(0xffffffffu, at, 0) + ex;
+    if (a.u)
+        for (unsigned x = g; x; x &= x - 1) a.u[(size_t)r * a.uld + at++] = key0 + __ffs(x) - 1;
+}
+
+/* The warp's exact top k (u: kv_f2key of the sums, 0 = not gathered): the bisection of the k-th key X, the
+ * keys above it and the first ties in key order (lanes and j run in key order); X raises the row's bound. */
+__device__ void cs_btopk(const cs_bits_args &a, int r, const unsigned (&u)[32], int key0) {
+    unsigned X = 0; /* the largest X with k keys at or above it */
+    for (int bit = 31; bit >= 0; bit--)
+        if (cs_wsum(cs_bge(u, X | (1u << bit))) >= a.k) X |= 1u << bit;
+    const int need = a.k - (X == 0xffffffffu ? 0 : cs_wsum(cs_bge(u, X + 1)));
+    int te = 0, gt = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        te += u[j] == X;
+        gt += u[j] > X;
+    }
+    int ttot, otot;
+    int tr = cs_wscan(te, &ttot); /* ties before this lane's, in key order */
+    const int take = gt + (need - tr > 0 ? (need - tr < te ? need - tr : te) : 0);
+    const int ex = cs_wscan(take, &otot);
+    int at = 0;
+    if ((threadIdx.x & 31) == 0) at = atomicAdd(a.bcnt + r, otot);
+    at = __shfl_sync(0xffffffffu, at, 0) + ex;
+    unsigned *ov = a.bcv + (size_t)r * a.bcap;
+    int32_t *ok = a.bck + (size_t)r * a.bcap;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        if (u[j] < X || (u[j] == X && tr++ >= need)) continue;
+        ov[at] = u[j];
+        ok[at] = key0 + j;
+        at++;
+    }
+    if ((threadIdx.x & 31) == 0) atomicMax(a.thr + (size_t)r * CS_SMAX, X);
+}
+
+/* The sums' keys: u[j] = kv_f2key(s[j]) for the gathered keys, 0 for the others. */
+__device__ __forceinline__ void cs_bkeys(const float (&s)[32], unsigned g, unsigned (&u)[32]) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) u[j] = (g >> j) & 1u ? kv_f2key(s[j]) : 0u;
+}
+
+/* The warp's candidates for row r: its gathered keys at or above the bound T (a kv_f2key; compared as the
+ * float it is the key of) or, when more than k are, its exact top k (cs_btopk). key0: the key of s[0]. */
+__device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const float (&s)[32], unsigned g, int key0,
+                                         unsigned T) {
+    const float tf = T ? kv_key2f(T) : -INFINITY;
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++) c += ((g >> j) & 1u) && s[j] >= tf;
+    if (cs_wsum(c) > a.k) {
+        unsigned u[32];
+        cs_bkeys(s, g, u);
+        cs_btopk(a, r, u, key0);
+        return;
+    }
+    int tot;
+    int at = cs_wscan(c, &tot);
+    if (!tot) return;
+    int at0 = 0;
+    if ((threadIdx.x & 31) == 0) at0 = atomicAdd(a.bcnt + r, tot);
+    at += __shfl_sync(0xffffffffu, at0, 0);
+    if (!c) return;
+    unsigned *ov = a.bcv + (size_t)r * a.bcap;
+    int32_t *ok = a.bck + (size_t)r * a.bcap;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+        if (((g >> j) & 1u) && s[j] >= tf) {
+            ov[at] = kv_f2key(s[j]);
+            ok[at] = key0 + j;
+            at++;
+        }
+}
+
+/* The row's per-list set-up (tid < m): the list, its weight and its missing-key default. */
+__device__ __forceinline__ void cs_brow(const cs_bits_args &a, int r, bool MIN, int *sli, float *sws, float *smn) {
+    const int t = threadIdx.x;
+    if (t < a.m) {
+        const int li = a.jl[r * a.m + t];
+        sli[t] = li;
+        sws[t] = a.wb[r * a.m + t];
+        smn[t] = MIN && a.lcnt[li] ? a.lval[(size_t)li * a.L] : 0.f; /* heap root = the list's minimum */
+    }
+}
+
+/* Grid (R, SB), CS_BSW warps, after cs_nearest: sample chunks y*CS_BSW + w of S (spread over the region);
+ * each lane's largest gathered key is one key of its own 32, so when k lanes have one, the k-th largest of
+ * those maxima is at most the row's k-th best: it raises the row's bound. cs_bits may start beside it
+ * (programmatic dependent launch) and waits for it only to read the bound. */
+template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_bsamp(cs_bits_args a) {
+    extern __shared__ __align__(16) float cs_bsm[];
+    __shared__ int sli[CS_MMAX];
+    __shared__ float sws[CS_MMAX], smn[CS_MMAX];
+    kv_dep_wait();   /* cs_nearest's lists */
+    kv_dep_launch(); /* cs_bits's blocks may take the other SMs now (cs_nearest is done) */
+    const int r = blockIdx.x, w = threadIdx.x >> 5;
+    cs_brow(a, r, MIN, sli, sws, smn);
+    __syncthreads();
+    const int si = blockIdx.y * CS_BSW + w;
+    unsigned mx = 0; /* kv_f2key of a gathered key is never 0 */
+    if (si < a.S) {
+        float s[32];
+        const unsigned g = cs_bchunk<MIN, W1>(a, sli, sws, smn, a.clo + (int)((long long)si * a.nreg / a.S),
+                                              cs_bsm + (size_t)w * CS_BWS, s);
+        unsigned u[32];
+        cs_bkeys(s, g, u);
+#pragma unroll
+        for (int j = 0; j < 32; j++) mx = max(mx, u[j]);
+    }
+    if (__syncthreads_count(mx != 0) < a.k) return; /* uniform */
+    unsigned X = 0;
+    for (int bit = 31; bit >= 0; bit--)
+        if (__syncthreads_count(mx >= (X | (1u << bit))) >= a.k) X |= 1u << bit;
+    if (threadIdx.x == 0) atomicMax(a.thr + (size_t)r * CS_SMAX, X);
+}
+
+/* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk. */
+template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32) cs_bits(cs_bits_args a) {
+    extern __shared__ __align__(16) float cs_bsm[];
+    __shared__ int sli[CS_MMAX];
+    __shared__ float sws[CS_MMAX], smn[CS_MMAX];
+    const int r = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    cs_brow(a, r, MIN, sli, sws, smn);
+    __syncthreads();
+    const int cr = blockIdx.y * CS_BW + w;
+    if (cr >= a.nreg) return; /* whole warps: no barrier follows */
+    const int c = a.clo + cr;
+    float s[32];
+    const unsigned g = cs_bchunk<MIN, W1>(a, sli, sws, smn, c, cs_bsm + (size_t)w * CS_BWS, s);
+    cs_bunion(a, r, g, c * 1024 + lane * 32);
+    kv_dep_wait(); /* cs_bsamp's bound */
+    const unsigned T = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX);
+    cs_bemit(a, r, s, g, c * 1024 + lane * 32, T);
+    kv_dep_launch(); /* cs_bsel may be scheduled once every block is here */
+}
+
+/* A block per row: oidx[r*kk + j] = the j-th best of its bcnt[r] candidates (kv_topk_ref order), j < min(kk,
+ * bcnt[r]); then nu[r] = the union count, and the row's counters and bound back to zero. Candidates are
+ * ordered by the pair (key of the sum, ~key). Fast path (the pairs fit in shared memory, CS_BSELC): one
+ * histogram of 2048 bins over the range of the sums' keys finds the bin b of the want-th; the candidates
+ * above b are in, and those in b (the group) are ranked among themselves; each selected one's rank is then
+ * counted directly. Otherwise (or a group too large to rank) a radix select of the pair, 8 bits a pass,
+ * stopping once the chosen bin holds exactly the ones still needed. */
+__global__ void __launch_bounds__(CS_BSEL) cs_bsel(const unsigned *bcv, const int32_t *bck, long long bcap, int *bcnt,
+                                                   int kk, int *bnu, int *nu, unsigned *thr, int32_t *oidx) {
+    extern __shared__ __align__(16) unsigned long long cs_bsc[]; /* [CS_BSELC] */
+    __shared__ unsigned hist[2048], s_hi, s_lo;
+    __shared__ unsigned long long sc[CS_KCAP];
+    __shared__ int sk[CS_KCAP], sw[32];
+    __shared__ unsigned s_bin;
+    __shared__ int s_above, s_exact, s_n, s_g;
+    kv_dep_wait(); /* cs_bits's candidates */
+    const int r = blockIdx.x, tid = threadIdx.x, n = bcnt[r], want = kk < n ? kk : n;
+    const unsigned *cv = bcv + (size_t)r * bcap;
+    const int32_t *ck = bck + (size_t)r * bcap;
+    const bool kept = n <= CS_BSELC;
+    auto comp = [&](int i) { return (unsigned long long)cv[i] << 32 | (unsigned long long)(~(unsigned)ck[i]); };
+    if (tid == 0) { s_hi = 0; s_lo = 0xffffffffu; s_n = 0; s_g = 0; }
+    for (int i = tid; i < 2048; i += CS_BSEL) hist[i] = 0;
+    __syncthreads();
+    unsigned hi = 0, lo = 0xffffffffu;
+    for (int i = tid; i < n && kept; i += CS_BSEL) {
+        const unsigned long long x = comp(i);
+        cs_bsc[i] = x;
+        hi = max(hi, (unsigned)(x >> 32));
+        lo = min(lo, (unsigned)(x >> 32));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    }
+    if ((tid & 31) == 0 && n && kept) { atomicMax(&s_hi, hi); atomicMin(&s_lo, lo); }
+    __syncthreads();
+    bool fast = kept && want > 0;
+    if (fast) {
+        const unsigned base = s_lo;
+        int sh = 0;
+        while (((s_hi - base) >> sh) >= 2048u) sh++;
+        for (int i = tid; i < n; i += CS_BSEL) atomicAdd(&hist[((unsigned)(cs_bsc[i] >> 32) - base) >> sh], 1u);
+        __syncthreads();
+        /* thread t: bins 2047 - 2t, 2046 - 2t; the counts above them by one block scan */
+        const int c1 = (int)hist[2047 - 2 * tid], c0 = (int)hist[2046 - 2 * tid];
+        int tot;
+        const int above = kv_block_scan(c1 + c0, &tot, sw);
+        if (above < want && above + c1 >= want) { s_bin = 2047u - 2 * tid; s_above = above; }
+        else if (above + c1 < want && above + c1 + c0 >= want) { s_bin = 2046u - 2 * tid; s_above = above + c1; }
+        __syncthreads();
+        const unsigned bin = (unsigned)s_bin;
+        const int A = s_above, G = (int)hist[bin];
+        fast = A + G <= CS_KCAP;
+        if (fast) {
+            for (int i = tid; i < n; i += CS_BSEL) {
+                const unsigned long long x = cs_bsc[i];
+                const unsigned b = ((unsigned)(x >> 32) - base) >> sh;
+                if (b < bin) continue;
+                const int p = b > bin ? atomicAdd(&s_n, 1) : A + atomicAdd(&s_g, 1);
+                sc[p] = x;
+                sk[p] = ~(unsigned)x;
+            }
+            __syncthreads();
+            for (int p = tid; p < A + G; p += CS_BSEL) { /* above: ranked among themselves; the group: among it */
+                const int q0 = p < A ? 0 : A, q1 = p < A ? A : A + G;
+                int rank = 0;
+                for (int q = q0; q < q1; q++) rank += sc[q] > sc[p];
+                if (p >= A && rank >= want - A) continue;
+                oidx[(size_t)r * kk + (p < A ? rank : A + rank)] = sk[p];
+            }
+        }
+    }
+    if (!fast && want > 0) {
+        unsigned long long prefix = 0, pmask = 0;
+        int rem = want;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            __syncthreads();
+            if (tid < 256) hist[tid] = 0;
+            __syncthreads();
+            for (int i = tid; i < n; i += CS_BSEL) {
+                const unsigned long long x = kept ? cs_bsc[i] : comp(i);
+                if ((x & pmask) == prefix) atomicAdd(&hist[(unsigned)(x >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (tid < 32) kv_pick_bin(hist, rem, &s_bin, &s_above, &s_exact);
+            __syncthreads();
+            prefix |= (unsigned long long)s_bin << shift;
+            pmask |= 0xffull << shift;
+            rem -= s_above;
+            if (s_exact) break; /* the whole bin is in: the top want are (x & pmask) >= prefix */
+        }
+        if (tid == 0) s_n = 0;
+        __syncthreads();
+        for (int i = tid; i < n; i += CS_BSEL) {
+            const unsigned long long x = kept ? cs_bsc[i] : comp(i);
+            if ((x & pmask) >= prefix) {
+                const int p = atomicAdd(&s_n, 1);
+                sc[p] = x;
+                sk[p] = ~(unsigned)x;
+            }
+        }
+        __syncthreads();
+        for (int p = tid; p < want; p += CS_BSEL) {
+            int rank = 0;
+            for (int j = 0; j < want; j++) rank += sc[j] > sc[p];
+            oidx[(size_t)r * kk + rank] = sk[p];
+        }
+    }
+    if (tid == 0) {
+        nu[r] = bnu[r];
+        bnu[r] = 0;
+        bcnt[r] = 0;
+        thr[(size_t)r * CS_SMAX] = 0;
+    }
+}
+
+/* ---- the view's build and update ---- */
+
+/* A block per list: the view from the selection's position-ordered list (n entries, keys increasing; bits
+ * zeroed before), every chunk's base (the first entry at or past it), the tail and the last chunk. */
+__global__ void cs_bbuild(const int32_t *lidx, const float *lval, long long lst, int n, uint32_t *bits, int *base,
+                          float *val, long long BW, long long NCH, long long BL, int *btl, int *blast) {
+    const int li = blockIdx.x;
+    const int32_t *ki = lidx + (size_t)li * lst;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int key = ki[i];
+        atomicOr(bits + (size_t)li * BW + (key >> 5), 1u << (key & 31));
+        val[(size_t)li * BL + i] = lval[(size_t)li * lst + i];
+    }
+    for (long long c = threadIdx.x; c < NCH; c += blockDim.x) {
+        int lo = 0, hi = n;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (ki[mid] < c * 1024) lo = mid + 1;
+            else hi = mid;
+        }
+        base[(size_t)li * NCH + c] = lo;
+    }
+    if (threadIdx.x == 0) {
+        btl[li] = n;
+        blast[li] = n ? ki[n - 1] >> 10 : -1;
+    }
+}
+
+/* A warp per list: apply what cs_try_insert did to the list's heap (act[li]: -2 nothing, -1 key t inserted,
+ * e >= 0 key t inserted in place of e, score nv[li]) to its view; compact the list when its scores reach the
+ * end of the row. Keys arrive in increasing order (the host checks). */
+__global__ void cs_bappend(const int *act, const float *nv, int t, int nlists, uint32_t *bits, int *base, float *val,
+                           long long BW, long long NCH, long long BL, int *btl, int *blast) {
+    const int li = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (li >= nlists) return;
+    const int e = act[li];
+    if (e == -2) return;
+    uint32_t *bi = bits + (size_t)li * BW;
+    int *ba = base + (size_t)li * NCH;
+    float *va = val + (size_t)li * BL;
+    int tl = btl[li], last = blast[li];
+    if (e >= 0) { /* the evicted key's score leaves its chunk's run */
+        const int ce = e >> 10, el = (e >> 5) & 31;
+        const unsigned wd = bi[(size_t)ce * 32 + lane];
+        int tot;
+        const int ex = cs_wscan(__popc(wd), &tot);
+        const unsigned we = __shfl_sync(0xffffffffu, wd, el);
+        const int b0 = ba[ce], rank = b0 + __shfl_sync(0xffffffffu, ex, el) + __popc(we & ((1u << (e & 31)) - 1u)),
+                  end = b0 + tot;
+        for (int i0 = rank; i0 < end - 1; i0 += 32) {
+            const int i = i0 + lane;
+            const float x = i < end - 1 ? va[i + 1] : 0.f;
+            __syncwarp();
+            if (i < end - 1) va[i] = x;
+            __syncwarp();
+        }
+        if (lane == el) bi[(size_t)ce * 32 + el] = wd & ~(1u << (e & 31));
+        if (ce == last) tl--;
+        __syncwarp();
+    }
+    const int ct = t >> 10;
+    if (ct > last) { /* new chunks start at the tail */
+        for (int c = last + 1 + lane; c <= ct; c += 32) ba[c] = tl;
+        last = ct;
+    }
+    if (lane == 0) {
+        va[tl] = nv[li];
+        bi[t >> 5] |= 1u << (t & 31);
+    }
+    tl++;
+    __syncwarp();
+    if (tl >= BL - 1) { /* compaction: the chunk runs moved down in order (a destination never passes a source) */
+        int dst = 0;
+        for (int c = 0; c <= last; c++) {
+            int tot;
+            cs_wscan(__popc(bi[(size_t)c * 32 + lane]), &tot);
+            const int src = ba[c];
+            for (int i0 = 0; i0 < tot && src != dst; i0 += 32) {
+                const int i = i0 + lane;
+                const float x = i < tot ? va[src + i] : 0.f;
+                __syncwarp();
+                if (i < tot) va[dst + i] = x;
+                __syncwarp();
+            }
+            if (lane == 0) ba[c] = dst;
+            dst += tot;
+        }
+        tl = dst;
+    }
+    if (lane == 0) { btl[li] = tl; blast[li] = last; }
+}
