@@ -135,7 +135,7 @@ int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640,
  * pipelined kernel's 2048-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
  * enough decode keys that lists evict past their views' slack (compaction: the by-key view's L/16 + 34 and
  * the bit view's L/8 + 64 slots; ~3800 decode keys, L = 2250). For the bit view: 13 chunks of 1024 keys, 3
- * of them sampled, the others' warps emitting above the sample's bound. */
+ * of them sampled for the bound, every chunk's warp emitting above it. */
 static const char *cs_big[][7] = {
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
