@@ -379,11 +379,9 @@ kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
     return KV_OK;
 }
 
-/* The bit-view kernels' shared memory: cs_bsamp's 16 warps need 134 KB, cs_bsel 97 KB; cs_bits's blocks
- * share an SM. */
+/* The bit-view kernels' shared memory: cs_bsamp's 16 warps need 134 KB; cs_bits's blocks share an SM
+ * (cs_bsel's 97 KB is set beside the calls). */
 template <bool MIN, bool W1> kv_status cs_bits_attr() {
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)(CS_BSELC * sizeof(unsigned long long))));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsamp<MIN, W1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)cs_bits_smem(CS_BSW)));
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1>, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -492,6 +490,8 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         KV_TRY((cs_bits_attr<false, true>()));
         KV_TRY((cs_bits_attr<true, false>()));
         KV_TRY((cs_bits_attr<true, true>()));
+        KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)(CS_BSELC * sizeof(unsigned long long))));
     }
     const long long nt = (c.T + 2047) / 2048; /* the smallest tile */
     g->cld = nt * g->kcap;

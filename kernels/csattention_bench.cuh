@@ -19,6 +19,21 @@ struct cs_cmp {
     int32_t *ref, *got;
     int *rnu, *gnu;
 };
+/* The search just launched on g->st against the reference: its top k (no = R kk ranks) and union counts
+ * into got, gnu; *bad = the first rank (row kk + rank) that differs, *badnu the first row whose union count
+ * differs, -1 where none does. */
+kv_status cs_cmp_run(kv_cs_gpu *g, cs_cmp *c, size_t no, int R, long *bad, int *badnu) {
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    KV_CUDA_TRY(cudaMemcpy(c->got, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy(c->gnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost));
+    *bad = -1;
+    *badnu = -1;
+    for (size_t i = 0; i < no && *bad < 0; i++)
+        if (c->got[i] != c->ref[i]) *bad = (long)i;
+    for (int r = 0; r < R && *badnu < 0; r++)
+        if (c->gnu[r] != c->rnu[r]) *badnu = r;
+    return KV_OK;
+}
 kv_status cs_bench_ref(kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int R, int kk, cs_cmp *c) {
     const size_t no = (size_t)R * kk;
     if (!(c->ref = (int32_t *)malloc(2 * no * sizeof(int32_t) + 2 * (size_t)R * sizeof(int))))
@@ -40,27 +55,18 @@ kv_status cs_bench_check(kv_cs_gpu *g, const kv_cs_bench_params *bp, int n, int 
     const size_t no = (size_t)R * kk;
     cs_cmp cmp = {};
     kv_status st = cs_bench_ref(g, bp, n, R, kk, &cmp);
-    int32_t *ref = cmp.ref, *got = cmp.got;
-    int *rnu = cmp.rnu, *gnu = cmp.gnu;
-    if (st == KV_OK) st = cs_bits_launch(g, bp->pool, bp->missing, bp->weight, n, k, 0);
-    cudaError_t e = st == KV_OK ? cudaStreamSynchronize(g->st) : cudaSuccess;
-    if (e == cudaSuccess && st == KV_OK) e = cudaMemcpy(got, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
-    if (e == cudaSuccess && st == KV_OK) e = cudaMemcpy(gnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess) st = kv_cuda_error(e, "csattention bench check", __FILE__, __LINE__);
     long bad = -1;
     int badnu = -1;
-    for (size_t i = 0; st == KV_OK && i < no && bad < 0; i++)
-        if (got[i] != ref[i]) bad = (long)i;
-    for (int r = 0; st == KV_OK && r < R && badnu < 0; r++)
-        if (gnu[r] != rnu[r]) badnu = r;
+    if (st == KV_OK) st = cs_bits_launch(g, bp->pool, bp->missing, bp->weight, n, k, 0);
+    if (st == KV_OK) st = cs_cmp_run(g, &cmp, no, R, &bad, &badnu);
     if (st == KV_OK)
         fprintf(stderr, "csattention check n=%d: search (bit view) top %d %s, union counts %s\n", n, kk,
                 bad < 0 ? "= dense" : "DIFFER from dense", badnu < 0 ? "= dense" : "DIFFER from dense");
     if (st == KV_OK && (bad >= 0 || badnu >= 0))
         st = kv_fail(KV_ERR_INTERNAL, "csattention GPU: the bit-view search differs from the dense path at n=%d "
                      "(row %ld rank %ld: %d vs %d; union row %d)", n, bad < 0 ? -1 : bad / kk, bad < 0 ? -1 : bad % kk,
-                     bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad], badnu);
-    free(ref);
+                     bad < 0 ? 0 : cmp.got[bad], bad < 0 ? 0 : cmp.ref[bad], badnu);
+    free(cmp.ref);
     return st;
 }
 
@@ -74,7 +80,6 @@ kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_benc
     cs_cmp cmp = {}; /* the reference: the dense path once more (the bench's reduce_dense + topk_dense) */
     kv_status st = cs_bench_ref(g, bp, n, R, kk, &cmp);
     int32_t *ref = cmp.ref, *got = cmp.got;
-    int *rnu = cmp.rnu, *gnu = cmp.gnu;
     const int tk0 = g->tkeys, th0 = g->tth, thr0 = g->use_thr, bnd0 = g->use_bnd, ring0 = g->ring;
     /* variant (3 staged, 0 pipelined), keys, threads, ring, row bound, precomputed ranges */
     static const int cf[][6] = {{3, 4096, 512, 0, 0, 0}, {0, 4096, 512, 0, 1, 0}, {0, 4096, 512, 0, 0, 0},
@@ -94,17 +99,10 @@ kv_status cs_bench_sweep(kv_mbench<kv_cs_gpu> &x, kv_cs_gpu *g, const kv_cs_benc
         st = x.time([&]() { return cs_tiles_launch(g, v, bp->pool, bp->missing, bp->weight, n, k, 0, &ntl); }, &a);
         if (st == KV_OK) st = x.time([&]() { return cs_cand_launch(g, v, R, nt, k, kk); }, &b);
         if (st == KV_OK) st = x.time([&]() { return cs_tile_launch(g, v, bp->pool, bp->missing, bp->weight, n, k, 0); }, &w);
+        long bad;
+        int badnu;
+        if (st == KV_OK) st = cs_cmp_run(g, &cmp, no, R, &bad, &badnu);
         if (st != KV_OK) break;
-        cudaError_t e = cudaStreamSynchronize(g->st);
-        if (e == cudaSuccess) e = cudaMemcpy(got, g->oidx, no * sizeof(int32_t), cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess) e = cudaMemcpy(gnu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost);
-        if (e != cudaSuccess) { st = kv_cuda_error(e, "csattention sweep", __FILE__, __LINE__); break; }
-        long bad = -1;
-        for (size_t i = 0; i < no && bad < 0; i++)
-            if (got[i] != ref[i]) bad = (long)i;
-        int badnu = -1;
-        for (int r = 0; r < R && badnu < 0; r++)
-            if (gnu[r] != rnu[r]) badnu = r;
         fprintf(stderr, "cs sweep n=%d %s tk=%d th=%d ring=%dx%d bound=%d ranges=%d: tiles %.1f us, merge %.1f us, "
                         "search %.1f us (p90 %.1f); top-k %s, union %s\n", n, v == 3 ? "staged" : "pipelined",
                 v == 3 ? CS_TK : g->tkeys, v == 3 ? CS_TTH : g->tth, CS_RINGS[g->ring][0], CS_RINGS[g->ring][1],

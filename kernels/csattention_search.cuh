@@ -6,13 +6,20 @@
  * launches on g->st with the query already on the device and never waits
  * on the host. */
 
+/* The rows' nearest lists and weights (jl, wb) on g->st; nu0 and thr0 (nullable) zeroed on the way. */
+kv_status cs_nearest_launch(kv_cs_gpu *g, int pool, int weight, int R, int *nu0, unsigned *thr0) {
+    const kv_cs_gpu_config &c = g->c;
+    cs_nearest<<<(R * c.m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, c.m, c.C, g->ds, g->cent,
+                                                          g->jl, g->wb, nu0, thr0);
+    KV_LAUNCH_CHECK();
+    return KV_OK;
+}
+
 /* The dense paths' first launches: the nearest lists and weights, the dense rows of [sink, hi) = -inf. */
 kv_status cs_nearest_fill(kv_cs_gpu *g, int pool, int weight, int hi) {
     const kv_cs_gpu_config &c = g->c;
-    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, m = c.m;
-    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb, NULL, NULL);
-    KV_LAUNCH_CHECK();
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink;
+    KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
     const long long fill = (long long)(hi - lo) * R;
     cs_fill<<<(int)((fill + 255) / 256 < 4096 ? (fill + 255) / 256 : 4096), 256, 0, g->st>>>(g->S, c.T, lo, hi, R,
                                                                                             -INFINITY);
@@ -116,9 +123,7 @@ kv_status cs_tiles_launch(kv_cs_gpu *g, int variant, int pool, int missing, int 
     if (n <= 0) return KV_OK;
     unsigned *thr = variant != 3 && g->use_thr ? g->thr : NULL;
     const int *bnd = variant != 3 && g->use_bnd ? g->bnd : NULL;
-    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb, g->nu, thr);
-    KV_LAUNCH_CHECK();
+    KV_TRY(cs_nearest_launch(g, pool, weight, R, g->nu, thr));
     if (bnd) {
         const long long warps = (long long)R * m * (*nt + 1);
         cs_bounds<<<(int)((warps + 3) / 4), 128, 0, g->st>>>(g->vidx, g->vcnt, g->VL, g->jl, R, m, lo, hi, tk, *nt + 1,
@@ -178,16 +183,14 @@ kv_status cs_tile_launch(kv_cs_gpu *g, int variant, int pool, int missing, int w
  * one more block of 16 every 512 chunks (KVBENCH_CS_SAMPLE=0: none). */
 kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
     const kv_cs_gpu_config &c = g->c;
-    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n, m = c.m;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n;
     if (n <= 0 || kk <= 0) return KV_OK;
     const int clo = lo >> 10, nreg = ((hi - 1) >> 10) - clo + 1, SB = nreg / 512 > 1 ? nreg / 512 : 1;
     const int S = !g->bsample ? 0 : nreg / 4 < 1 ? 1 : nreg / 4 < SB * CS_BSW ? nreg / 4 : SB * CS_BSW;
     const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
-                            m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
+                            c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
                             want_u ? g->u : NULL, c.T};
-    cs_nearest<<<(R * m + 3) / 4, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, m, c.C, g->ds, g->cent, g->jl,
-                                                        g->wb, NULL, NULL);
-    KV_LAUNCH_CHECK();
+    KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
     void (*samp)(cs_bits_args) = missing == 1 ? (weight ? cs_bsamp<true, false> : cs_bsamp<true, true>)
                                               : (weight ? cs_bsamp<false, false> : cs_bsamp<false, true>);
     void (*main_k)(cs_bits_args) = missing == 1 ? (weight ? cs_bits<true, false> : cs_bits<true, true>)
