@@ -33,7 +33,8 @@
  *   oracle    K and V as e' = 2 (k stored as float16) or 4, e' (1 + has_v) Hkv T D,
  *             its scores 4 Hq T, and with several budgets or the profile the
  *             device evaluation's sort keys, two [Hq][T] of 8 bytes, 16 Hq T
- *   methods   per instance on the GPU e' Hkv T D + 4 Hq T (the estimate). */
+ *   methods   per instance on the GPU e' Hkv T D + 4 Hq T (the estimate), without the e' Hkv T D of
+ *             keys for a method that reads the oracle's (reads_layer_keys: exact). */
 #include <math.h>
 
 #include "memory.h"
@@ -63,7 +64,7 @@ void kv_mem_estimate(const kv_mem_shape *s, kv_mem_need *n) {
     n->host = n->layer + n->prefill + n->methods + n->selections + n->oracle + n->rows;
     if (s->use_gpu) {
         n->dev_oracle = ed * (1 + hv) * Hkv * T * D + 4 * Hq * T + (multi ? 16 * Hq * T : 0);
-        n->dev_methods = s->n_gpu * (ed * Hkv * T * D + 4 * Hq * T);
+        n->dev_methods = s->n_gpu * (ed * Hkv * T * D + 4 * Hq * T) - s->n_gpu_lent * ed * Hkv * T * D;
         n->dev = n->dev_oracle + n->dev_methods;
     }
 }
@@ -71,6 +72,7 @@ void kv_mem_estimate(const kv_mem_shape *s, kv_mem_need *n) {
 void kv_mem_add_method(kv_mem_shape *s, const kv_method *m, int copies, int budgets, int use_gpu) {
     if (use_gpu && m->has_gpu) s->n_gpu += copies;
     else s->n_cpu += copies;
+    if (use_gpu && m->has_gpu && m->reads_layer_keys) s->n_gpu_lent += copies;
     s->n_recs += copies * budgets;
     s->sel_lists += (double)copies * (m->per_kv_head ? s->Hkv : s->Hq);
     s->widen |= kv_prefill_widened(m);
@@ -78,7 +80,7 @@ void kv_mem_add_method(kv_mem_shape *s, const kv_method *m, int copies, int budg
 
 double kv_mem_largest_context(kv_mem_shape s, const kv_method *const *ms, int n_ms, double decode, double host_bytes,
                               double dev_bytes, kv_mem_need *at) {
-    s.n_cpu = s.n_gpu = s.n_recs = 0;
+    s.n_cpu = s.n_gpu = s.n_gpu_lent = s.n_recs = 0;
     s.sel_lists = 0;
     s.widen = 0;
     for (int i = 0; i < n_ms; i++) kv_mem_add_method(&s, ms[i], 1, s.nk, s.use_gpu);

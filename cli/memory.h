@@ -16,6 +16,7 @@ typedef struct {
     int lag, nk, profile; /* --lag > 0, budgets, the budget profile on */
     int steps;          /* decode steps evaluated (rows kept for the results) */
     int n_cpu, n_gpu;   /* method instances on the host, on the GPU */
+    int n_gpu_lent;     /* of the GPU instances, those reading the oracle's device K (reads_layer_keys) */
     int n_recs;         /* records (instances x budgets searched) */
     unsigned widen;     /* prefill arrays widened to float32 for methods without prefill_half (KV_PREFILL_*) */
     double sel_lists;   /* the instances' selection lists, all of them ([lists] each) */

@@ -418,6 +418,8 @@ long kv_oracle_host_heads(const kv_oracle *o) { return o->host_heads; }
 
 int kv_oracle_device_eval(const kv_oracle *o) { return o->gpu && !o->host_eval; }
 
+const kv_gpu_keys *kv_oracle_gpu_keys(const kv_oracle *o) { return o->gpu ? kv_gpu_attn_keys(o->gpu) : NULL; }
+
 void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s) {
     *step_s = *eval_s = *diag_s = 0;
     if (o->gpu) kv_gpu_attn_times(o->gpu, step_s, eval_s, diag_s);

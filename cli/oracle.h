@@ -71,6 +71,8 @@ long kv_oracle_host_heads(const kv_oracle *o);
  * KVBENCH_HOST_EVAL=1, which keeps the host path (every score copied to the
  * host each step) as the reference to compare with. */
 int kv_oracle_device_eval(const kv_oracle *o);
+/* GPU oracle: its device copy of the layer's K (kv_gpu_attn_keys); NULL on the CPU. */
+const kv_gpu_keys *kv_oracle_gpu_keys(const kv_oracle *o);
 /* GPU oracle: device seconds of its steps, their evaluation and the diagnostics (kv_gpu_attn_times); 0 on the CPU. */
 void kv_oracle_gpu_times(const kv_oracle *o, double *step_s, double *eval_s, double *diag_s);
 /* GPU oracle only: the protocol's diagnostics on the device (kv_gpu.h

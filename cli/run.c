@@ -563,11 +563,12 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
         if (gfree > 0 && nd.dev > gfree)
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
                            "(%.2f GB) are free%s: the oracle's K%s as %s and its scores %.0f + %d GPU method instance(s) "
-                           "%.0f (K and a score row per q head each, the estimate) (T=%d, Hq=%d, Hkv=%d, D=%d); use a "
+                           "%.0f (K and a score row per q head each, the estimate; %d of them read the oracle's K) (T=%d, Hq=%d, Hkv=%d, "
+                           "D=%d); use a "
                            "shorter trace or fewer methods", in->path, nd.dev, nd.dev / 1e9, gfree, gfree / 1e9,
                            glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", ms.has_v ? ", V" : "",
                            half ? "float16" : "float32", nd.dev_oracle, ms.n_gpu, nd.dev_methods,
-                           in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
+                           ms.n_gpu_lent, in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
     if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
         fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f; layer as %s %.0f, prefill %.0f, "
@@ -625,6 +626,17 @@ static kv_status load_layer_form(const kv_trace_info *in, int li, int use_gpu, k
     return kv_trace_load_layer_as(in, li, layer_form_f16(use_gpu) ? KV_LAYER_F16 : KV_LAYER_F32, L);
 }
 
+/* The layer's oracle; its setup time (GPU: the layer's upload) is the oracle phase's. */
+static kv_status open_oracle(const kv_layer *L, const kv_trace_info *in, const run_opts *o, const int *keff,
+                             kv_run_meta *meta, kv_oracle **orc) {
+    double t0 = kv_now();
+    kv_status st = kv_oracle_create_ks(L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
+                                       meta->use_gpu, !o->no_profile, orc);
+    if (st == KV_OK) kv_oracle_set_context(*orc, in->path, meta->layer);
+    meta->phase_s[KV_PH_ORACLE] += kv_now() - t0;
+    return st;
+}
+
 /* Evaluates layer li: load, build every instance, the loop, then renders
  * its records into acc and frees them (one layer's rows in memory). */
 static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_meta *meta, const kv_method_run *picked,
@@ -657,16 +669,19 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
                    .max_tokens = L.T, .prefill_len = in->prefill_len, .softmax_scale = in->softmax_scale,
                    .sink = o->sink, .local = o->local, .seed = (uint64_t)o->seed, .use_gpu = meta->use_gpu};
     kv_oracle *orc = NULL;
+    kv_status st = recs ? KV_OK : KV_ERR_NOMEM;
+    /* On the GPU the oracle comes first and lends its device K to the methods that read the layer's keys (exact:
+     * one device copy of K, issue 12 goal 3); on the CPU it comes after the builds, which read the layer in place
+     * before it is widened for the oracle. */
+    if (st == KV_OK && meta->use_gpu) {
+        st = open_oracle(&L, in, o, keff, meta, &orc);
+        if (st == KV_OK) sh.layer_keys = kv_oracle_gpu_keys(orc);
+    }
     double b0 = kv_now();
-    kv_status st = recs ? build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh) : KV_ERR_NOMEM;
+    if (st == KV_OK) st = build_all(&L, in->prefill_len, o->lag, keff, inst, n_inst, &sh);
     meta->phase_s[KV_PH_BUILD] += kv_now() - b0;
-    b0 = kv_now();
     if (st == KV_OK && !meta->use_gpu) st = kv_layer_widen(&L); /* the CPU oracle reads float32 arrays */
-    if (st == KV_OK)
-        st = kv_oracle_create_ks(&L, in->softmax_scale, o->sink, o->local, keff, o->nk, in->prefill_len,
-                                 meta->use_gpu, !o->no_profile, &orc);
-    if (st == KV_OK) kv_oracle_set_context(orc, in->path, meta->layer);
-    meta->phase_s[KV_PH_ORACLE] += kv_now() - b0; /* the oracle's setup (GPU: the layer's upload) */
+    if (st == KV_OK && !meta->use_gpu) st = open_oracle(&L, in, o, keff, meta, &orc);
     if (st == KV_OK)
         st = run_loop(&L, o, in->prefill_len, inst, n_inst, recs, keff, orc, meta, &prof, meta->layer);
     b0 = kv_now();

@@ -25,13 +25,13 @@ typedef struct {
     /* All search-time device memory is taken here (k-means scratch in build). */
     kv_status (*create)(int Hq, int Hkv, int T, int D, int M, int C, kv_pq_gpu **out);
     /* Lloyd's k-means of every (kv head, sub-vector) on the keys [lo, n) of the
-     * host array k [Hkv][n][D]: centroid c of job (g, m) starts from key
+     * host rows k (float32 or float16, kv_common.h; all n rows are uploaded): centroid c of job (g, m) starts from key
      * lo + picks[(g*M + m)*C + c], then `iters` rounds of assignment (cuBLAS
      * GEMM + argmin) and mean update (an empty cluster keeps its centroid), then
      * the final codes. Centroids [Hkv][M][dsub][C] and codes (rows [lo, n) of
      * [Hkv][T][M]) are copied to the host arrays cent and codes when non-NULL.
      * n <= lo: centroids zero. */
-    kv_status (*build)(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks, float *cent,
+    kv_status (*build)(kv_pq_gpu *p, const kv_host_rows *k, int n, int lo, int iters, const int32_t *picks, float *cent,
         uint8_t *codes);
     /* Codes of the key of position t (host [Hkv][D]) with the current
      * centroids, as kv_pq_assign computes them (bitwise the same distances);

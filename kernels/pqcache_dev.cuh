@@ -74,7 +74,7 @@ kv_status pq_alloc_ws(kv_pq_gpu *p, pq_build_ws *w, int cnt);
 /* Lloyd from picks on keys [lo, lo+cnt) of w->x (head stride xs), then the final codes. */
 kv_status pq_kmeans(kv_pq_gpu *p, pq_build_ws *w, long long xs, int lo, int cnt, int iters, const int32_t *picks);
 /* The launchers build, encode and upload of pqcache.h's table. */
-kv_status pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks, float *cent,
+kv_status pq_gpu_build(kv_pq_gpu *p, const kv_host_rows *k, int n, int lo, int iters, const int32_t *picks, float *cent,
                        uint8_t *codes);
 kv_status pq_gpu_encode(kv_pq_gpu *p, int t, const float *key, uint8_t *codes);
 kv_status pq_gpu_upload(kv_pq_gpu *p, const float *cent, const uint8_t *codes, int lo, int n);

@@ -199,12 +199,35 @@ kv_status pq_copy_back(kv_pq_gpu *p, int lo, int n, float *cent, uint8_t *codes)
     return KV_OK;
 }
 
-kv_status pq_build_go(kv_pq_gpu *p, pq_build_ws *w, const float *k, int n, int lo, int iters, const int32_t *picks,
-                      float *cent, uint8_t *codes) {
+/* Rows [0, n) of every kv head of k into the device's [Hkv][n][D] float32
+ * array x: the float32 form in one copy, the float16 form widened on the
+ * host a chunk of PQ_WIDEN positions at a time (no float32 copy of the layer
+ * on the host: issue 12, goal 3; the widening is exact). */
+#define PQ_WIDEN 8192
+kv_status pq_upload_keys(kv_pq_gpu *p, const kv_host_rows *k, int n, float *x) {
+    const int H = p->Hkv, D = p->D, chunk = k->f16 ? PQ_WIDEN : n;
+    float *buf = k->f16 ? (float *)kv_malloc((size_t)H * PQ_WIDEN * D * sizeof(float), "pqcache prefill chunk") : NULL;
+    if (k->f16 && !buf) return KV_ERR_NOMEM;
+    kv_status st = KV_OK;
+    for (int a = 0; a < n && st == KV_OK; a += chunk) {
+        int c = n - a < chunk ? n - a : chunk;
+        size_t hs;
+        const float *src = kv_host_rows_f32(k, H, D, a, c, buf, &hs);
+        cudaError_t e = cudaMemcpy2DAsync(x + (size_t)a * D, (size_t)n * D * 4, src, hs * 4, (size_t)c * D * 4, (size_t)H,
+                                          cudaMemcpyHostToDevice, p->st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(p->st); /* buf is reused */
+        if (e != cudaSuccess) st = kv_cuda_error(e, "uploading the prefill keys", __FILE__, __LINE__);
+    }
+    free(buf);
+    return st;
+}
+
+kv_status pq_build_go(kv_pq_gpu *p, pq_build_ws *w, const kv_host_rows *k, int n, int lo, int iters,
+                      const int32_t *picks, float *cent, uint8_t *codes) {
     KV_CUDA_TRY(cudaMemsetAsync(p->cent, 0, (size_t)p->Hkv * p->D * p->C * sizeof(float), p->st));
     if (n > lo) {
         KV_CUDA_ALLOC(w->x, (size_t)p->Hkv * n * p->D * sizeof(float), 0, "k-means keys");
-        KV_CUDA_TRY(cudaMemcpyAsync(w->x, k, (size_t)p->Hkv * n * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
+        KV_TRY(pq_upload_keys(p, k, n, w->x));
         KV_TRY(pq_alloc_ws(p, w, n - lo));
         KV_TRY(pq_kmeans(p, w, (long long)n * p->D, lo, n - lo, iters, picks));
     }
@@ -216,7 +239,7 @@ kv_status pq_build_go(kv_pq_gpu *p, pq_build_ws *w, const float *k, int n, int l
 
 }  // namespace
 
-kv_status pq_gpu_build(kv_pq_gpu *p, const float *k, int n, int lo, int iters, const int32_t *picks,
+kv_status pq_gpu_build(kv_pq_gpu *p, const kv_host_rows *k, int n, int lo, int iters, const int32_t *picks,
                        float *cent, uint8_t *codes) {
     pq_build_ws w = {};
     kv_status st = pq_build_go(p, &w, k, n, lo, iters, picks, cent, codes);

@@ -9,7 +9,10 @@
  * that is lossless), one key appended per step, and a search is the fused
  * score + top-k of kernels/search.cu; its scores are bitwise those of
  * kv_scores_ref and its order kv_topk_ref's, so both paths select the
- * same indices, ties included. */
+ * same indices, ties included. In `kvbench run` on the GPU the keys are the
+ * oracle's device copy of the layer (shape->layer_keys, reads_layer_keys):
+ * one copy of K on the device, not two (issue 12, goal 3); a search reads
+ * only [sink, t + 1 - local), positions it has been handed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +26,8 @@ typedef struct {
     int n;          /* keys stored: positions 0..n-1 */
     float *keys;    /* CPU: [Hkv][T][D] */
     float *scores;  /* CPU: [Hq][T] scratch: one row per head so heads run in parallel */
-    kv_gpu_keys *dkeys;      /* GPU: the keys on the device (float16 while lossless) */
+    kv_gpu_keys *dkeys;      /* GPU: the keys on the device (float16 while lossless), or NULL: */
+    const kv_gpu_keys *lent; /* GPU: the layer's keys lent by the run (shape->layer_keys) */
     kv_gpu_search *dsearch;  /* GPU: fused scores + top-k (kernels/search.cu) */
 } exact_state;
 
@@ -37,7 +41,8 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
     if (!s) return KV_ERR_NOMEM;
     s->sh = *sh;
     if (sh->use_gpu) { /* keys live on the device only; all device memory is taken here */
-        kv_status st = kv_gpu_keys_create(sh->num_kv_heads, sh->max_tokens, sh->head_dim, 1, &s->dkeys);
+        s->lent = sh->layer_keys;
+        kv_status st = s->lent ? KV_OK : kv_gpu_keys_create(sh->num_kv_heads, sh->max_tokens, sh->head_dim, 1, &s->dkeys);
         if (st == KV_OK)
             st = kv_gpu_search_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, &s->dsearch);
         if (st != KV_OK) { exact_destroy(s); return st; }
@@ -54,6 +59,10 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
 static kv_status exact_build(void *st, const kv_prefill *pre) {
     exact_state *s = st;
     int D = s->sh.head_dim, T = s->sh.max_tokens;
+    if (s->lent) { /* already on the device */
+        s->n = pre->n;
+        return KV_OK;
+    }
     if (s->dkeys) {
         if (pre->half) KV_TRY(kv_gpu_keys_write_half_ld(s->dkeys, 0, pre->n, pre->k16, pre->ld));
         else KV_TRY(kv_gpu_keys_write(s->dkeys, 0, pre->n, pre->k));
@@ -72,8 +81,8 @@ static kv_status exact_append(void *st, int t, const float *k, const float *v, c
     (void)v; (void)q;
     int D = s->sh.head_dim, T = s->sh.max_tokens;
     if (t != s->n || t >= T) return kv_fail(KV_ERR_INTERNAL, "exact: append of position %d, expected %d", t, s->n);
-    if (s->dkeys) {
-        KV_TRY(kv_gpu_keys_write(s->dkeys, t, 1, k));
+    if (s->dkeys || s->lent) {
+        if (s->dkeys) KV_TRY(kv_gpu_keys_write(s->dkeys, t, 1, k));
         s->n++;
         return KV_OK;
     }
@@ -89,7 +98,7 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
     int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
     if (s->dsearch)
-        return kv_gpu_search_run(s->dsearch, s->dkeys, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
+        return kv_gpu_search_run(s->dsearch, s->lent ? s->lent : s->dkeys, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
                                  sel->count);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -106,7 +115,8 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
 
 static size_t exact_memory(const void *st) {
     const exact_state *s = st;
-    size_t elem = s->dkeys ? (size_t)kv_gpu_keys_elem_bytes(s->dkeys) : sizeof(float);
+    const kv_gpu_keys *dk = s->lent ? s->lent : s->dkeys;
+    size_t elem = dk ? (size_t)kv_gpu_keys_elem_bytes(dk) : sizeof(float); /* the keys it searches, lent or not */
     return (size_t)s->sh.num_kv_heads * s->n * s->sh.head_dim * elem;
 }
 
@@ -154,6 +164,7 @@ const kv_method kv_method_exact = {
     .per_kv_head = 0,
     .has_gpu = 1,
     .prefill_half = 1,
+    .reads_layer_keys = 1,
     .params = exact_params,
     .create = exact_create,
     .build = exact_build,

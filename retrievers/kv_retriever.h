@@ -31,6 +31,10 @@ typedef struct {
     int sink, local;     /* the protocol's S and W */
     uint64_t seed;
     int use_gpu;         /* run the CUDA path (the method has one and a GPU is present) */
+    /* `kvbench run` on the GPU: the layer's K on the device ([Hkv][T][D], every position: the oracle's copy,
+     * issue 12 goal 3), else NULL. A method with reads_layer_keys reads the positions it has been handed from
+     * it instead of keeping a device copy of its own; it never reads beyond them (no future key). */
+    const kv_gpu_keys *layer_keys;
 } kv_shape;
 
 /* ---- parameters: data, read by list, --help and validation alike ---- */
@@ -100,6 +104,16 @@ typedef struct {
     const uint16_t *k16, *v16, *q16; /* [H][ld][D] float16 bits (v16, q16 may be NULL) */
 } kv_prefill;
 
+/* The prefill's keys in either form (kernels/ops/kv_common.h). */
+static inline kv_host_rows kv_prefill_keys(const kv_prefill *pre) {
+    kv_host_rows r = {pre->half ? NULL : pre->k, pre->half ? pre->k16 : NULL, pre->half ? pre->ld : pre->n};
+    return r;
+}
+/* The prefill's keys as one tight float32 [H][n][D] array: pre->k itself, or
+ * the float16 form widened into a new array *tmp that the caller frees
+ * (the CPU paths of methods with prefill_half; NULL on no memory). */
+const float *kv_prefill_k32(const kv_prefill *pre, int H, int D, float **tmp);
+
 typedef struct kv_method {
     int abi;                 /* KV_RETRIEVER_ABI */
     const char *name;
@@ -151,6 +165,9 @@ typedef struct kv_method {
     /* The prefill arrays build() reads (KV_PREFILL_Q | _K | _V); 0: all of them. A layer held as float16
      * widens only these for the methods without prefill_half (issue 12 goal 3). */
     unsigned prefill_reads;
+    /* 1: on the GPU, reads shape->layer_keys when it is set instead of holding its own device copy of K
+     * (the preflight counts no keys for it then). */
+    int reads_layer_keys;
 } kv_method;
 enum { KV_PREFILL_Q = 1, KV_PREFILL_K = 2, KV_PREFILL_V = 4 };
 

@@ -217,37 +217,68 @@ static void mp_index(mp_state *s, int g, int t, int nb, const float *keys, size_
     }
 }
 
+/* Builds from either form of the prefill: the CPU path reads one float32
+ * array (the float16 form widened once), the GPU path widens the float16
+ * form MP_WIDEN positions at a time, once for the mean and once for the
+ * index (issue 12, goal 3: no float32 copy of the layer on the host). The
+ * mean's sums run in the same order either way. */
+#define MP_WIDEN 8192
 static kv_status mp_build(void *st, const kv_prefill *pre) {
     mp_state *s = st;
     int D = s->sh.head_dim, lo = s->sh.sink, n = pre->n, Hkv = s->sh.num_kv_heads;
-    for (int g = 0; g < Hkv && n > lo; g++) {
-        double *acc = kv_calloc((size_t)D, sizeof(double), "magicpig mean");
-        if (!acc) return KV_ERR_NOMEM;
-        for (int i = lo; i < n; i++)
-            for (int j = 0; j < D; j++) acc[j] += pre->k[((size_t)g * n + i) * D + j];
-        for (int j = 0; j < D; j++) s->mean[(size_t)g * D + j] = (float)(acc[j] / (n - lo));
-        free(acc);
+    kv_host_rows x = kv_prefill_keys(pre);
+    float *k32 = NULL, *buf = NULL;
+    if (!s->dev && x.f16) {
+        if (!kv_prefill_k32(pre, Hkv, D, &k32)) return KV_ERR_NOMEM;
+        x = (kv_host_rows){k32, NULL, n};
     }
+    int chunk = x.f16 ? MP_WIDEN : n;
+    double *acc = kv_calloc((size_t)Hkv * D + 1, sizeof(double), "magicpig mean");
+    if (x.f16 && !(buf = kv_malloc((size_t)Hkv * MP_WIDEN * D * sizeof(float), "magicpig prefill chunk"))) {
+        free(acc);
+        acc = NULL;
+    }
+    kv_status rc = acc ? KV_OK : KV_ERR_NOMEM;
+    for (int a = lo; a < n && rc == KV_OK; a += chunk) {
+        int c = n - a < chunk ? n - a : chunk;
+        size_t hs;
+        const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+        for (int g = 0; g < Hkv; g++)
+            for (int i = 0; i < c; i++)
+                for (int j = 0; j < D; j++) acc[(size_t)g * D + j] += src[g * hs + (size_t)i * D + j];
+    }
+    for (size_t e = 0; n > lo && rc == KV_OK && e < (size_t)Hkv * D; e++) s->mean[e] = (float)(acc[e] / (n - lo));
+    free(acc);
     int cnt = n > lo ? n - lo : 0, blocks = (cnt + 3) / 4, failed = 0;
-    if (s->dev) {
-        KV_TRY(kv_magicpig_cuda.set_mean(s->dev, s->mean));
-        if (cnt) KV_TRY(kv_magicpig_cuda.index(s->dev, lo, cnt, pre->k + (size_t)lo * D, n));
+    if (s->dev && rc == KV_OK) {
+        rc = kv_magicpig_cuda.set_mean(s->dev, s->mean);
+        for (int a = lo; a < n && rc == KV_OK; a += chunk) {
+            int c = n - a < chunk ? n - a : chunk;
+            size_t hs;
+            const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+            rc = kv_magicpig_cuda.index(s->dev, a, c, src, (int)(hs / D));
+        }
+    }
+    free(buf);
+    if (s->dev || rc != KV_OK) {
+        free(k32);
         s->n = n;
-        return KV_OK;
+        return rc;
     }
     long total = (long)Hkv * blocks;
 #pragma omp parallel reduction(| : failed)
     {
-        float *acc = kv_malloc((size_t)4 * s->KL * sizeof(float), "magicpig projections");
-        failed |= !acc;
+        float *pacc = kv_malloc((size_t)4 * s->KL * sizeof(float), "magicpig projections");
+        failed |= !pacc;
 #pragma omp for schedule(static)
         for (long w = 0; w < total; w++) {
-            if (!acc) continue;
+            if (!pacc) continue;
             int g = (int)(w / blocks), t = lo + 4 * (int)(w % blocks), nb = n - t < 4 ? n - t : 4;
-            mp_index(s, g, t, nb, pre->k + ((size_t)g * n + t) * D, (size_t)D, acc);
+            mp_index(s, g, t, nb, x.f32 + ((size_t)g * n + t) * D, (size_t)D, pacc);
         }
-        free(acc);
+        free(pacc);
     }
+    free(k32);
     s->n = n;
     return failed ? kv_fail(KV_ERR_NOMEM, "magicpig: out of host memory for hashing") : KV_OK;
 }
@@ -345,7 +376,7 @@ const kv_method kv_method_magicpig = {
     .params = mp_params,
     .create = mp_create,
     .build = mp_build,
-    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
+    .prefill_half = 1, /* the GPU path widens a chunk at a time, the CPU path the keys once */
     .append = mp_append,
     .search = mp_search,
     .memory_bytes = mp_memory,

@@ -127,6 +127,15 @@ void kv_params_format(const kv_param_set *ps, char *buf, size_t cap) {
     }
 }
 
+const float *kv_prefill_k32(const kv_prefill *pre, int H, int D, float **tmp) {
+    *tmp = NULL;
+    if (!pre->half) return pre->k;
+    kv_host_rows x = kv_prefill_keys(pre);
+    if (!(*tmp = kv_malloc((size_t)H * pre->n * D * sizeof(float) + 1, "prefill keys (float32)"))) return NULL;
+    for (int h = 0; h < H; h++) kv_host_rows_head(&x, h, D, 0, pre->n, *tmp + (size_t)h * pre->n * D);
+    return *tmp;
+}
+
 kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap) {
     memset(s, 0, sizeof *s);
     s->n_lists = n_lists;

@@ -325,10 +325,11 @@ static void select_sample(kv_rng *r, int n, int want, int *out) {
         if ((n - i) * kv_rng_uniform(r) < want - got) out[got++] = i;
 }
 
-static kv_status kmeans_train(pk_state *s, const kv_prefill *pre) {
+/* k-means of the prefill keys k [Hkv][P][D]. */
+static kv_status kmeans_train(pk_state *s, const float *k, int P) {
     const kv_pariskv_codec *cx = &s->cx;
     int Hkv = s->sh.num_kv_heads, D = s->sh.head_dim, dp = cx->dp, m = cx->m, nb = cx->nb, nc = s->nc;
-    int lo = s->sh.sink, n = pre->n - lo;
+    int lo = s->sh.sink, n = P - lo;
     if (n <= 0) { /* nothing to learn from: the sign centroids (unit norm, so assignment = sign pattern) */
         for (size_t gb = 0; gb < (size_t)Hkv * nb; gb++)
             for (int c = 0; c < nc; c++) {
@@ -351,7 +352,7 @@ static kv_status kmeans_train(pk_state *s, const kv_prefill *pre) {
 #pragma omp parallel for schedule(static)
     for (long j = 0; j < (long)Hkv * ns; j++) {
         int g = (int)(j / ns);
-        kv_pariskv_transform(cx, pre->k + ((size_t)g * pre->n + lo + sample[j]) * D, xt + (size_t)j * dp);
+        kv_pariskv_transform(cx, k + ((size_t)g * P + lo + sample[j]) * D, xt + (size_t)j * dp);
     }
     int failed = 0;
 #pragma omp parallel for schedule(dynamic) reduction(| : failed)
@@ -430,25 +431,44 @@ static kv_status encode_range(pk_state *s, int a, int b, const float *src, size_
     return KV_OK;
 }
 
+/* Builds from either form of the prefill. The CPU path reads one float32
+ * array (the float16 form widened once); the GPU path encodes the float16
+ * form a chunk of PK_WIDEN positions at a time, so a layer held as float16
+ * never has a float32 copy on the host (issue 12, goal 3). Encoding is per
+ * key, so the chunks change no bit of the index. */
+#define PK_WIDEN 8192
 static kv_status pk_build(void *st, const kv_prefill *pre) {
     pk_state *s = st;
     int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, S = s->sh.sink, P = pre->n;
+    kv_host_rows x = kv_prefill_keys(pre);
+    float *k32 = NULL, *buf = NULL;
+    if (!s->gpu && x.f16) {
+        if (!kv_prefill_k32(pre, Hkv, D, &k32)) return KV_ERR_NOMEM;
+        x = (kv_host_rows){k32, NULL, P};
+    }
     if (s->keys)
-        for (int g = 0; g < Hkv; g++)
-            memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * P * D, (size_t)P * D * sizeof(float));
-    if (s->kmeans) KV_TRY(kmeans_train(s, pre));
+        for (int g = 0; g < Hkv; g++) kv_host_rows_head(&x, g, D, 0, P, s->keys + (size_t)g * T * D);
+    kv_status rc = s->kmeans ? kmeans_train(s, x.f32, P) : KV_OK; /* the CPU path: x.f32 */
     /* released layout: the prefill's last W keys are the local window, kept raw in the buffer */
     int e = s->released ? P - s->sh.local : P;
     if (e < S) e = S;
-    if (e > S && s->gpu) KV_TRY(kv_pariskv_cuda.encode_host(s->gpu, S, e, pre->k + (size_t)S * D, (size_t)P * D));
-    else if (e > S) KV_TRY(encode_range(s, S, e, pre->k + (size_t)S * D, (size_t)P * D));
+    int chunk = x.f16 ? PK_WIDEN : e - S;
+    if (x.f16 && e > S && !(buf = kv_malloc((size_t)Hkv * PK_WIDEN * D * sizeof(float), "pariskv prefill chunk")))
+        rc = KV_ERR_NOMEM;
+    for (int a = S; a < e && rc == KV_OK; a += chunk) {
+        int c = e - a < chunk ? e - a : chunk;
+        size_t hs;
+        const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+        rc = s->gpu ? kv_pariskv_cuda.encode_host(s->gpu, a, a + c, src, hs) : encode_range(s, a, a + c, src, hs);
+    }
+    free(buf);
     s->n_idx = e;
     s->pend_start = e > P ? P : e;
-    for (int g = 0; g < Hkv; g++)
-        memcpy(s->pend + (size_t)g * s->pend_cap * D, pre->k + ((size_t)g * P + s->pend_start) * D,
-               (size_t)(P - s->pend_start) * D * sizeof(float));
+    for (int g = 0; g < Hkv && rc == KV_OK; g++)
+        kv_host_rows_head(&x, g, D, s->pend_start, P - s->pend_start, s->pend + (size_t)g * s->pend_cap * D);
+    free(k32);
     s->n_seen = P;
-    return KV_OK;
+    return rc;
 }
 
 static kv_status pk_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -686,7 +706,7 @@ const kv_method kv_method_pariskv = {
     .params = pariskv_params,
     .create = pk_create,
     .build = pk_build,
-    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
+    .prefill_half = 1, /* the GPU path widens a chunk at a time, the CPU path the keys once */
     .append = pk_append,
     .search = pk_search,
     .memory_bytes = pk_memory,

@@ -242,17 +242,19 @@ static kv_status pq_cluster(pq_state *s, const float *keys, size_t kstride, int 
     return s->gpu ? kv_pqcache_cuda.upload(s->gpu, s->cent, s->codes, lo, n) : KV_OK; /* recluster on the GPU path */
 }
 
-/* The GPU build: k-means of the prefill keys on the device, from the CPU's picks. */
-static kv_status pq_build_gpu(pq_state *s, const kv_prefill *pre) {
+/* The GPU build: k-means of the prefill keys on the device, from the CPU's
+ * picks; the keys in either form (the float16 form widened a chunk at a time
+ * on its way to the device, kernels/pqcache_kmeans.cu). */
+static kv_status pq_build_gpu(pq_state *s, const kv_host_rows *k, int n) {
     const kv_shape *sh = &s->sh;
-    int M = s->M, C = s->C, cnt = pre->n - sh->sink;
+    int M = s->M, C = s->C, cnt = n - sh->sink;
     if (cnt <= 0) return KV_OK;
     int32_t *picks = kv_malloc((size_t)sh->num_kv_heads * M * C * sizeof(int32_t), "pqcache k-means picks");
     if (!picks) return KV_ERR_NOMEM;
     for (int g = 0; g < sh->num_kv_heads; g++)
         for (int m = 0; m < M; m++) kv_pq_init_picks(cnt, C, pq_job_seed(s, g, m), picks + ((size_t)g * M + m) * C);
     s->clustered = 1;
-    kv_status st = kv_pqcache_cuda.build(s->gpu, pre->k, pre->n, sh->sink, s->iters, picks, s->cent, s->codes);
+    kv_status st = kv_pqcache_cuda.build(s->gpu, k, n, sh->sink, s->iters, picks, s->cent, s->codes);
     free(picks);
     return st;
 }
@@ -266,13 +268,17 @@ static void pq_encode_one(pq_state *s, int g, int t, const float *key) {
 
 static kv_status pq_build(void *st, const kv_prefill *pre) {
     pq_state *s = st;
-    int D = s->sh.head_dim, T = s->sh.max_tokens;
+    int D = s->sh.head_dim, T = s->sh.max_tokens, Hkv = s->sh.num_kv_heads;
+    kv_host_rows x = kv_prefill_keys(pre);
     if (s->keys)
-        for (int g = 0; g < s->sh.num_kv_heads; g++)
-            memcpy(s->keys + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
+        for (int g = 0; g < Hkv; g++) kv_host_rows_head(&x, g, D, 0, pre->n, s->keys + (size_t)g * T * D);
     s->n = pre->n;
-    if (s->gpu) return pq_build_gpu(s, pre);
-    return pq_cluster(s, pre->k, (size_t)pre->n * D, pre->n, 0);
+    if (s->gpu) return pq_build_gpu(s, &x, pre->n);
+    float *k32;
+    const float *k = kv_prefill_k32(pre, Hkv, D, &k32); /* the CPU path: one float32 array */
+    kv_status rc = k ? pq_cluster(s, k, (size_t)pre->n * D, pre->n, 0) : KV_ERR_NOMEM;
+    free(k32);
+    return rc;
 }
 
 static kv_status pq_append(void *st, int t, const float *k, const float *v, const float *q) {
@@ -385,7 +391,7 @@ const kv_method kv_method_pqcache = {
     .params = pq_params,
     .create = pq_create,
     .build = pq_build,
-    .prefill_reads = KV_PREFILL_K, /* build() reads pre->k only */
+    .prefill_half = 1, /* the GPU path widens a chunk at a time, the CPU path the keys once */
     .append = pq_append,
     .search = pq_search,
     .memory_bytes = pq_memory,

@@ -7,10 +7,19 @@
 
 #include "kv_test.h"
 
+/* L's rows [H][T][D] as float16 bits (the layer's float16 form). */
+static uint16_t *to_half(const float *x, int H, int T, int D) {
+    uint16_t *h = malloc((size_t)H * T * D * 2 + 1);
+    for (size_t i = 0; h && x && i < (size_t)H * T * D; i++) h[i] = kv_float_to_half(x[i]);
+    return h;
+}
+
 /* Creates method `name` with the given "name=value" assignments (on the
- * GPU path when use_gpu) and builds it on positions [0, P) of L. */
+ * GPU path when use_gpu) and builds it on positions [0, P) of L: from tight
+ * float32 copies, or (half) from L's float16 form in place, row stride T, as
+ * `kvbench run` hands a layer held as float16 to a method with prefill_half. */
 static kv_status driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
-                             int P, int sink, int local, int k, int use_gpu) {
+                             int P, int sink, int local, int k, int use_gpu, int half) {
     memset(d, 0, sizeof *d);
     d->m = kv_method_find(name);
     if (!d->m) return kv_fail(KV_ERR_INTERNAL, "method %s is not registered", name);
@@ -38,21 +47,31 @@ static kv_status driver_open(kv_test_driver *d, const char *name, const char *co
     for (int h = 0; h < L->Hq && st == KV_OK; h++)
         memcpy(pq + (size_t)h * P * D, L->q + (size_t)h * T * D, (size_t)P * D * fs);
     kv_prefill pre = {.n = P, .k = pk, .v = L->v ? pv : NULL, .q = pq};
+    uint16_t *k16 = half ? to_half(L->k, L->Hkv, T, D) : NULL, *v16 = half ? to_half(L->v, L->Hkv, T, D) : NULL,
+             *q16 = half ? to_half(L->q, L->Hq, T, D) : NULL;
+    if (half && (!k16 || !v16 || !q16)) st = KV_ERR_NOMEM;
+    if (half) pre = (kv_prefill){.n = P, .half = 1, .ld = T, .ldq = T, .k16 = k16, .v16 = L->v ? v16 : NULL, .q16 = q16};
     if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
     if (st == KV_OK) st = d->m->build(d->st, &pre);
     d->n = P;
     free(pk); free(pv); free(pq);
+    free(k16); free(v16); free(q16);
     return st;
 }
 
 kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *const *params, int np, const kv_layer *L,
                               int P, int sink, int local, int k) {
-    return driver_open(d, name, params, np, L, P, sink, local, k, 0);
+    return driver_open(d, name, params, np, L, P, sink, local, k, 0, 0);
 }
 
 kv_status kv_test_driver_open_gpu(kv_test_driver *d, const char *name, const char *const *params, int np,
                                   const kv_layer *L, int P, int sink, int local, int k) {
-    return driver_open(d, name, params, np, L, P, sink, local, k, 1);
+    return driver_open(d, name, params, np, L, P, sink, local, k, 1, 0);
+}
+
+kv_status kv_test_driver_open_half(kv_test_driver *d, const char *name, const char *const *params, int np,
+                                   const kv_layer *L, int P, int sink, int local, int k, int use_gpu) {
+    return driver_open(d, name, params, np, L, P, sink, local, k, use_gpu, 1);
 }
 
 /* The synthetic generator's layer (float32, with values) in one kv_layer. */

@@ -81,6 +81,10 @@ kv_status kv_test_driver_open(kv_test_driver *d, const char *name, const char *c
 /* The same with shape->use_gpu = 1 (the method's CUDA path). */
 kv_status kv_test_driver_open_gpu(kv_test_driver *d, const char *name, const char *const *params, int np,
                                   const kv_layer *L, int P, int sink, int local, int k);
+/* The same built from L's float16 form (kv_prefill.half, row stride T; for
+ * a method with prefill_half; L's values should be float16-exact). */
+kv_status kv_test_driver_open_half(kv_test_driver *d, const char *name, const char *const *params, int np,
+                                   const kv_layer *L, int P, int sink, int local, int k, int use_gpu);
 kv_status kv_test_driver_step(kv_test_driver *d, int t, int k);
 void kv_test_driver_close(kv_test_driver *d);
 /* A synthetic layer (datasets/synth.c: float32 q, k, v) of T positions; free with kv_layer_free. */

@@ -126,6 +126,8 @@ extern char kv_test_reason[512];
     X(run_layer_form_invariant, KV_NEEDS_SUBPROCESS)       \
     X(run_memory_largest_context, 0)                       \
     X(run_layer_form_invariant_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
+    X(prefill_half_equals_float32, 0)                      \
+    X(prefill_half_equals_float32_gpu, KV_NEEDS_GPU)       \
     X(cli_slice_roundtrip, KV_NEEDS_SUBPROCESS)            \
     X(cli_bench_cpu, KV_NEEDS_SUBPROCESS)                  \
     X(e2e_demo_trace, KV_NEEDS_SUBPROCESS)                 \

@@ -113,7 +113,7 @@ int test_pqcache_gpu_kmeans_matches_cpu(void) {
                                       pq_seed(base, g, m), 0, cc + ((size_t)g * M + m) * ds * C,
                                       codc + ((size_t)g * T + lo) * M + m, M));
             }
-        CHECK_OK(kv_pqcache_cuda.build(p, kp, n, lo, iters, picks, cg, codg));
+        CHECK_OK(kv_pqcache_cuda.build(p, &(kv_host_rows){kp, NULL, n}, n, lo, iters, picks, cg, codg));
         int diff = 0;
         for (int g = 0; g < Hkv; g++)
             for (int i = lo; i < n; i++)
@@ -190,7 +190,7 @@ int test_pqcache_gpu_adc_matches_cpu(void) {
         for (int gm = 0; gm < Hkv * M; gm++) kv_pq_init_picks(n - lo, C, seed + (uint64_t)gm, picks + (size_t)gm * C);
         kv_pq_gpu *p = NULL;
         CHECK_OK(kv_pqcache_cuda.create(Hq, Hkv, n, D, M, C, &p));
-        CHECK_OK(kv_pqcache_cuda.build(p, x, n, lo, 3, picks, cent, codes));
+        CHECK_OK(kv_pqcache_cuda.build(p, &(kv_host_rows){x, NULL, n}, n, lo, 3, picks, cent, codes));
         float scale = 1.0f / sqrtf((float)D);
         CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, raw));
         for (int g = 0; g < Hkv; g++) {

@@ -103,7 +103,7 @@ int test_run_results_loader_invariant(void) {
 
 /* The device side of the preflight (--device gpu): KVBENCH_GPU_MEM_LIMIT one byte short of
  * the oracle's K and V as float16 + its scores + the profile's device sort keys (16 Hq T) + exact's
- * keys and scores: exit 2 naming the bytes. */
+ * score rows (exact reads the oracle's K: no keys of its own): exit 2 naming the bytes. */
 int test_run_memory_preflight_gpu(void) {
     const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
     char tr[600];
@@ -111,7 +111,7 @@ int test_run_memory_preflight_gpu(void) {
     CHECK(sh("'%s' synth --out '%s' --tokens 3000 --prefill 2000 --q-heads 4 --kv-heads 2 --dim 32 --force", B, tr) == 0,
           "synth: %s", err);
     long long T = 3000, D = 32, Hq = 4, Hkv = 2;
-    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + 16 * Hq * T + (2 * Hkv * T * D + 4 * Hq * T);
+    long long need = 2 * 2 * Hkv * T * D + 4 * Hq * T + 16 * Hq * T + 4 * Hq * T;
     int rc = sh("KVBENCH_GPU_MEM_LIMIT=%lld '%s' run --trace '%s' --method exact --device gpu --out '%s/memg-out' "
                 "--force --quiet", need - 1, B, tr, tmp);
     CHECK(rc == 2, "exit %d (want 2); stderr: %s", rc, err);
@@ -163,6 +163,57 @@ int test_run_layer_form_invariant_gpu(void) {
                            "gpu");
 }
 
+/* Issue 12 goal 3: every method with prefill_half builds the same index from the layer's float16 form (in place,
+ * row stride T > P) as from float32 copies of the same float16-exact values. P = 20000 spans three of the
+ * GPU builds' widening chunks (8192 positions: pariskv.c, pqcache_kmeans.cu, magicpig.c); the selections (indices,
+ * counts, log-weights) of four steps must be equal. On the CPU the float16 form is widened once; on the GPU a
+ * chunk at a time. */
+static int prefill_half_case(int use_gpu) {
+    enum { T = 20064, P = 20000, Hq = 4, Hkv = 2, D = 64, K = 40 };
+    kv_layer L;
+    CHECK_OK(kv_test_synth_layer(T, P, Hq, Hkv, D, kv_test_seed(), &L));
+    float *arr[3] = {L.q, L.k, L.v};
+    size_t len[3] = {(size_t)Hq * T * D, (size_t)Hkv * T * D, (size_t)Hkv * T * D};
+    for (int a = 0; a < 3; a++)
+        for (size_t i = 0; i < len[a]; i++) arr[a][i] = kv_half_to_float(kv_float_to_half(arr[a][i]));
+    int n_ms, tested = 0;
+    const kv_method *const *ms = kv_methods(&n_ms);
+    for (int i = 0; i < n_ms; i++) {
+        const kv_method *m = ms[i];
+        if (!m->prefill_half || (use_gpu && !m->has_gpu)) continue;
+        kv_test_driver a, b;
+        kv_status sa = use_gpu ? kv_test_driver_open_gpu(&a, m->name, NULL, 0, &L, P, 4, 16, K)
+                               : kv_test_driver_open(&a, m->name, NULL, 0, &L, P, 4, 16, K);
+        CHECK(sa == KV_OK, "%s: build from float32: %s", m->name, kv_last_error());
+        CHECK(kv_test_driver_open_half(&b, m->name, NULL, 0, &L, P, 4, 16, K, use_gpu) == KV_OK,
+              "%s: build from float16: %s", m->name, kv_last_error());
+        for (int t = P; t < P + 4; t++) {
+            CHECK_OK(kv_test_driver_step(&a, t, K));
+            CHECK_OK(kv_test_driver_step(&b, t, K));
+            for (int l = 0; l < a.sel.n_lists; l++) {
+                int n = a.sel.count[l];
+                CHECK(n == b.sel.count[l], "%s step %d list %d: %d selected from float32, %d from float16", m->name, t,
+                      l, n, b.sel.count[l]);
+                CHECK(!memcmp(a.sel.idx + (size_t)l * a.sel.cap, b.sel.idx + (size_t)l * b.sel.cap, (size_t)n * 4),
+                      "%s step %d list %d: the selections differ between the two forms", m->name, t, l);
+                CHECK(!m->uses_logw ||
+                          !memcmp(a.sel.logw + (size_t)l * a.sel.cap, b.sel.logw + (size_t)l * b.sel.cap, (size_t)n * 4),
+                      "%s step %d list %d: the log-weights differ between the two forms", m->name, t, l);
+            }
+        }
+        kv_test_driver_close(&a);
+        kv_test_driver_close(&b);
+        tested++;
+    }
+    kv_layer_free(&L);
+    CHECK(tested >= (use_gpu ? 5 : 7), "only %d methods tested: exact, quest, pariskv, pqcache, magicpig (and random, "
+          "streaming on the CPU) declare prefill_half", tested);
+    return KV_TEST_PASS;
+}
+
+int test_prefill_half_equals_float32(void) { return prefill_half_case(0); }
+int test_prefill_half_equals_float32_gpu(void) { return prefill_half_case(1); }
+
 /* The largest context that fits (the README's statement, issue 12 goal 3), from the preflight's own formula
  * (cli/memory.c) for the default shape: 16 q and 8 kv heads, D 128, q/k/v float16 with values, 8192 decode
  * steps (P = T - 8192), every step evaluated, one budget, the profile on, on the GPU (the layer held as
@@ -196,7 +247,7 @@ int test_run_memory_largest_context(void) {
      * host: layer 2*(16+16)*T*128, no prefill copy (exact takes the float16 form), no CPU method,
      * selections 4*T*(3*16 + 8), oracle 4*16*T (pinned scores) + 4*16*T (sorted) + 4*16*T (radix),
      * rows 1 x 8192 x 16 x 52; device: oracle 2*2*8*T*128 + 4*16*T + 16*16*T (the profile's device sort keys),
-     * exact 2*8*T*128 + 4*16*T */
+     * exact 4*16*T (it reads the oracle's K) */
     const kv_method *ex = kv_method_find("exact");
     CHECK(ex, "no exact");
     double T = 1048576, P = T - 8192;
@@ -206,14 +257,20 @@ int test_run_memory_largest_context(void) {
     kv_mem_need n;
     kv_mem_estimate(&s, &n);
     double host = 2 * 32 * T * 128 + 4 * T * (3 * 16 + 8) + 3 * 4 * 16 * T + 8192.0 * 16 * 52;
-    double dev = 2 * 2 * 8 * T * 128 + 4 * 16 * T + 16 * 16 * T + 2 * 8 * T * 128 + 4 * 16 * T;
+    double dev = 2 * 2 * 8 * T * 128 + 4 * 16 * T + 16 * 16 * T + 4 * 16 * T;
     CHECK(n.host == host && n.dev == dev, "exact at 1M: host %.0f (want %.0f), device %.0f (want %.0f)", n.host, host,
           n.dev, dev);
     CHECK(n.layer == 2 * 32 * T * 128 && n.prefill == 0, "layer %.0f, prefill %.0f", n.layer, n.prefill);
-    /* pariskv needs K widened for its build: 4 P D Hkv more on the host */
+    /* pariskv takes the float16 form (no host prefill) but holds K on the device: 2*8*T*128 + 4*16*T more there;
+     * csattention needs K and Q widened for its build: 4 P D (Hkv + Hq) more on the host */
     kv_mem_add_method(&s, kv_method_find("pariskv"), 1, 1, 1);
     kv_mem_estimate(&s, &n);
-    CHECK(n.prefill == 4 * P * 128 * 8, "pariskv: prefill %.0f, want K widened %.0f", n.prefill, 4 * P * 128 * 8);
+    CHECK(n.prefill == 0 && n.dev == dev + 2 * 8 * T * 128 + 4 * 16 * T, "pariskv: prefill %.0f (want 0), device %.0f",
+          n.prefill, n.dev);
+    kv_mem_add_method(&s, kv_method_find("csattention"), 1, 1, 1);
+    kv_mem_estimate(&s, &n);
+    CHECK(n.prefill == 4 * P * 128 * (8 + 16), "csattention: prefill %.0f, want K and Q widened %.0f", n.prefill,
+          4 * P * 128 * (8 + 16));
     double gpu = kv_env_bytes("KVBENCH_FIT_GPU_BYTES"), hostb = kv_env_bytes("KVBENCH_FIT_HOST_BYTES");
     static const char *sets[2][2] = {{"issue 12's 7 methods", "exact,pariskv,pqcache,quest,magicpig,streaming,random"},
                                      {"make demo's 12", "exact,pariskv,csattention,ctkvr,freekv,racc,pqcache,quest,"

@@ -668,6 +668,8 @@ extern "C" kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int 
     return KV_OK;
 }
 
+extern "C" const kv_gpu_keys *kv_gpu_attn_keys(const kv_gpu_attn *a) { return a->K; }
+
 extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     if (!a) return;
     if (a->st) cudaStreamSynchronize(a->st);

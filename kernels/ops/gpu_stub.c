@@ -42,6 +42,7 @@ kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n) {
 }
 
 void kv_gpu_attn_destroy(kv_gpu_attn *a) { (void)a; }
+const kv_gpu_keys *kv_gpu_attn_keys(const kv_gpu_attn *a) { (void)a; return NULL; }
 
 kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int nk, int profile) {
     (void)a; (void)ks; (void)nk; (void)profile;

@@ -134,6 +134,22 @@ void kv_half_to_float_n(const uint16_t *src, float *dst, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = kv_half_to_float(src[i]);
 }
 
+void kv_host_rows_head(const kv_host_rows *x, int h, int D, int a, int n, float *dst) {
+    size_t off = ((size_t)h * x->ld + a) * D;
+    if (x->f16) kv_half_to_float_n(x->f16 + off, dst, (size_t)n * D);
+    else memcpy(dst, x->f32 + off, (size_t)n * D * sizeof(float));
+}
+
+const float *kv_host_rows_f32(const kv_host_rows *x, int H, int D, int a, int n, float *buf, size_t *hstride) {
+    if (!x->f16) {
+        *hstride = (size_t)x->ld * D;
+        return x->f32 + (size_t)a * D;
+    }
+    for (int h = 0; h < H; h++) kv_host_rows_head(x, h, D, a, n, buf + (size_t)h * n * D);
+    *hstride = (size_t)n * D;
+    return buf;
+}
+
 uint16_t kv_float_to_half(float f) { /* round to nearest even */
     uint32_t x;
     memcpy(&x, &f, 4);

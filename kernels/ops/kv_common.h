@@ -69,6 +69,18 @@ float kv_half_to_float(uint16_t h);
 void kv_half_to_float_n(const uint16_t *src, float *dst, size_t n);
 uint16_t kv_float_to_half(float f);
 
+/* Rows of D floats on the host, H heads of them, held as float32 (f32) or as
+ * float16 bits (f16; the other NULL): head h's row i at (h * ld + i) * D.
+ * A layer held as float16 reaches a build in this form (issue 12, goal 3),
+ * so a build widens only what it reads, a chunk at a time. */
+typedef struct { const float *f32; const uint16_t *f16; long long ld; } kv_host_rows;
+/* Rows [a, a+n) of every head as float32: the float32 form in place, the
+ * float16 form widened into buf ([H][n][D] floats). Head h's row i is at
+ * ret + h * (*hstride) + (i - a) * D. */
+const float *kv_host_rows_f32(const kv_host_rows *x, int H, int D, int a, int n, float *buf, size_t *hstride);
+/* Rows [a, a+n) of head h as float32 into dst ([n][D]). */
+void kv_host_rows_head(const kv_host_rows *x, int h, int D, int a, int n, float *dst);
+
 /* Percentile (q in [0,1], linear interpolation) of n values; sorts `v`. */
 double kv_percentile_inplace(float *v, size_t n, double q);
 

@@ -51,6 +51,7 @@ int kv_gpu_compiled(void);
 
 /* ---- exact attention of one step over a device-resident layer (oracle) ---- */
 typedef struct kv_gpu_attn kv_gpu_attn;
+typedef struct kv_gpu_keys kv_gpu_keys; /* the device key/value store (below) */
 /* Uploads K (as float16 when half=1, exactly representable then; else
  * float32) and V ([Hkv][T][D]); V may be NULL. */
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
@@ -72,6 +73,10 @@ kv_status kv_gpu_attn_gather(kv_gpu_attn *a, const int32_t *idx, const int *coun
  * reference the device evaluation below is checked against. */
 kv_status kv_gpu_attn_scores(kv_gpu_attn *a, const float **rows, int *n);
 void kv_gpu_attn_destroy(kv_gpu_attn *a);
+/* The oracle's device copy of K ([Hkv][T][D], every position, written once
+ * at create): `kvbench run` lends it to a method that reads the layer's keys
+ * instead of holding its own (kv_shape.layer_keys). */
+const kv_gpu_keys *kv_gpu_attn_keys(const kv_gpu_attn *a);
 /* Several budgets and the budget profile on the device (issue 12; host
  * version: cli/oracle.c multi_head). kv_gpu_attn_multi_init once: budgets
  * ks[0..nk) and whether the profile is wanted. Then after each
@@ -141,7 +146,6 @@ const kv_gpu_diag_row *kv_gpu_attn_diag_take(kv_gpu_attn *a, int slot, int *t, f
 /* Largest k the GPU top-k returns indices for (its final stage sorts in
  * shared memory); thresholds alone have no limit. */
 #define KV_GPU_TOPK_MAX 8192
-typedef struct kv_gpu_keys kv_gpu_keys;
 /* half = 1: stored as float16 while every written value is exactly
  * representable (the trace stored float16); the first value that is not
  * widens the store to float32 on the device, so storage is always lossless.
