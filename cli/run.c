@@ -347,6 +347,8 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s1 = kv_now();
         rec->search_s[rec->n_steps++] = s1 - s0;
         rec->search_total_s += s1 - s0;
+        /* the candidates feed the diagnostics: copied outside the timed search (issue 12 goal 1) */
+        if (st == KV_OK && r->m->candidates) st = r->m->candidates(r->state, &r->sel);
         /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
         int dev = kv_oracle_device_eval(orc);
         if (st == KV_OK && dev) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0);

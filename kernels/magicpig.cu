@@ -572,14 +572,16 @@ static kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, 
     KV_CUDA_TRY(cudaMemcpy(m->q, q, (size_t)m->Hq * m->D * sizeof(float), cudaMemcpyHostToDevice));
     KV_TRY(mp_search_launch(m, lo, hi, minc, 0));
     KV_CUDA_TRY(cudaMemcpy(count, m->count, (size_t)m->Hq * sizeof(int), cudaMemcpyDeviceToHost));
+    int w = 0; /* one 2-D copy per array, as wide as the longest list (a copy per head cost ~10 us each: issue 12) */
     for (int h = 0; h < m->Hq; h++) {
         if (count[h] > cap) count[h] = cap;
-        if (!count[h]) continue;
-        KV_CUDA_TRY(cudaMemcpy(idx + (size_t)h * cap, m->idx + (size_t)h * m->T, (size_t)count[h] * sizeof(int32_t),
-                               cudaMemcpyDeviceToHost));
-        KV_CUDA_TRY(cudaMemcpy(logw + (size_t)h * cap, m->logw + (size_t)h * m->T, (size_t)count[h] * sizeof(float),
-                               cudaMemcpyDeviceToHost));
+        w = count[h] > w ? count[h] : w;
     }
+    if (!w) return KV_OK;
+    KV_CUDA_TRY(cudaMemcpy2D(idx, (size_t)cap * sizeof(int32_t), m->idx, (size_t)m->T * sizeof(int32_t),
+                             (size_t)w * sizeof(int32_t), (size_t)m->Hq, cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy2D(logw, (size_t)cap * sizeof(float), m->logw, (size_t)m->T * sizeof(float),
+                             (size_t)w * sizeof(float), (size_t)m->Hq, cudaMemcpyDeviceToHost));
     return KV_OK;
 }
 

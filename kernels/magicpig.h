@@ -34,7 +34,8 @@ typedef struct {
     /* One search: queries q [Hq][D] (host); per query head h the positions i
      * in [lo, hi) whose code equals the query's in >= minc tables, ascending,
      * at most cap of them: idx[h*cap + j], logw[h*cap + j] (the reference's
-     * kv_mp_logw of the cosine of q_h and the centred key), count[h] (host). */
+     * kv_mp_logw of the cosine of q_h and the centred key), count[h] (host); entries past count[h] may be
+     * overwritten (one copy per array, as wide as the longest list). */
     kv_status (*search)(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx, float *logw, int cap,
         int *count);
     /* For tests: codes of positions [lo, hi) to codes[(g*L + l)*(hi-lo) + i - lo]

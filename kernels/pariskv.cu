@@ -579,8 +579,8 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_ALLOC(p->ctr, 2 * R * 4, 0, "pariskv last-tile counters");
     const size_t lk = p->kmax < PK_SMALL_K ? p->kmax : PK_SMALL_K;
     KV_CUDA_ALLOC(p->list, R * p->ntiles_max * lk * 8, 0, "pariskv tile top-k lists");
-    p->hpos = (int32_t *)kv_malloc(R * p->kmax * 4, "pariskv top-k positions (host)");
-    if (!p->hpos) return KV_ERR_NOMEM;
+    KV_CUDA_ALLOC(p->sel, R * p->kmax * 4, 0, "pariskv selected ids");
+    KV_CUDA_ALLOC(p->hpos, R * p->kmax * 4, 1, "pariskv selected ids (pinned host)");
     KV_TRY(kv_topk_ws_create(&p->tk, c->rows, (int)Tp, &p->dev));
     KV_CUDA_TRY(cudaFuncSetAttribute(pk_small_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)((size_t)PK_SMALL_K * 8 + (size_t)PK_SMALL_C * 4)));
@@ -636,13 +636,21 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
     return KV_OK;
 }
 
-/* Search stages on stream st (the query already in p->q). Unfused
- * (KVBENCH_PK_FUSED=0): 0 tier + collision, 1 bucket top-k (scan +
- * compaction), 2 rerank, 3 final top-k: six launches. Fused (default): 0
- * tier + collision with the bucket scan in its last tile per row, 1
- * compaction + rerank (+ the final top-k in its last tile per row when the
- * candidate list is short), 3 the final top-k otherwise: three or four
- * launches (each dependent launch costs a few microseconds even in a graph). */
+/* Row r's selected key ids: ids[r][j] = cand[r][pos[r][j]], j < kk. */
+__global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *pos, int kk, int32_t *ids) {
+    const int r = blockIdx.x;
+    for (int j = threadIdx.x; j < kk; j += blockDim.x) ids[(size_t)r * kk + j] = cand[r * ld + pos[(size_t)r * kk + j]];
+}
+
+/* Search stages on stream st (the query already in p->q). Unfused (the
+ * default): 0 tier + collision, 1 bucket top-k (scan + compaction), 2
+ * rerank, 3 final top-k: six launches. Fused (KVBENCH_PK_FUSED=1): 0 tier +
+ * collision with the bucket scan in its last tile per row, 1 compaction +
+ * rerank (+ the final top-k in its last tile per row when the candidate
+ * list is short), 3 the final top-k otherwise: three or four launches (each
+ * dependent launch costs a few microseconds even in a graph). Both: 4 the
+ * selected positions mapped to key ids (one launch), so a search downloads
+ * R k ids and nothing else. */
 kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
@@ -720,7 +728,7 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         KV_LAUNCH_CHECK();
         return KV_OK;
     }
-    default: {
+    case 3: {
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
         if (p->fused && mode == 1) return KV_OK; /* done by stage 1's last tiles */
         if (p->fused && mode == 2) {                /* the tiles' lists merged, one block per row */
@@ -736,6 +744,11 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         }
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
+    default: /* 4: the top-k's candidate positions to key ids, on the device (the search downloads only these) */
+        if (kk > KV_GPU_TOPK_MAX) return KV_OK;
+        pk_ids_kernel<<<R, 128, 0, st>>>(p->cand, p->Tp, p->pos, kk, p->sel);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
     }
 }
 
@@ -751,7 +764,7 @@ kv_status pk_search_launch(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, cuda
     key.v[0] = s->lo; key.v[1] = s->end; key.v[2] = s->n_idx; key.v[3] = s->C; key.v[4] = s->k; key.v[5] = s->multi;
     key.rho = s->rho;
     return kv_graph_run(&p->graph, &key, (int)sizeof key, st, [&](cudaStream_t cs) -> kv_status {
-        for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, s, w, cs));
+        for (int w = 0; w < 5; w++) KV_TRY(pk_stage(p, s, w, cs));
         return KV_OK;
     });
 }
@@ -771,11 +784,11 @@ static void kv_pariskv_gpu_destroy(kv_pariskv_gpu *p) {
     if (p->st) cudaStreamSynchronize(p->st);
     kv_graph_destroy(&p->graph);
     void *d[] = {p->signs, p->w, p->stage, p->q, p->qt, p->qnorm, p->csc, p->ids, p->code, p->wt, p->counts,
-                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos, p->ctr, p->list};
+                 p->thist, p->ghist, p->toff, p->teq, p->thr, p->scores, p->cand, p->pos, p->ctr, p->list, p->sel};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     kv_topk_ws_destroy(&p->tk);
     if (p->st) cudaStreamDestroy(p->st);
-    free(p->hpos);
+    cudaFreeHost(p->hpos);
     free(p->hcsc);
     free(p);
 }
@@ -829,6 +842,16 @@ static kv_status kv_pariskv_gpu_encode_host(kv_pariskv_gpu *p, int a, int b, con
     return KV_OK;
 }
 
+/* The last search's candidate lists (R rows of last_C key ids) into cand[r*cand_ld + j]. */
+static kv_status kv_pariskv_gpu_candidates(kv_pariskv_gpu *p, int32_t *cand, int cand_ld) {
+    const int nc = p->last_C < cand_ld ? p->last_C : cand_ld;
+    if (nc <= 0) return KV_OK;
+    KV_CUDA_TRY(cudaMemcpy2DAsync(cand, (size_t)cand_ld * 4, p->cand, (size_t)p->Tp * 4, (size_t)nc * 4,
+                                  (size_t)p->c.rows, cudaMemcpyDeviceToHost, p->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    return KV_OK;
+}
+
 static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
                                            int32_t *out, int32_t *cand, int cand_ld) {
     KV_TRY(pk_check_step(p, s));
@@ -838,34 +861,29 @@ static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const 
     p->last_lo = s->lo;
     p->last_n = s->end - s->lo;
     p->last_C = s->C;
-    if (kk <= KV_GPU_TOPK_MAX)
-        KV_CUDA_TRY(cudaMemcpyAsync(p->hpos, p->pos, (size_t)R * kk * 4, cudaMemcpyDeviceToHost, p->st));
+    if (kk <= KV_GPU_TOPK_MAX) { /* the ids mapped on the device (stage 4): R kk ids come back, into pinned memory */
+        KV_CUDA_TRY(cudaMemcpyAsync(p->hpos, p->sel, (size_t)R * kk * 4, cudaMemcpyDeviceToHost, p->st));
+        KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+        for (int r = 0; r < R; r++) memcpy(out + (size_t)r * s->k, p->hpos + (size_t)r * kk, (size_t)kk * 4);
+        return cand ? kv_pariskv_gpu_candidates(p, cand, cand_ld) : KV_OK;
+    }
+    /* beyond the GPU top-k's index limit: the host ranks the rerank scores */
     int32_t *hc = (int32_t *)kv_malloc((size_t)R * s->C * 4, "pariskv candidates (host)");
-    if (!hc) return KV_ERR_NOMEM;
-    kv_status st = KV_OK;
-    cudaError_t e = cudaMemcpy2DAsync(hc, (size_t)s->C * 4, p->cand, (size_t)p->Tp * 4, (size_t)s->C * 4, (size_t)R,
-                                      cudaMemcpyDeviceToHost, p->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(p->st);
-    if (e != cudaSuccess) st = kv_cuda_error(e, "copying the candidates back", __FILE__, __LINE__);
-    if (st == KV_OK && kk > KV_GPU_TOPK_MAX) { /* beyond the GPU top-k's index limit: the host ranks */
-        float *sc = (float *)kv_malloc((size_t)s->C * 4, "pariskv rerank scores (host)");
-        int32_t *ps = (int32_t *)kv_malloc((size_t)kk * 4, "pariskv top-k (host)");
-        if (!sc || !ps) st = KV_ERR_NOMEM;
-        for (int r = 0; r < R && st == KV_OK; r++) {
-            e = cudaMemcpy(sc, p->csc + (size_t)r * p->Tp, (size_t)s->C * 4, cudaMemcpyDeviceToHost);
-            if (e != cudaSuccess) { st = kv_cuda_error(e, "copying the rerank scores back", __FILE__, __LINE__); break; }
-            kv_topk_ref(sc, s->C, kk, 0, ps, NULL);
-            for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + ps[j]];
-        }
-        free(sc);
-        free(ps);
-    } else if (st == KV_OK)
-        for (int r = 0; r < R; r++)
-            for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + p->hpos[(size_t)r * kk + j]];
+    float *sc = (float *)kv_malloc((size_t)s->C * 4, "pariskv rerank scores (host)");
+    int32_t *ps = (int32_t *)kv_malloc((size_t)kk * 4, "pariskv top-k (host)");
+    kv_status st = hc && sc && ps ? kv_pariskv_gpu_candidates(p, hc, s->C) : KV_ERR_NOMEM;
+    for (int r = 0; r < R && st == KV_OK; r++) {
+        cudaError_t e = cudaMemcpy(sc, p->csc + (size_t)r * p->Tp, (size_t)s->C * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) { st = kv_cuda_error(e, "copying the rerank scores back", __FILE__, __LINE__); break; }
+        kv_topk_ref(sc, s->C, kk, 0, ps, NULL);
+        for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + ps[j]];
+    }
     const int nc = s->C < cand_ld ? s->C : cand_ld;
     for (int r = 0; r < R && st == KV_OK && cand; r++)
         memcpy(cand + (size_t)r * cand_ld, hc + (size_t)r * s->C, (size_t)nc * 4);
     free(hc);
+    free(sc);
+    free(ps);
     return st;
 }
 
@@ -932,7 +950,7 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     if (C < kn) C = kn;
     if (C > n) C = n;
     kv_pariskv_gpu_step s = {0, n, n, C, spec->k, multi, rho};
-    for (int w = 0; w < 4; w++) KV_TRY(pk_stage(p, &s, w, st)); /* real inputs for every stage */
+    for (int w = 0; w < 5; w++) KV_TRY(pk_stage(p, &s, w, st)); /* real inputs for every stage */
     KV_CUDA_TRY(cudaStreamSynchronize(st));
     const double ke = K->a.half ? 2 : 4, Bn = c->nb, kk = spec->k < C ? spec->k : C;
     const double row_keys = (double)R * n, cand = (double)R * C, cand_bytes = 4 + p->cb + 2 * Bn;
@@ -1000,6 +1018,7 @@ extern "C" const kv_pariskv_cuda_ops kv_pariskv_cuda = {
     .destroy = kv_pariskv_gpu_destroy,
     .encode_host = kv_pariskv_gpu_encode_host,
     .search = kv_pariskv_gpu_search,
+    .candidates = kv_pariskv_gpu_candidates,
     .read_index = kv_pariskv_gpu_read_index,
     .read_last = kv_pariskv_gpu_read_last,
     .bucket_topk_host = pk_bucket_topk_host,

@@ -51,9 +51,11 @@ typedef struct {
      * src + g * gstride + (i - a) * D. */
     kv_status (*encode_host)(kv_pariskv_gpu *p, int a, int b, const float *src, size_t gstride);
 
-    /* One search step of s (above) for q [Hq][D] host. */
+    /* One search step of s (above) for q [Hq][D] host; cand may be NULL (then only out is copied back). */
     kv_status (*search)(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s, int32_t *out,
         int32_t *cand, int cand_ld);
+    /* The last search's candidates, as search's cand (kvbench run copies them after the timed search). */
+    kv_status (*candidates)(kv_pariskv_gpu *p, int32_t *cand, int cand_ld);
 
     /* Test hooks: the index of positions [a, b) of kv head g in the CPU's
      * token-major layout (ids [n][nb], code [n][dp/2], w [n][nb]); counts

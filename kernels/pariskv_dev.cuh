@@ -32,7 +32,8 @@ struct kv_pariskv_gpu {
     uint8_t *ids, *code, *wt;
     int *counts, *thist, *ghist, *toff, *teq, *thr;
     uint16_t *scores;
-    int32_t *cand, *pos, *hpos;
+    int32_t *cand, *pos, *hpos; /* hpos: pinned host, the last search's key ids [rows][kk] */
+    int32_t *sel;        /* device [rows][kmax]: the selected key ids (pk_stage 4) */
     kv_topk_ws tk;
     size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
     int last_lo, last_n, last_C; /* of the last search, for read_last */

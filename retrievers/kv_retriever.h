@@ -168,7 +168,15 @@ typedef struct kv_method {
     /* 1: on the GPU, reads shape->layer_keys when it is set instead of holding its own device copy of K
      * (the preflight counts no keys for it then). */
     int reads_layer_keys;
+    /* Optional: the last search's coarse candidates into sel (n_cand, cand), for a method whose search()
+     * leaves them out because copying them costs (ParisKV's GPU path: R C ids from the device). They feed
+     * the protocol's candidate recall, not the selection, so `kvbench run` calls this after search(),
+     * outside its timed region (issue 12 goal 1); kv_method_search() calls both. */
+    kv_status (*candidates)(void *state, kv_selection *sel);
 } kv_method;
+/* search() and then, when the method has it, candidates(): a whole search as a caller outside the run's
+ * timed loop wants it (tests, tools). */
+kv_status kv_method_search(const kv_method *m, void *state, int t, const float *q, int k, kv_selection *sel);
 enum { KV_PREFILL_Q = 1, KV_PREFILL_K = 2, KV_PREFILL_V = 4 };
 
 /* 1 when the method's selections with parameters ps are one per kv head,

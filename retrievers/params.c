@@ -127,6 +127,11 @@ void kv_params_format(const kv_param_set *ps, char *buf, size_t cap) {
     }
 }
 
+kv_status kv_method_search(const kv_method *m, void *state, int t, const float *q, int k, kv_selection *sel) {
+    KV_TRY(m->search(state, t, q, k, sel));
+    return m->candidates ? m->candidates(state, sel) : KV_OK;
+}
+
 const float *kv_prefill_k32(const kv_prefill *pre, int H, int D, float **tmp) {
     *tmp = NULL;
     if (!pre->half) return pre->k;

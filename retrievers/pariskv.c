@@ -152,6 +152,7 @@ typedef struct {
     kv_pariskv_gpu *gpu; /* GPU path: the index lives on the device (kernels/pariskv.cu) */
     int32_t *gout, *gcand; /* GPU path: host [rows][k_cap] lists, [rows][T] candidates */
     int gk_cap;
+    int last_C;      /* GPU: candidates per row of the last search (0: none), for pk_candidates */
     int nthreads;
     pk_scratch *scr;
 } pk_state;
@@ -580,14 +581,29 @@ static kv_status search_gpu(pk_state *s, int t, const float *q, int k, kv_select
         if (!(s->gout = kv_malloc((size_t)rows * k * sizeof(int32_t), "pariskv GPU lists"))) return KV_ERR_NOMEM;
         s->gk_cap = k;
     }
-    KV_TRY(kv_pariskv_cuda.search(s->gpu, q, &step, s->gout, s->gcand, sh->max_tokens));
-    int got = k < step.C ? k : step.C, nc = step.C;
+    KV_TRY(kv_pariskv_cuda.search(s->gpu, q, &step, s->gout, NULL, 0)); /* the candidates: pk_candidates */
+    int got = k < step.C ? k : step.C;
     if (got > sel->cap) got = sel->cap;
-    if (nc > sel->cand_cap) nc = sel->cand_cap;
     for (int r = 0; r < rows; r++)
         for (int h = r * nh; h < (r + 1) * nh; h++) {
             memcpy(sel->idx + (size_t)h * sel->cap, s->gout + (size_t)r * k, (size_t)got * sizeof(int32_t));
             sel->count[h] = got;
+        }
+    s->last_C = step.C;
+    return KV_OK;
+}
+
+/* The GPU path's candidates of the last search, copied after it (kv_method.candidates: outside the run's timed
+ * search); the CPU path fills them in search(). */
+static kv_status pk_candidates(void *st, kv_selection *sel) {
+    pk_state *s = st;
+    const kv_shape *sh = &s->sh;
+    if (!s->gpu || s->last_C <= 0) return KV_OK;
+    int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
+    int nc = s->last_C < sel->cand_cap ? s->last_C : sel->cand_cap;
+    KV_TRY(kv_pariskv_cuda.candidates(s->gpu, s->gcand, sh->max_tokens));
+    for (int r = 0; r < rows; r++)
+        for (int h = r * nh; h < (r + 1) * nh; h++) {
             memcpy(sel->cand + (size_t)h * sel->cand_cap, s->gcand + (size_t)r * sh->max_tokens, (size_t)nc * sizeof(int32_t));
             sel->n_cand[h] = nc;
         }
@@ -606,6 +622,7 @@ static void report_extra(const pk_state *s, int lo, int hi, kv_selection *sel) {
 
 static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     pk_state *s = st;
+    s->last_C = 0; /* until a GPU search sets it */
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, G = sh->group, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
@@ -709,6 +726,7 @@ const kv_method kv_method_pariskv = {
     .prefill_half = 1, /* the GPU path widens a chunk at a time, the CPU path the keys once */
     .append = pk_append,
     .search = pk_search,
+    .candidates = pk_candidates,
     .memory_bytes = pk_memory,
     .destroy = pk_destroy,
     .describe = pk_describe,

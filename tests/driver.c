@@ -104,7 +104,7 @@ kv_status kv_test_driver_step(kv_test_driver *d, int t, int k) {
         KV_TRY(d->m->append(d->st, d->n, d->kr, L->v ? d->vr : NULL, d->qr));
     }
     kv_selection_reset(&d->sel);
-    return d->m->search(d->st, t, d->qr, k, &d->sel);
+    return kv_method_search(d->m, d->st, t, d->qr, k, &d->sel);
 }
 
 void kv_test_driver_close(kv_test_driver *d) {
