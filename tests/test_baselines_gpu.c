@@ -269,20 +269,20 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
         float scale = 1.0f / sqrtf((float)D);
         CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx0, kk, cnt, NULL, NULL));
         CHECK_OK(kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx, kk, cnt, agg, NULL));
-        /* the search runs as a CUDA graph per (lo, hi, k, scale, agg wanted) (kv_graph_run): back to the first
-         * shape (re-captured), the same again (replayed), and direct launches (KVBENCH_CUDA_GRAPHS=0) must all
-         * select what the first search did */
-        for (int pass = 0; pass < 3; pass++) {
+        /* the search runs as a CUDA graph per (lo, hi, k, scale, agg wanted) (kv_graph_run), captured when a
+         * shape comes twice in a row: back to the first shape (direct), the same again (captured), again
+         * (replayed), and direct launches (KVBENCH_CUDA_GRAPHS=0) must all select what the first search did */
+        static const char *how[4] = {"direct, after another shape", "captured", "graph replayed", "direct launches"};
+        for (int pass = 0; pass < 4; pass++) {
             int32_t *idx2 = malloc((size_t)Hkv * kk * 4);
             CHECK(idx2, "out of memory");
-            if (pass == 2) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
+            if (pass == 3) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
             kv_status gs = kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx2, kk, cnt, NULL, NULL);
-            if (pass == 2) unsetenv("KVBENCH_CUDA_GRAPHS");
+            if (pass == 3) unsetenv("KVBENCH_CUDA_GRAPHS");
             CHECK_OK(gs);
             int same = !memcmp(idx2, idx0, (size_t)Hkv * kk * 4);
             free(idx2);
-            CHECK(same, "case %zu: search %d (%s) selected otherwise than the first, seed %llu", ci, pass + 3,
-                  pass == 0 ? "re-captured" : pass == 1 ? "graph replayed" : "direct launches",
+            CHECK(same, "case %zu: search %d (%s) selected otherwise than the first, seed %llu", ci, pass + 3, how[pass],
                   (unsigned long long)seed);
         }
         for (int g = 0; g < Hkv; g++) {

@@ -143,23 +143,25 @@ static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int e
     kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = n_idx, .C = C, .k = k, .multi = multi, .rho = rho};
     CHECK_OK(kv_pariskv_cuda.search(f->gpu, q, &step, out, cand, n));
     CHECK_OK(kv_pariskv_cuda.read_last(f->gpu, sc, csc));
-    /* the search's launches run as a CUDA graph captured for this step (kv_graph_run): the same step again
-     * replays it, and KVBENCH_CUDA_GRAPHS=0 launches directly; both must give the same lists and candidates */
+    /* the first search of a step launches directly; the same step again is captured as a CUDA graph (kv_graph_run
+     * captures a shape that comes twice in a row), a third time replays it, and KVBENCH_CUDA_GRAPHS=0 launches
+     * directly: all must give the first search's lists and candidates */
     {
         int32_t *out2 = malloc((size_t)R * k * 4), *cand2 = malloc((size_t)R * n * 4);
         CHECK(out2 && cand2, "out of memory");
-        for (int pass = 0; pass < 2; pass++) {
-            if (pass) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
+        static const char *how[3] = {"captured", "replayed", "direct (KVBENCH_CUDA_GRAPHS=0)"};
+        for (int pass = 0; pass < 3; pass++) {
+            if (pass == 2) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
             kv_status gs = kv_pariskv_cuda.search(f->gpu, q, &step, out2, cand2, n);
-            if (pass) unsetenv("KVBENCH_CUDA_GRAPHS");
+            if (pass == 2) unsetenv("KVBENCH_CUDA_GRAPHS");
             CHECK_OK(gs);
             for (int row = 0; row < R; row++) {
                 CHECK(!memcmp(out2 + (size_t)row * k, out + (size_t)row * k, (size_t)kk * 4),
-                      "row %d: the %s search's list differs from the first, seed %llu", row,
-                      pass ? "direct (KVBENCH_CUDA_GRAPHS=0)" : "replayed", (unsigned long long)seed);
+                      "row %d: the %s search's list differs from the first, seed %llu", row, how[pass],
+                      (unsigned long long)seed);
                 CHECK(!memcmp(cand2 + (size_t)row * n, cand + (size_t)row * n, (size_t)C * 4),
-                      "row %d: the %s search's candidates differ from the first, seed %llu", row,
-                      pass ? "direct (KVBENCH_CUDA_GRAPHS=0)" : "replayed", (unsigned long long)seed);
+                      "row %d: the %s search's candidates differ from the first, seed %llu", row, how[pass],
+                      (unsigned long long)seed);
             }
         }
         free(out2); free(cand2);
