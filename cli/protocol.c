@@ -165,9 +165,13 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
 /* Each query head's candidate list (its own, or its kv head's) into
  * p->cidx, grown to need per head; with t >= 0 (the device path, which
  * reads scores there) every position is checked against [0, t]. */
-static kv_status gather_cands(kv_protocol *p, const kv_method *m, const kv_selection *sel, int need, int t) {
+/* Each head's candidate list into p->cidx [Hq][ccap] (counts in p->ccount); with t >= 0 every candidate is
+ * checked against [0, t] first. copy = 0 (the device evaluation of a method with a list per query head)
+ * only checks and counts: kv_protocol_submit then packs from sel->cand itself, one copy fewer of lists that
+ * can hold a tenth of the region per head (ParisKV). */
+static kv_status gather_cands(kv_protocol *p, const kv_method *m, const kv_selection *sel, int need, int t, int copy) {
     const kv_layer *L = p->L;
-    if (need > p->ccap) {
+    if (copy && need > p->ccap) {
         free(p->cscore); free(p->cidx);
         p->cscore = kv_malloc((size_t)L->Hq * need * sizeof(float), "candidate scores");
         p->cidx = kv_malloc((size_t)L->Hq * need * sizeof(int32_t), "candidate indices");
@@ -182,7 +186,7 @@ static kv_status gather_cands(kv_protocol *p, const kv_method *m, const kv_selec
             if (c[j] < 0 || c[j] > t)
                 return kv_fail(KV_ERR_INTERNAL, "GPU oracle: gather of position %d outside the last step's [0, %d)",
                                c[j], t + 1);
-        memcpy(p->cidx + (size_t)h * p->ccap, c, (size_t)p->ccount[h] * sizeof(int32_t));
+        if (copy) memcpy(p->cidx + (size_t)h * p->ccap, c, (size_t)p->ccount[h] * sizeof(int32_t));
     }
     return KV_OK;
 }
@@ -197,7 +201,7 @@ static kv_status candidate_recall(kv_protocol *p, kv_oracle *o, const kv_oracle_
     }
     for (int h = 0; h < L->Hq; h++) rows[h].cand_recall = NAN;
     if (!any || kk <= 0) return KV_OK;
-    KV_TRY(gather_cands(p, m, sel, need, -1));
+    KV_TRY(gather_cands(p, m, sel, need, -1, 1));
     KV_TRY(kv_oracle_gather(o, p->cidx, p->ccount, p->ccap, p->cscore));
     for (int h = 0; h < L->Hq; h++) {
         int hits = 0;
@@ -315,10 +319,11 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
                          .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
                          .has_cand = any && kk > 0};
     if (in.has_cand) {
-        KV_TRY(gather_cands(p, m, sel, need, t));
-        in.ccap = p->ccap;
+        int direct = !m->per_kv_head; /* list h is head h's: packed from sel as it is */
+        KV_TRY(gather_cands(p, m, sel, need, t, !direct));
+        in.ccap = direct ? sel->cand_cap : p->ccap;
         in.ccount = p->ccount;
-        in.cidx = p->cidx;
+        in.cidx = direct ? sel->cand : p->cidx;
     }
     return kv_oracle_diag(o, slot, &in);
 }

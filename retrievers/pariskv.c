@@ -601,12 +601,18 @@ static kv_status pk_candidates(void *st, kv_selection *sel) {
     if (!s->gpu || s->last_C <= 0) return KV_OK;
     int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
     int nc = s->last_C < sel->cand_cap ? s->last_C : sel->cand_cap;
-    KV_TRY(kv_pariskv_cuda.candidates(s->gpu, s->gcand, sh->max_tokens));
-    for (int r = 0; r < rows; r++)
+    if (nc == s->last_C) /* row r straight into the first list of its group, then copied to the group's others */
+        KV_TRY(kv_pariskv_cuda.candidates(s->gpu, sel->cand, nh * sel->cand_cap));
+    else
+        KV_TRY(kv_pariskv_cuda.candidates(s->gpu, s->gcand, sh->max_tokens));
+    for (int r = 0; r < rows; r++) {
+        const int32_t *src = nc == s->last_C ? sel->cand + (size_t)r * nh * sel->cand_cap : s->gcand + (size_t)r * sh->max_tokens;
         for (int h = r * nh; h < (r + 1) * nh; h++) {
-            memcpy(sel->cand + (size_t)h * sel->cand_cap, s->gcand + (size_t)r * sh->max_tokens, (size_t)nc * sizeof(int32_t));
+            if (src != sel->cand + (size_t)h * sel->cand_cap)
+                memcpy(sel->cand + (size_t)h * sel->cand_cap, src, (size_t)nc * sizeof(int32_t));
             sel->n_cand[h] = nc;
         }
+    }
     return KV_OK;
 }
 
