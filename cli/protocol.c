@@ -163,12 +163,12 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
 }
 
 /* Each query head's candidate list (its own, or its kv head's) into
- * p->cidx, grown to need per head; with t >= 0 (the device path, which
- * reads scores there) every position is checked against [0, t]. */
-/* Each head's candidate list into p->cidx [Hq][ccap] (counts in p->ccount); with t >= 0 every candidate is
- * checked against [0, t] first. copy = 0 (the device evaluation of a method with a list per query head)
- * only checks and counts: kv_protocol_submit then packs from sel->cand itself, one copy fewer of lists that
- * can hold a tenth of the region per head (ParisKV). */
+ * p->cidx, grown to need per head, and its count into p->ccount; with t >= 0
+ * (the device path, which reads scores there) every position is checked
+ * against [0, t]. copy = 0 (the device evaluation of a method with a list
+ * per query head) only checks and counts: kv_protocol_submit then packs from
+ * sel->cand itself, one copy fewer of lists that can hold a tenth of the
+ * region per head (ParisKV). */
 static kv_status gather_cands(kv_protocol *p, const kv_method *m, const kv_selection *sel, int need, int t, int copy) {
     const kv_layer *L = p->L;
     if (copy && need > p->ccap) {
