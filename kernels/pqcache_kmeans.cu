@@ -201,12 +201,11 @@ kv_status pq_copy_back(kv_pq_gpu *p, int lo, int n, float *cent, uint8_t *codes)
 
 /* Rows [0, n) of every kv head of k into the device's [Hkv][n][D] float32
  * array x: the float32 form in one copy, the float16 form widened on the
- * host a chunk of PQ_WIDEN positions at a time (no float32 copy of the layer
+ * host a chunk of KV_HOST_ROWS_CHUNK positions at a time (no float32 copy of the layer
  * on the host: issue 12, goal 3; the widening is exact). */
-#define PQ_WIDEN 8192
 kv_status pq_upload_keys(kv_pq_gpu *p, const kv_host_rows *k, int n, float *x) {
-    const int H = p->Hkv, D = p->D, chunk = k->f16 ? PQ_WIDEN : n;
-    float *buf = k->f16 ? (float *)kv_malloc((size_t)H * PQ_WIDEN * D * sizeof(float), "pqcache prefill chunk") : NULL;
+    const int H = p->Hkv, D = p->D, chunk = k->f16 ? KV_HOST_ROWS_CHUNK : n;
+    float *buf = k->f16 ? (float *)kv_malloc((size_t)H * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pqcache prefill chunk") : NULL;
     if (k->f16 && !buf) return KV_ERR_NOMEM;
     kv_status st = KV_OK;
     for (int a = 0; a < n && st == KV_OK; a += chunk) {

@@ -219,10 +219,9 @@ static void mp_index(mp_state *s, int g, int t, int nb, const float *keys, size_
 
 /* Builds from either form of the prefill: the CPU path reads one float32
  * array (the float16 form widened once), the GPU path widens the float16
- * form MP_WIDEN positions at a time, once for the mean and once for the
+ * form KV_HOST_ROWS_CHUNK positions at a time, once for the mean and once for the
  * index (issue 12, goal 3: no float32 copy of the layer on the host). The
  * mean's sums run in the same order either way. */
-#define MP_WIDEN 8192
 static kv_status mp_build(void *st, const kv_prefill *pre) {
     mp_state *s = st;
     int D = s->sh.head_dim, lo = s->sh.sink, n = pre->n, Hkv = s->sh.num_kv_heads;
@@ -232,9 +231,9 @@ static kv_status mp_build(void *st, const kv_prefill *pre) {
         if (!kv_prefill_k32(pre, Hkv, D, &k32)) return KV_ERR_NOMEM;
         x = (kv_host_rows){k32, NULL, n};
     }
-    int chunk = x.f16 ? MP_WIDEN : n;
+    int chunk = x.f16 ? KV_HOST_ROWS_CHUNK : n;
     double *acc = kv_calloc((size_t)Hkv * D + 1, sizeof(double), "magicpig mean");
-    if (x.f16 && !(buf = kv_malloc((size_t)Hkv * MP_WIDEN * D * sizeof(float), "magicpig prefill chunk"))) {
+    if (x.f16 && !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "magicpig prefill chunk"))) {
         free(acc);
         acc = NULL;
     }

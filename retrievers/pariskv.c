@@ -150,7 +150,7 @@ typedef struct {
     float *pend;      /* [Hkv][pend_cap][D] raw keys of the positions [pend_start, n_seen) */
     float *keys;      /* rerank=exact: [Hkv][T][D] */
     kv_pariskv_gpu *gpu; /* GPU path: the index lives on the device (kernels/pariskv.cu) */
-    int32_t *gout, *gcand; /* GPU path: host [rows][k_cap] lists, [rows][T] candidates */
+    int32_t *gout;    /* GPU path: host [rows][k_cap] lists */
     int gk_cap;
     int last_C;      /* GPU: candidates per row of the last search (0: none), for pk_candidates */
     int nthreads;
@@ -203,7 +203,7 @@ static void pk_destroy(void *st) {
     free(s->ids); free(s->code); free(s->w); free(s->counts); free(s->cent); free(s->cnorm);
     free(s->pend); free(s->keys);
     if (s->gpu) kv_pariskv_cuda.destroy(s->gpu);
-    free(s->gout); free(s->gcand);
+    free(s->gout);
     for (int i = 0; s->scr && i < s->nthreads; i++) scratch_free(&s->scr[i]);
     free(s->scr);
     free(s);
@@ -254,8 +254,7 @@ static kv_status pk_create(const kv_shape *sh, const kv_param_set *ps, void **ou
             return st;
         }
         s->pend = kv_malloc((size_t)Hkv * pend_n * D * sizeof(float), "pariskv update buffer");
-        s->gcand = kv_malloc((size_t)cfg.rows * T * sizeof(int32_t), "pariskv candidates");
-        if (!s->pend || !s->gcand) { pk_destroy(s); return KV_ERR_NOMEM; }
+        if (!s->pend) { pk_destroy(s); return KV_ERR_NOMEM; }
         *out = s;
         return KV_OK;
     }
@@ -434,10 +433,9 @@ static kv_status encode_range(pk_state *s, int a, int b, const float *src, size_
 
 /* Builds from either form of the prefill. The CPU path reads one float32
  * array (the float16 form widened once); the GPU path encodes the float16
- * form a chunk of PK_WIDEN positions at a time, so a layer held as float16
+ * form a chunk of KV_HOST_ROWS_CHUNK positions at a time, so a layer held as float16
  * never has a float32 copy on the host (issue 12, goal 3). Encoding is per
  * key, so the chunks change no bit of the index. */
-#define PK_WIDEN 8192
 static kv_status pk_build(void *st, const kv_prefill *pre) {
     pk_state *s = st;
     int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, S = s->sh.sink, P = pre->n;
@@ -453,8 +451,8 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
     /* released layout: the prefill's last W keys are the local window, kept raw in the buffer */
     int e = s->released ? P - s->sh.local : P;
     if (e < S) e = S;
-    int chunk = x.f16 ? PK_WIDEN : e - S;
-    if (x.f16 && e > S && !(buf = kv_malloc((size_t)Hkv * PK_WIDEN * D * sizeof(float), "pariskv prefill chunk")))
+    int chunk = x.f16 ? KV_HOST_ROWS_CHUNK : e - S;
+    if (x.f16 && e > S && !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pariskv prefill chunk")))
         rc = KV_ERR_NOMEM;
     for (int a = S; a < e && rc == KV_OK; a += chunk) {
         int c = e - a < chunk ? e - a : chunk;
@@ -599,19 +597,17 @@ static kv_status pk_candidates(void *st, kv_selection *sel) {
     pk_state *s = st;
     const kv_shape *sh = &s->sh;
     if (!s->gpu || s->last_C <= 0) return KV_OK;
+    if (s->last_C > sel->cand_cap)
+        return kv_fail(KV_ERR_INTERNAL, "pariskv: %d candidates a row, above the selection's capacity %d", s->last_C,
+                       sel->cand_cap);
     int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
-    int nc = s->last_C < sel->cand_cap ? s->last_C : sel->cand_cap;
-    if (nc == s->last_C) /* row r straight into the first list of its group, then copied to the group's others */
-        KV_TRY(kv_pariskv_cuda.candidates(s->gpu, sel->cand, nh * sel->cand_cap));
-    else
-        KV_TRY(kv_pariskv_cuda.candidates(s->gpu, s->gcand, sh->max_tokens));
-    for (int r = 0; r < rows; r++) {
-        const int32_t *src = nc == s->last_C ? sel->cand + (size_t)r * nh * sel->cand_cap : s->gcand + (size_t)r * sh->max_tokens;
-        for (int h = r * nh; h < (r + 1) * nh; h++) {
-            if (src != sel->cand + (size_t)h * sel->cand_cap)
-                memcpy(sel->cand + (size_t)h * sel->cand_cap, src, (size_t)nc * sizeof(int32_t));
-            sel->n_cand[h] = nc;
-        }
+    /* row r straight into the first list of its group, then copied to the group's others */
+    KV_TRY(kv_pariskv_cuda.candidates(s->gpu, sel->cand, nh * sel->cand_cap));
+    for (int h = 0; h < rows * nh; h++) {
+        if (h % nh)
+            memcpy(sel->cand + (size_t)h * sel->cand_cap, sel->cand + (size_t)(h - h % nh) * sel->cand_cap,
+                   (size_t)s->last_C * sizeof(int32_t));
+        sel->n_cand[h] = s->last_C;
     }
     return KV_OK;
 }

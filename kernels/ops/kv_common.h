@@ -74,6 +74,8 @@ uint16_t kv_float_to_half(float f);
  * A layer held as float16 reaches a build in this form (issue 12, goal 3),
  * so a build widens only what it reads, a chunk at a time. */
 typedef struct { const float *f32; const uint16_t *f16; long long ld; } kv_host_rows;
+/* Positions a build widens at a time from the float16 form (one [H][8192][D] float buffer). */
+#define KV_HOST_ROWS_CHUNK 8192
 /* Rows [a, a+n) of every head as float32: the float32 form in place, the
  * float16 form widened into buf ([H][n][D] floats). Head h's row i is at
  * ret + h * (*hstride) + (i - a) * D. */
