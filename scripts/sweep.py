@@ -89,6 +89,16 @@ class ConfigError(Exception):
     pass
 
 
+def pid_alive(pid):
+    """A running process: /proc/PID exists and is not a zombie (a killed kvbench whose parent died stays one
+    until something reaps it, e.g. in a container without an init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def die(msg, code=2):
     print(f"{os.path.basename(sys.argv[0])}: {msg}", file=sys.stderr)  # sweep.py, or the script importing it
     sys.exit(code)
@@ -526,7 +536,7 @@ def main():
     jobs = expand(cfg, a.kvbench)
     for d in glob.glob(os.path.join(out, "runs", "*.tmp.*")):  # a kvbench killed by SIGKILL leaves DIR.tmp.<pid>
         pid = d.rsplit(".", 1)[-1]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if pid.isdigit() and not pid_alive(int(pid)):
             subprocess.run(["rm", "-rf", "--", d])
     if a.collect:
         n, ns, missing = collect(out, jobs)

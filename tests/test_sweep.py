@@ -194,12 +194,13 @@ with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         runs = os.path.join(out2, "runs")
         while time.time() - t0 < 60:
-            if os.path.isdir(runs) and any(os.path.isfile(os.path.join(runs, d, "summary.json")) for d in os.listdir(runs)):
+            if os.path.isdir(runs) and any(os.path.isfile(os.path.join(runs, d, "summary.json")) and ".tmp." not in d
+                                           for d in os.listdir(runs)):  # finished: renamed from DIR.tmp.<pid>
                 break
             time.sleep(0.02)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        have = {d for d in os.listdir(runs) if os.path.isfile(os.path.join(runs, d, "summary.json"))}
+        have = {d for d in os.listdir(runs) if os.path.isfile(os.path.join(runs, d, "summary.json")) and ".tmp." not in d}
         r = sweep(cfg4, out2, "--dry-run")
         pending = [l.split()[1] for l in r.stdout.splitlines() if l.startswith("pending")]
         check(1 <= len(have) < 4 and not (set(pending) & have) and len(have) + len(pending) == 4,
