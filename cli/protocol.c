@@ -114,6 +114,29 @@ static inline void add(kv_protocol *p, int h, int i, uint8_t f, float lw) {
     *slot = c + 1;
 }
 
+/* 1 when the list is strictly ascending inside [lo, hi) (MagicPIG's compaction, page expansions): then
+ * its entries can be neither duplicates nor sink or local positions (disjoint from the region), and
+ * build_lists appends them as they are, without the stamp table's random access per entry (issue 12:
+ * MagicPIG's host diagnostics, ~2000 entries a head at 128K, fell from 327 to 144 us a step); the lists
+ * are the same. */
+static int ascending_in(const int32_t *si, int n, int lo, int hi) {
+    if (n && (si[0] < lo || si[n - 1] >= hi)) return 0;
+    for (int j = 1; j < n; j++)
+        if (si[j] <= si[j - 1]) return 0;
+    return 1;
+}
+
+/* The slot of position i in an ascending list (ascending_in), or -1. */
+static int find_sorted(const int32_t *si, int n, int i) {
+    int a = 0, b = n;
+    while (a < b) {
+        int c = a + (b - a) / 2;
+        if (si[c] < i) a = c + 1;
+        else b = c;
+    }
+    return a < n && si[a] == i ? a : -1;
+}
+
 static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv_selection *sel, int k) {
     const kv_layer *L = p->L;
     int lo = p->sink, hi = t + 1 - p->local, max_extra = 0, max_sel = 0;
@@ -131,7 +154,16 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         p->c0[h] = p->count[h];
         const int32_t *si = sel->idx + (size_t)list * sel->cap;
         const float *sw = sel->logw + (size_t)list * sel->cap;
-        for (int j = 0; j < sel->count[list]; j++) {
+        const int ns = sel->count[list], fast = lo < hi && ascending_in(si, ns, lo, hi);
+        if (fast) {
+            size_t base = (size_t)h * p->cap + p->count[h];
+            memcpy(p->att + base, si, (size_t)ns * sizeof(int32_t));
+            memset(p->flag + base, F_REGION | F_SEL, (size_t)ns);
+            if (m->uses_logw) memcpy(p->logw + base, sw, (size_t)ns * sizeof(float));
+            else memset(p->logw + base, 0, (size_t)ns * sizeof(float));
+            p->count[h] += ns;
+        }
+        for (int j = 0; !fast && j < ns; j++) {
             int i = si[j];
             if (i < lo || i >= hi) {
                 kv_status st = kv_fail(KV_ERR_INTERNAL,
@@ -149,15 +181,17 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         }
         const int32_t *ei = sel->extra + (size_t)g * sel->extra_cap;
         for (int j = 0; j < sel->n_extra[g]; j++) {
-            int i = ei[j];
+            int i = ei[j], f = fast && i >= lo && i < hi ? find_sorted(si, ns, i) : -1;
             if (i < 0 || i > t) {
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return kv_fail(KV_ERR_INTERNAL, "method %s reported extra index %d at step %d, outside [0, %d]",
                                m->name, i, t, t);
             }
-            add(p, h, i, (i >= lo && i < hi ? F_REGION : 0) | F_EXTRA, 0.f);
+            if (f >= 0) p->flag[(size_t)h * p->cap + p->c0[h] + f] |= F_EXTRA; /* a selected entry (no stamp) */
+            else add(p, h, i, (i >= lo && i < hi ? F_REGION : 0) | F_EXTRA, 0.f);
         }
-        for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+        for (int c = 0; c < p->count[h]; c++) /* the stamps set (a fast list's entries have none) */
+            if (!fast || c < p->c0[h] || c >= p->c0[h] + ns) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
     }
     return KV_OK;
 }
@@ -306,9 +340,11 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
 /* The GPU oracle's path (issue 12): the lists of kv_protocol_score, built
  * and checked here, the arithmetic on the device (kernels/ops/attn_eval.cu).
  * The candidate lists are copied per head as candidate_recall does, each
- * position checked against [0, t] (the device reads scores there). */
+ * position checked against [0, t] (the device reads scores there); a
+ * method's device candidates (dc) are read on the device where they are,
+ * and checked there (kv_protocol_collect reports a position out of range). */
 kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
-                             int k, int slot) {
+                             int k, int slot, const kv_dev_cands *dc) {
     int nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR, need = 0, any = 0;
     KV_TRY(build_lists(p, t, m, sel, k));
     for (int l = 0; l < sel->n_lists; l++) {
@@ -318,7 +354,11 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
     kv_gpu_diag_in in = {.b = b, .kk = kk, .split = p->split, .t = t, .metric = m->metric_name ? sel->metric : NAN,
                          .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
                          .has_cand = any && kk > 0};
-    if (in.has_cand) {
+    if (dc && dc->idx) {
+        in.has_cand = kk > 0;
+        in.dcidx = dc->idx; in.dld = dc->ld; in.drows = dc->rows; in.dcount = dc->count;
+        in.dmap = dc->rows > 0 ? p->L->Hq / dc->rows : 0;
+    } else if (in.has_cand) {
         int direct = !m->per_kv_head; /* list h is head h's: packed from sel as it is */
         KV_TRY(gather_cands(p, m, sel, need, t, !direct));
         in.ccap = direct ? sel->cand_cap : p->ccap;
@@ -328,11 +368,16 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
     return kv_oracle_diag(o, slot, &in);
 }
 
-int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows) {
+int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows, const char *method) {
     int t;
     float metric;
     const kv_gpu_diag_row *g = kv_oracle_diag_take(o, slot, &t, &metric);
     if (!g) return 0;
+    if (g[0].cand_bad) {
+        kv_fail(KV_ERR_INTERNAL, "method %s reported a candidate position outside [0, %d] at step %d (device "
+                "candidates)", method, t, t);
+        return -1;
+    }
     for (int h = 0; h < p->L->Hq; h++) {
         kv_step_metric *r = &rows[h];
         r->step = t; r->head = h; r->metric = metric;

@@ -46,10 +46,12 @@ void kv_protocol_new_step(kv_protocol *p, int t);
  * index in the oracle's list); after kv_oracle_diag_wait (or the next
  * kv_oracle_step), kv_protocol_collect writes the Hq rows of that submission
  * (its step, the method's scalar) and returns 1, once; 0 when the slot holds
- * none. */
+ * none; -1 (KV_ERR_INTERNAL set, naming `method`) when the method's device
+ * candidates held a position outside [0, t]. dc: the method's candidates on
+ * the device (kv_method.candidates_dev), or NULL: those of sel. */
 kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
-                             int k, int slot);
-int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows);
+                             int k, int slot, const kv_dev_cands *dc);
+int kv_protocol_collect(const kv_protocol *p, kv_oracle *o, int slot, kv_step_metric *rows, const char *method);
 void kv_protocol_destroy(kv_protocol *p);
 
 #endif

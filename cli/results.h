@@ -25,6 +25,7 @@ typedef struct {
     double build_s, append_s;
     double *search_s;   /* per evaluated step */
     double search_total_s; /* sum of search_s (issue 12's phase breakdown) */
+    double diag_s;      /* the record's diagnostics on the host: candidates copy, scoring or packing */
     int n_steps;
     size_t index_bytes;
     const char *layer;  /* the record's layer, budget (asked and effective) and seed (the shape's seed) */

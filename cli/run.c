@@ -347,15 +347,22 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s1 = kv_now();
         rec->search_s[rec->n_steps++] = s1 - s0;
         rec->search_total_s += s1 - s0;
-        /* the candidates feed the diagnostics: copied outside the timed search (issue 12 goal 1) */
-        if (st == KV_OK && r->m->candidates) st = r->m->candidates(r->state, &r->sel);
         /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
-        int dev = kv_oracle_device_eval(orc);
-        if (st == KV_OK && dev) st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0);
+        int dev = kv_oracle_device_eval(orc), dcand = dev && r->on_gpu && r->m->candidates_dev;
+        kv_dev_cands dc = {0};
+        /* the candidates feed the diagnostics: copied outside the timed search (issue 12 goal 1), or left on
+         * the device for the device evaluation */
+        if (st == KV_OK && dcand) st = r->m->candidates_dev(r->state, &dc);
+        else if (st == KV_OK && r->m->candidates) st = r->m->candidates(r->state, &r->sel);
+        if (st == KV_OK && dev)
+            st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0,
+                                    dcand ? &dc : NULL);
         if (st == KV_OK && !dev) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
         if (st == KV_OK && !dev) st = kv_rows_push(rec, rows, Hq);
+        double s2 = kv_now();
+        rec->diag_s += s2 - s1;
         *srch += s1 - s0;
-        *diag += kv_now() - s1;
+        *diag += s2 - s1;
     }
     if (st != KV_OK) snprintf(msg, msg_cap, "%s", kv_last_error());
     return st;
@@ -366,8 +373,11 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
  * kv_oracle_step, which waits for the oracle's stream). */
 static kv_status collect_rows(kv_oracle *orc, kv_protocol *proto, kv_method_run *recs, int n_recs,
                               kv_step_metric *rows, int Hq) {
-    for (int i = 0; i < n_recs; i++)
-        if (kv_protocol_collect(proto, orc, i, rows)) KV_TRY(kv_rows_push(&recs[i], rows, Hq));
+    for (int i = 0; i < n_recs; i++) {
+        int got = kv_protocol_collect(proto, orc, i, rows, recs[i].m->name);
+        if (got < 0) return KV_ERR_INTERNAL;
+        if (got) KV_TRY(kv_rows_push(&recs[i], rows, Hq));
+    }
     return KV_OK;
 }
 
@@ -416,6 +426,8 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int n_recs = n_inst ? inst[n_inst - 1].first_rec + inst[n_inst - 1].nb : 0;
     for (int i = 0; i < n_recs && st == KV_OK; i++)
         if (!(recs[i].search_s = kv_malloc((size_t)(total + 1) * sizeof(double), "search times"))) st = KV_ERR_NOMEM;
+    for (int i = 0; i < n_inst; i++) /* the method, for messages (the rest of the record is filled after the loop) */
+        for (int b = 0; b < inst[i].nb; b++) recs[inst[i].first_rec + b].m = inst[i].r.m;
     int dev = st == KV_OK && kv_oracle_device_eval(orc); /* the device scores every record (a slot each) */
     if (dev) st = kv_oracle_diag_slots(orc, n_recs);
     double t_start = kv_now();
@@ -696,9 +708,10 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
             double *ss = rec->search_s;
             size_t nr = rec->n_rows;
             int ns = rec->n_steps;
-            double stot = rec->search_total_s;
+            double stot = rec->search_total_s, dg = rec->diag_s;
             *rec = *r; /* the instance's identity and timings, then the record's own */
             rec->rows = rows; rec->search_s = ss; rec->n_rows = nr; rec->n_steps = ns; rec->search_total_s = stot;
+            rec->diag_s = dg;
             rec->layer = meta->layer;
             rec->k = o->ks[b];
             rec->k_eff = keff[b];

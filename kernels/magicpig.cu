@@ -46,6 +46,7 @@
 #define MP_QCOLS 256    /* projection columns per block of the query-hash kernel */
 #define MP_NB_MAX 8     /* query heads per pass over the codes */
 #define MP_STAGE 16384  /* positions per upload of host keys */
+#define MP_FEW 4        /* at most this many keys hash through mp_hash_few (appends) */
 
 struct kv_mp_gpu {
     int Hq, Hkv, T, Tp, D, K, L, KL, G, nch;
@@ -188,6 +189,28 @@ __global__ void __launch_bounds__(256) mp_hash_keys(const float *ck, int Tt, int
     }
 }
 
+/* The codes of tables l0 .. l0+nt-1 of the vector xs (shared memory, D
+ * floats): thread c < nt*K sums column l0*K + c over j in order
+ * (kv_mp_hash's order, as mp_hash_keys), then thread l < nt packs table
+ * l0 + l's K sign bits into out[l * stride]. Every thread calls it. */
+__device__ void mp_hash_cols(const float *xs, int D, int K, int L, int l0, int nt, const float *proj,
+                             unsigned char *bits, uint16_t *out, long long stride) {
+    const int tid = threadIdx.x, KL = K * L;
+    if (tid < nt * K) {
+        const float *p = proj + l0 * K + tid;
+        float acc = 0.f;
+#pragma unroll 8
+        for (int j = 0; j < D; j++) acc = __fadd_rn(acc, __fmul_rn(xs[j], p[(long long)j * KL]));
+        bits[tid] = acc > 0.f;
+    }
+    __syncthreads();
+    if (tid < nt) {
+        unsigned code = 0;
+        for (int i = 0; i < K; i++) code |= (unsigned)bits[tid * K + i] << i;
+        out[(long long)tid * stride] = (uint16_t)code;
+    }
+}
+
 /* Query head blockIdx.y: qnorm = sqrtf(kv_dot_ref(q, q)), qn = q / qnorm
  * (0 when qnorm is 0), and the codes of tables blockIdx.x*CT ..
  * (CT = 256/K whole tables per block). */
@@ -196,8 +219,7 @@ __global__ void __launch_bounds__(256) mp_hash_query(const float *q, int D, int 
     extern __shared__ float qs[];
     unsigned char *bits = (unsigned char *)(qs + D);
     __shared__ float nrm;
-    const int h = blockIdx.y, tid = threadIdx.x, KL = K * L, CT = MP_QCOLS / K, l0 = blockIdx.x * CT;
-    const int nt = min(CT, L - l0), nc = nt * K;
+    const int h = blockIdx.y, tid = threadIdx.x, CT = MP_QCOLS / K, l0 = blockIdx.x * CT;
     const float *qh = q + (long long)h * D;
     for (int j = tid; j < D; j += 256) qs[j] = qh[j];
     __syncthreads();
@@ -208,19 +230,23 @@ __global__ void __launch_bounds__(256) mp_hash_query(const float *q, int D, int 
     __syncthreads();
     for (int j = tid; j < D; j += 256) qs[j] = nrm > 0.f ? __fdiv_rn(qs[j], nrm) : 0.f;
     __syncthreads();
-    if (tid < nc) {
-        const float *p = proj + l0 * K + tid;
-        float acc = 0.f;
-#pragma unroll 8
-        for (int j = 0; j < D; j++) acc = __fadd_rn(acc, __fmul_rn(qs[j], p[(long long)j * KL]));
-        bits[tid] = acc > 0.f;
-    }
+    mp_hash_cols(qs, D, K, L, l0, min(CT, L - l0), proj, bits, qcodes + (long long)h * L + l0, 1);
+}
+
+/* The codes of a few centred keys (an append: position t0 + blockIdx.z of
+ * kv head blockIdx.y), tables blockIdx.x*CT .. as mp_hash_query: the same
+ * sums as mp_hash_keys, whose 64-key blocks would leave all but one key
+ * idle and run on Hkv multiprocessors (issue 12: MagicPIG's append took
+ * 325 us of host time through them at 128K, 63 us with this). */
+__global__ void __launch_bounds__(256) mp_hash_few(const float *ck, int Tt, int Tp, int t0, int D, int K, int L,
+                                                    const float *proj, uint16_t *codes) {
+    extern __shared__ float xk[];
+    unsigned char *bits = (unsigned char *)(xk + D);
+    const int g = blockIdx.y, i = t0 + blockIdx.z, CT = MP_QCOLS / K, l0 = blockIdx.x * CT;
+    const float *x = ck + ((long long)g * Tt + i) * D;
+    for (int j = threadIdx.x; j < D; j += 256) xk[j] = x[j];
     __syncthreads();
-    if (tid < nt) {
-        unsigned code = 0;
-        for (int i = 0; i < K; i++) code |= (unsigned)bits[tid * K + i] << i;
-        qcodes[(long long)h * L + l0 + tid] = (uint16_t)code;
-    }
+    mp_hash_cols(xk, D, K, L, l0, min(CT, L - l0), proj, bits, codes + ((long long)g * L + l0) * Tp + i, Tp);
 }
 
 /* Collision counts of the keys of chunk c0 + blockIdx.x of kv head
@@ -424,6 +450,13 @@ static kv_status mp_center_hash(kv_mp_gpu *m, const void *x, int half, long long
         mp_center<float><<<blocks, 256, 0, st>>>((const float *)x, ld, n, t0, m->Hkv, m->D, m->T, m->mean, m->ck,
                                                  m->knorm);
     KV_LAUNCH_CHECK();
+    if (n <= MP_FEW) { /* an append: a block per (tables, key) */
+        const int CT = MP_QCOLS / m->K;
+        mp_hash_few<<<dim3((m->L + CT - 1) / CT, m->Hkv, n), 256, m->D * sizeof(float) + MP_QCOLS, st>>>(
+            m->ck, m->T, m->Tp, t0, m->D, m->K, m->L, m->proj, m->codes);
+        KV_LAUNCH_CHECK();
+        return KV_OK;
+    }
     dim3 grid((n + MP_KT - 1) / MP_KT, m->Hkv);
     mp_hash_keys<<<grid, 256, mp_hash_smem(m->D), st>>>(m->ck, m->T, m->Tp, t0, n, m->D, m->K, m->L, m->proj, m->codes);
     KV_LAUNCH_CHECK();

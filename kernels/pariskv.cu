@@ -852,6 +852,11 @@ static kv_status kv_pariskv_gpu_candidates(kv_pariskv_gpu *p, int32_t *cand, int
     return KV_OK;
 }
 
+static void kv_pariskv_gpu_candidates_dev(const kv_pariskv_gpu *p, const int32_t **cand, long long *ld) {
+    *cand = p->cand;
+    *ld = p->Tp;
+}
+
 static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
                                            int32_t *out, int32_t *cand, int cand_ld) {
     KV_TRY(pk_check_step(p, s));
@@ -1019,6 +1024,7 @@ extern "C" const kv_pariskv_cuda_ops kv_pariskv_cuda = {
     .encode_host = kv_pariskv_gpu_encode_host,
     .search = kv_pariskv_gpu_search,
     .candidates = kv_pariskv_gpu_candidates,
+    .candidates_dev = kv_pariskv_gpu_candidates_dev,
     .read_index = kv_pariskv_gpu_read_index,
     .read_last = kv_pariskv_gpu_read_last,
     .bucket_topk_host = pk_bucket_topk_host,

@@ -56,6 +56,8 @@ typedef struct {
         int32_t *cand, int cand_ld);
     /* The last search's candidates, as search's cand (kvbench run copies them after the timed search). */
     kv_status (*candidates)(kv_pariskv_gpu *p, int32_t *cand, int cand_ld);
+    /* The same lists where they are: row r at *cand + r * *ld on the device, until the next search. */
+    void (*candidates_dev)(const kv_pariskv_gpu *p, const int32_t **cand, long long *ld);
 
     /* Test hooks: the index of positions [a, b) of kv head g in the CPU's
      * token-major layout (ids [n][nb], code [n][dp/2], w [n][nb]); counts

@@ -85,6 +85,15 @@ typedef struct {
     float metric;    /* the method's own per-step scalar (kv_method.metric_name), NAN (the reset value): none */
 } kv_selection;
 
+/* A search's coarse candidates on the device (kv_method.candidates_dev): rows lists of count key
+ * positions, list r at idx + r*ld (device memory, valid until the method's next search or append); one
+ * list per query head (rows = Hq) or per kv head (rows = Hkv, shared by the group). */
+typedef struct {
+    const int32_t *idx;
+    long long ld;
+    int rows, count;
+} kv_dev_cands;
+
 kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap);
 void kv_selection_reset(kv_selection *s);
 void kv_selection_free(kv_selection *s);
@@ -173,6 +182,10 @@ typedef struct kv_method {
      * the protocol's candidate recall, not the selection, so `kvbench run` calls this after search(),
      * outside its timed region (issue 12 goal 1); kv_method_search() calls both. */
     kv_status (*candidates)(void *state, kv_selection *sel);
+    /* Optional, GPU path: the same candidates where they are, on the device (kv_dev_cands), for the run's
+     * device evaluation, so they never cross to the host (issue 12 goal 1); `kvbench run` calls it in place
+     * of candidates() there. *out->idx NULL: none this search. */
+    kv_status (*candidates_dev)(void *state, kv_dev_cands *out);
 } kv_method;
 /* search() and then, when the method has it, candidates(): a whole search as a caller outside the run's
  * timed loop wants it (tests, tools). */

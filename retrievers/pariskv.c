@@ -612,6 +612,18 @@ static kv_status pk_candidates(void *st, kv_selection *sel) {
     return KV_OK;
 }
 
+/* The same lists left on the device for the run's device evaluation (kv_method.candidates_dev): R rows of
+ * last_C ids, Tp apart; the search that made them has synchronised its stream. */
+static kv_status pk_candidates_dev(void *st, kv_dev_cands *out) {
+    pk_state *s = st;
+    *out = (kv_dev_cands){0};
+    if (!s->gpu || s->last_C <= 0) return KV_OK;
+    kv_pariskv_cuda.candidates_dev(s->gpu, &out->idx, &out->ld);
+    out->rows = s->pool_mean ? s->sh.num_kv_heads : s->sh.num_q_heads;
+    out->count = s->last_C;
+    return KV_OK;
+}
+
 /* The region's tokens not yet indexed (update buffer) are attended densely. */
 static void report_extra(const pk_state *s, int lo, int hi, kv_selection *sel) {
     int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
@@ -729,6 +741,7 @@ const kv_method kv_method_pariskv = {
     .append = pk_append,
     .search = pk_search,
     .candidates = pk_candidates,
+    .candidates_dev = pk_candidates_dev,
     .memory_bytes = pk_memory,
     .destroy = pk_destroy,
     .describe = pk_describe,

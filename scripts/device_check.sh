@@ -65,13 +65,15 @@ except OSError:
     pass
 print(f"wall {s['wall_seconds']:.1f} s (goal <= 10); phases: " +
       ", ".join(f"{k} {v:.2f}" for k, v in s.get("phase_seconds", {}).items() if not isinstance(v, bool)))
-print(f"{'method':<10} {'device':<6} {'run_us_med':>10} {'run_total_s':>11} {'bench_us':>9} {'run/bench':>9}")
+print(f"{'method':<10} {'device':<6} {'append_s':>8} {'diag_s':>7} {'run_us_med':>10} {'run_total_s':>11} "
+      f"{'bench_us':>9} {'run/bench':>9}")
 for m in s["methods"]:
     b = bench.get(m["method"])
     r = m["search_us_median"]
     ratio = (f"{r / b:>8.2f}x" + (" OVER 1.3" if r / b > 1.3 else "")) if b else ""
-    print(f"{m['method']:<10} {m['device']:<6} {r:>10.1f} {m.get('search_seconds_total', float('nan')):>11.2f} "
-          f"{(b or float('nan')):>9.1f} {ratio}")
+    print(f"{m['method']:<10} {m['device']:<6} {m.get('append_seconds_total', float('nan')):>8.2f} "
+          f"{m.get('diagnostics_seconds_total', float('nan')):>7.2f} {r:>10.1f} "
+          f"{m.get('search_seconds_total', float('nan')):>11.2f} {(b or float('nan')):>9.1f} {ratio}")
 EOF
         if [ -n "${BASE_BIN:-}" ]; then
             python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu &&

@@ -120,6 +120,23 @@ int test_protocol_hand_case(void) {
     CHECK(rows[0].n_extra == 1 && rows[0].n_sel == 1, "extra %d sel %d", rows[0].n_extra, rows[0].n_sel);
     CHECK_CLOSE(rows[0].mass, (Z0 - exp(1)) / Z0, 1e-6, 1e-6);
 
+    /* extras that repeat a selected index (3), a sink index (0) and each other (2, 2), with the selection
+     * ascending (build_lists appends it without stamps) and then descending (the stamp path): the same
+     * counts, and every position attended once (mass 1) */
+    for (int order = 0; order < 2; order++) {
+        script_n = 2; script_idx[0] = order ? 3 : 1; script_idx[1] = order ? 1 : 3;
+        kv_selection_reset(&sel);
+        CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
+        sel.n_extra[0] = 4; sel.extra[0] = 3; sel.extra[1] = 0; sel.extra[2] = 2; sel.extra[3] = 2;
+        CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
+        CHECK(rows[0].n_sel == 2 && rows[0].n_extra == 1, "order %d: sel %d extra %d (want 2, 1)", order,
+              rows[0].n_sel, rows[0].n_extra);
+        CHECK_CLOSE(rows[0].recall, 1.0, 0, 0);
+        CHECK_CLOSE(rows[0].recall_sel, 0.5, 0, 0);
+        CHECK_CLOSE(rows[0].mass, 1.0, 1e-6, 1e-6);
+        CHECK_CLOSE(rows[0].outerr, 0.0, 1e-6, 1e-6);
+    }
+
     /* candidates: {1, 2} as the coarse set holds one of {3, 2} for head 0 and both of {1, 2} for head 1 */
     kv_selection_reset(&sel);
     CHECK_OK(fake.search(NULL, 5, q, 2, &sel));

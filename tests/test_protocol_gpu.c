@@ -4,14 +4,18 @@
  * same scores, thresholds and softmax), row by row and bit for bit: random
  * selections per query head and per kv head, with and without log-weights,
  * extra indices (some already attended), candidate lists (some lists
- * without), several budgets and the one-budget oracle, with and without
- * values. */
+ * without, and lists handed over on the device as a method's
+ * candidates_dev does, with a row stride above their length), several
+ * budgets and the one-budget oracle, with and without values, lists longer
+ * than the kernel's shared-memory tile; and a device candidate outside
+ * [0, t] is the method's error. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../cli/oracle.h"
 #include "../cli/protocol.h"
+#include "../kernels/ops/kv_gpu.h"
 #include "kv_test.h"
 
 static const kv_param_spec no_params[] = {{NULL}};
@@ -35,7 +39,11 @@ static void random_sel(kv_rng *r, kv_selection *sel, int t, int sink, int local,
             c++;
         }
         sel->count[l] = c;
-        if (with_cand && l % 3 != 2) {
+        if (with_cand == 2) { /* the device form: one length for every list */
+            int nc = l ? sel->n_cand[0] : (int)(kv_rng_u64(r) % (uint64_t)(sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k));
+            for (int j = 0; j < nc; j++) sel->cand[(size_t)l * sel->cand_cap + j] = (int32_t)(kv_rng_u64(r) % (uint64_t)(t + 1));
+            sel->n_cand[l] = nc;
+        } else if (with_cand && l % 3 != 2) {
             int nc = (int)(kv_rng_u64(r) % (uint64_t)(sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k));
             for (int j = 0; j < nc; j++) sel->cand[(size_t)l * sel->cand_cap + j] = (int32_t)(kv_rng_u64(r) % (uint64_t)(t + 1));
             sel->n_cand[l] = nc;
@@ -56,7 +64,7 @@ static void random_sel(kv_rng *r, kv_selection *sel, int t, int sink, int local,
     sel->metric = (float)(kv_rng_u64(r) % 100) / 100.f;
 }
 
-static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int nk, int per_kv, int logw) {
+static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int nk, int per_kv, int logw, int big) {
     kv_layer L = {.Hq = Hq, .Hkv = Hkv, .T = T, .D = D, .half = 0};
     L.k = malloc(sizeof(float) * Hkv * T * D);
     L.v = with_v ? malloc(sizeof(float) * Hkv * T * D) : NULL;
@@ -66,7 +74,7 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
         L.k[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 500.f;
         if (with_v) L.v[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 1000.f;
     }
-    int ks[2] = {24, 90}, sink = 4, local = 32, split = T / 2, kmax = ks[nk - 1];
+    int ks[2] = {big ? 200 : 24, big ? 700 : 90}, sink = 4, local = 32, split = T / 2, kmax = ks[nk - 1], last_t = 0;
     kv_method m = {.abi = KV_RETRIEVER_ABI, .name = "fake", .summary = "", .paper = "", .per_kv_head = per_kv,
                    .uses_logw = logw, .params = no_params, .metric_name = "x"};
     kv_oracle *o;
@@ -78,27 +86,45 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &ph));
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &pg));
     CHECK_OK(kv_selection_alloc(&sel, lists, Hkv, kmax, T, T));
-    /* every budget x (with, without candidates) is one slot: one flush launches them together */
-    int ns = 2 * nk;
+    /* every budget x (without candidates, with, on the device) is one slot: one flush launches them together */
+    int ns = 3 * nk, dld = 0;
+    int32_t *dc[2] = {NULL, NULL}, *hc = NULL;
     CHECK_OK(kv_oracle_diag_slots(o, ns));
     kv_step_metric *a = malloc(sizeof *a * Hq * ns), *b = malloc(sizeof *b * Hq);
     for (int t = T / 2; t < T; t += T / 7) {
         for (int i = 0; i < Hq * D; i++) q[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 250.f;
         kv_oracle_out res;
         CHECK_OK(kv_oracle_step(o, t, q, &res));
+        last_t = t;
         for (int bi = 0; bi < nk; bi++)
-            for (int with_cand = 0; with_cand < 2; with_cand++) {
-                int slot = 2 * bi + with_cand;
+            for (int with_cand = 0; with_cand < 3; with_cand++) {
+                int slot = 3 * bi + with_cand;
                 random_sel(r, &sel, t, sink, local, ks[bi], with_cand);
                 kv_oracle_out ov;
                 kv_oracle_view(o, bi, &ov);
                 CHECK_OK(kv_protocol_score(ph, o, &ov, t, &m, &sel, ks[bi], a + (size_t)slot * Hq));
-                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot));
+                kv_dev_cands d = {0};
+                if (with_cand == 2) { /* the lists on the device, rows dld apart, as a method leaves them */
+                    int nc = sel.n_cand[0];
+                    dld = nc + 5;
+                    free(hc);
+                    hc = malloc(sizeof *hc * (size_t)lists * dld);
+                    for (int l = 0; l < lists; l++)
+                        for (int j = 0; j < dld; j++)
+                            hc[(size_t)l * dld + j] = j < nc ? sel.cand[(size_t)l * sel.cand_cap + j] : -7;
+                    kv_gpu_free(dc[bi]);
+                    CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * dld, &dc[bi]));
+                    d = (kv_dev_cands){.idx = dc[bi], .ld = dld, .rows = lists, .count = nc};
+                    /* the device must not read the host's lists: they are scrambled once submitted */
+                }
+                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot, with_cand == 2 ? &d : NULL));
+                if (with_cand == 2)
+                    for (int l = 0; l < lists; l++) sel.cand[(size_t)l * sel.cand_cap] = -3;
             }
         CHECK_OK(kv_oracle_diag_wait(o));
         for (int slot = 0; slot < ns; slot++) {
-            CHECK(kv_protocol_collect(pg, o, slot, b) == 1, "step %d slot %d: no rows to collect", t, slot);
-            CHECK(kv_protocol_collect(pg, o, slot, b) == 0, "step %d slot %d: rows collected twice", t, slot);
+            CHECK(kv_protocol_collect(pg, o, slot, b, "fake") == 1, "step %d slot %d: no rows to collect", t, slot);
+            CHECK(kv_protocol_collect(pg, o, slot, b, "fake") == 0, "step %d slot %d: rows collected twice", t, slot);
             for (int h = 0; h < Hq; h++) {
                 const kv_step_metric *x = &a[(size_t)slot * Hq + h], *y = &b[h];
                 int ok = x->step == y->step && x->head == y->head && x->n_sel == y->n_sel &&
@@ -111,13 +137,31 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
                       "Hq %d Hkv %d T %d D %d v %d nk %d per_kv %d logw %d, step %d head %d slot %d (budget %d, cand "
                       "%d): host recall %.9g sel %.9g cand %.9g pre %.9g gen %.9g share %.9g mass %.9g outerr %.9g "
                       "n %d/%d; device %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g n %d/%d",
-                      Hq, Hkv, T, D, with_v, nk, per_kv, logw, t, h, slot, ks[slot / 2], slot % 2, x->recall,
+                      Hq, Hkv, T, D, with_v, nk, per_kv, logw, t, h, slot, ks[slot / 3], slot % 3, x->recall,
                       x->recall_sel, x->cand_recall, x->recall_pre, x->recall_gen, x->gen_share, x->mass, x->outerr,
                       x->n_sel, x->n_extra, y->recall, y->recall_sel, y->cand_recall, y->recall_pre, y->recall_gen,
                       y->gen_share, y->mass, y->outerr, y->n_sel, y->n_extra);
             }
         }
     }
+    { /* a device candidate outside [0, t] (here t + 1) is reported as the method's error */
+        int t = last_t, nc = 3;
+        int32_t bad[3] = {0, t + 1, 2};
+        free(hc);
+        hc = malloc(sizeof *hc * (size_t)lists * nc);
+        for (int l = 0; l < lists; l++) memcpy(hc + (size_t)l * nc, bad, sizeof bad);
+        kv_gpu_free(dc[0]);
+        CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * nc, &dc[0]));
+        random_sel(r, &sel, t, sink, local, ks[0], 0);
+        kv_dev_cands d = {.idx = dc[0], .ld = nc, .rows = lists, .count = nc};
+        CHECK_OK(kv_protocol_submit(pg, o, 0, t, &m, &sel, ks[0], 0, &d));
+        CHECK_OK(kv_oracle_diag_wait(o));
+        CHECK(kv_protocol_collect(pg, o, 0, b, "fake") == -1, "a device candidate at %d (step %d) was not reported",
+              t + 1, t);
+        CHECK(strstr(kv_last_error(), "method fake") && strstr(kv_last_error(), "outside"),
+              "the out-of-range candidate's message: %s", kv_last_error());
+    }
+    kv_gpu_free(dc[0]); kv_gpu_free(dc[1]); free(hc);
     free(a); free(b);
     kv_selection_free(&sel);
     kv_protocol_destroy(ph);
@@ -135,8 +179,11 @@ int test_gpu_protocol_diag_matches_host(void) {
     for (int per_kv = 0; per_kv < 2; per_kv++)
         for (int logw = 0; logw < 2; logw++)
             for (int nk = 1; nk <= 2; nk++)
-                if (diag_case(&r, 8, 2, 3000, 128, 1, nk, per_kv, logw) != KV_TEST_PASS) return KV_TEST_FAIL;
-    if (diag_case(&r, 6, 3, 2000, 64, 0, 2, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
-    if (diag_case(&r, 4, 4, 1500, 48, 1, 1, 1, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
+                if (diag_case(&r, 8, 2, 3000, 128, 1, nk, per_kv, logw, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 6, 3, 2000, 64, 0, 2, 0, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 4, 4, 1500, 48, 1, 1, 1, 1, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    /* lists of several shared-memory tiles (the kernel's sums run tile by tile), D above the block's 128 threads */
+    if (diag_case(&r, 8, 2, 3000, 128, 1, 2, 0, 1, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 4, 2, 2500, 192, 1, 2, 1, 0, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     return KV_TEST_PASS;
 }

@@ -681,13 +681,14 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     kv_topk_ws_destroy(&a->tk);
     kv_pv_ws_destroy(&a->pv);
     cudaFree(a->ev_ks); cudaFree(a->ev_key); cudaFree(a->ev_key2); cudaFree(a->ev_tmp); cudaFree(a->ev_res);
+    cudaFree(a->ev_part);
     cudaFreeHost(a->ev_hres);
     for (int i = 0; a->slots && i < a->n_slots; i++) {
         kv_attn_slot *sl = &a->slots[i];
-        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch);
+        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch); cudaFree(sl->dcopy);
     }
     free(a->slots);
-    cudaFree(a->drows); cudaFreeHost(a->hrows); cudaFree(a->dpar); cudaFreeHost(a->hpar);
+    cudaFree(a->drows); cudaFreeHost(a->hrows); cudaFree(a->dpar); cudaFreeHost(a->hpar); cudaFree(a->dchits);
     if (a->st) cudaStreamDestroy(a->st);
     for (int i = 0; a->ev_ready && i < 6; i++) cudaEventDestroy(a->ev[i]);
     free(a);

@@ -12,8 +12,13 @@
  * origin counts are taken against it, as the host did (the same float
  * numbers, so identical). The profile's crossing j of mass p (the smallest j
  * with sink/local mass + the j largest region terms >= p Z, kv_profile_head)
- * is found with a block scan: its double sums run in another order than the
- * host's sequential ones, and exp may differ by an ulp, so the two sums can
+ * is found in two passes over spans of each head's order, up to 64 blocks a
+ * head (one block a head took 146 us a step at 128K): each block's sum,
+ * then each thread's scan from base + the earlier blocks' sums + the block's
+ * exclusive scan, its first crossing offered to the block's minimum and
+ * that to the head's (an atomic per thread on the head's words cost 119
+ * us). These double sums run in another order than the host's sequential
+ * ones, and exp may differ by an ulp, so the two sums can
  * differ by at most about 4 (t + 2) 2^-53 Z; every crossing whose sums are
  * within 8 (t + 3) 2^-53 Z of the target is reported uncertain and the host
  * recomputes that head with its own arithmetic (cli/oracle.c), so the result
@@ -22,11 +27,19 @@
  * Diagnostics (kv_gpu_attn_diag): the host builds and checks each head's
  * attended list (cli/protocol.c: sink, local, selected, extra, deduplicated,
  * the method's contract) and packs it with the candidate lists into one
- * upload; one block per query head then computes the protocol's row with the
- * host's double operations in the host's order (per element d the output sum
- * over the list in list order, then the error's sums over d; explicit
- * __dadd_rn/__dmul_rn so nothing is contracted into an FMA), the hit counts
- * from the same float scores and threshold. exp is CUDA's, within an ulp of
+ * upload (a method's device candidates, kv_method.candidates_dev, are read
+ * where they are instead); the candidate hits are counted by blocks striding
+ * each list (ev_cand_kernel), then one block per query head computes the
+ * protocol's row with the host's double operations in the host's order (per
+ * element d the output sum over the list in list order, beside it the mass
+ * and weight sums, over shared-memory tiles of the list; then the error's
+ * sums over d; explicit __dadd_rn/__dmul_rn so nothing is contracted into an
+ * FMA), the hit counts from the same float scores and threshold. At 128K
+ * with MagicPIG's ~2000-entry lists (issue 12's run, ncu) the kernel took
+ * 344 us a step when one block a head also counted the candidates and
+ * thread 0 summed from global memory, 191 us with these tiles, and 253 us
+ * with a tile's V elements held in registers instead (not kept; the output
+ * sums stay latency-bound on each row's load). exp is CUDA's, within an ulp of
  * glibc's; the rows are stored as float, so a difference would have to fall
  * on a float rounding boundary to show (scripts/golden_run.py checks the
  * printed numbers bit for bit). */
@@ -39,8 +52,11 @@
 
 namespace {
 
-constexpr int EV_TH = 512;  /* the profile: one block per head (128 registers a thread) */
+constexpr int EV_TH = 256;  /* the profile: threads per block */
+constexpr int EV_NB = 64;   /* the profile: at most this many blocks per head */
 constexpr int EV_DT = 128;  /* the diagnostics: one block per head */
+constexpr int EV_TILE = 256; /* the diagnostics: list entries per shared-memory tile */
+constexpr int EV_CT = 256;  /* the candidate hits: threads per block */
 constexpr int EV_NP = 5;    /* KV_NPROFILE */
 constexpr double EV_U = 1.1102230246251565e-16; /* 2^-53 */
 
@@ -93,79 +109,117 @@ struct ev_prof_params {
     const float *S;
     long long ld;
     const unsigned long long *keys; /* sorted, [Hq][n] */
-    int n, lo, hi, t, nk, profile, Hq;
+    int n, lo, hi, t, nk, profile, Hq, span;
     const int *ks;
     double p[EV_NP];
     float *thr;     /* [nk][Hq] */
-    int *budget;    /* [Hq][EV_NP] */
-    int *uncertain; /* [Hq] */
+    double *part;   /* [Hq][EV_NB]: each block's sum of its span's terms */
+    unsigned long long *cross; /* [Hq][EV_NP]: min over threads of crossing j << 1 | uncertain (all ones before) */
 };
 
-/* Head blockIdx.x: thresholds of every budget, then (profile) the crossings. */
-__global__ void __launch_bounds__(EV_TH) ev_profile_kernel(const ev_prof_params p) {
-    __shared__ double sw[32];
-    __shared__ double s_m, s_base;
-    __shared__ int sj[EV_NP], sflag;
-    const int h = blockIdx.x, tid = threadIdx.x;
+/* The head's row maximum m over [0, t] (the largest region key, then the
+ * sink and local scores; max is exact in any order) into *sm, by warp 0. */
+__device__ void ev_head_max(const ev_prof_params &p, const unsigned long long *K, const float *row, double *sm) {
+    if (threadIdx.x >= 32) return;
+    float m = ev_undesc((unsigned)K[0]);
+    for (int i = threadIdx.x; i < p.lo; i += 32) m = fmaxf(m, row[i]);
+    for (int i = p.hi + threadIdx.x; i <= p.t; i += 32) m = fmaxf(m, row[i]);
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) *sm = m;
+}
+
+/* Thread tid's keys of block blockIdx.x's span: [a, b). */
+__device__ __forceinline__ void ev_range(const ev_prof_params &p, int *a, int *b) {
+    const int b0 = blockIdx.x * p.span, b1 = min(p.n, b0 + p.span), per = (p.span + EV_TH - 1) / EV_TH;
+    *a = min(b1, b0 + (int)threadIdx.x * per);
+    *b = min(b1, *a + per);
+}
+
+/* Pass 1, blocks (span, head): the thresholds of every budget (block 0),
+ * and with the profile each block's sum of exp(key - m) over its span. */
+__global__ void __launch_bounds__(EV_TH) ev_psum_kernel(const ev_prof_params p) {
+    __shared__ double sw[32], s_m;
+    const int h = blockIdx.y, tid = threadIdx.x;
     const unsigned long long *K = p.keys + (size_t)h * p.n;
-    const float *row = p.S + (size_t)h * p.ld;
-    if (tid == 0) {
-        /* m = the largest score of [0, t]; the sink/local mass in index order (kv_profile_head) */
-        float m = ev_undesc((unsigned)K[0]);
-        for (int i = 0; i < p.lo; i++) m = fmaxf(m, row[i]);
-        for (int i = p.hi; i <= p.t; i++) m = fmaxf(m, row[i]);
-        const double md = m;
-        double base = 0;
-        for (int i = 0; i < p.lo; i++) base += exp((double)row[i] - md);
-        for (int i = p.hi; i <= p.t; i++) base += exp((double)row[i] - md);
-        s_m = md;
-        s_base = base;
+    if (blockIdx.x == 0 && tid == 0)
         for (int b = 0; b < p.nk; b++) {
             const int kk = min(p.ks[b], p.n);
             p.thr[(size_t)b * p.Hq + h] = kk > 0 ? ev_undesc((unsigned)K[kk - 1]) : INFINITY;
         }
-        for (int j = 0; j < EV_NP; j++) sj[j] = p.n;
-        sflag = 0;
+    if (!p.profile) return;
+    ev_head_max(p, K, p.S + (size_t)h * p.ld, &s_m);
+    __syncthreads();
+    const double m = s_m;
+    int a, b;
+    ev_range(p, &a, &b);
+    double s = 0;
+    for (int j = a; j < b; j++) s += exp((double)ev_undesc((unsigned)K[j]) - m);
+    double total;
+    ev_block_exscan(s, &total, sw);
+    if (tid == 0) p.part[(size_t)h * EV_NB + blockIdx.x] = total;
+}
+
+/* Pass 2, the same blocks: the profile's crossings. Z = the sink/local mass
+ * (in index order, kv_profile_head) + the blocks' sums in block order, the
+ * same numbers in every block; each thread scans its keys from its offset
+ * (base + the earlier blocks' sums + the block's exclusive scan) and offers
+ * its first crossing of each target, flagged when within the margin, to the
+ * block's minimum; the thread holding the last key offers n (no crossing),
+ * flagged when the mass before the last term is within the margin. */
+__global__ void __launch_bounds__(EV_TH) ev_cross_kernel(const ev_prof_params p) {
+    __shared__ double sw[32], s_m, s_off, s_Z;
+    __shared__ unsigned long long s_cross[EV_NP]; /* the block's minimum first, then one global atomic per target */
+    const int h = blockIdx.y, tid = threadIdx.x, nb = (p.n + p.span - 1) / p.span;
+    if (tid < EV_NP) s_cross[tid] = ~0ull;
+    const unsigned long long *K = p.keys + (size_t)h * p.n;
+    const float *row = p.S + (size_t)h * p.ld;
+    ev_head_max(p, K, row, &s_m);
+    __syncthreads();
+    const double m = s_m;
+    if (tid == 0) {
+        double base = 0, off = 0, all = 0;
+        for (int i = 0; i < p.lo; i++) base += exp((double)row[i] - m);
+        for (int i = p.hi; i <= p.t; i++) base += exp((double)row[i] - m);
+        for (int b = 0; b < nb; b++) {
+            if (b == (int)blockIdx.x) off = all;
+            all += p.part[(size_t)h * EV_NB + b];
+        }
+        s_off = base + off;
+        s_Z = base + all;
     }
     __syncthreads();
-    if (!p.profile) return;
-    const double m = s_m, base = s_base;
-    const int chunk = (p.n + EV_TH - 1) / EV_TH, a = min(p.n, tid * chunk), b = min(p.n, a + chunk);
+    int a, b;
+    ev_range(p, &a, &b);
     double s = 0;
     for (int j = a; j < b; j++) s += exp((double)ev_undesc((unsigned)K[j]) - m);
     double total;
     const double pre = ev_block_exscan(s, &total, sw);
-    const double Z = base + total, margin = 8.0 * (p.t + 3.0) * EV_U * Z;
-    double tgt[EV_NP], up[EV_NP], dn[EV_NP];
+    const double Z = s_Z, margin = 8.0 * (p.t + 3.0) * EV_U * Z;
+    double cum = s_off + pre, prev = -INFINITY; /* cum = the mass before term j; prev = before term j - 1 */
+    if (a > 0 && a < b) prev = cum - exp((double)ev_undesc((unsigned)K[a - 1]) - m);
+    unsigned long long *cross = p.cross + (size_t)h * EV_NP;
     int fj[EV_NP];
 #pragma unroll
-    for (int q = 0; q < EV_NP; q++) { tgt[q] = p.p[q] * Z; fj[q] = -1; up[q] = dn[q] = 0; }
-    double cum = base + pre, prev = -INFINITY; /* cum = the mass before term j; prev = before term j - 1 */
-    if (a > 0 && a < b) prev = cum - exp((double)ev_undesc((unsigned)K[a - 1]) - m);
+    for (int q = 0; q < EV_NP; q++) fj[q] = -1;
     for (int j = a; j < b; j++) {
 #pragma unroll
-        for (int q = 0; q < EV_NP; q++)
-            if (fj[q] < 0 && cum >= tgt[q]) { fj[q] = j; up[q] = cum - tgt[q]; dn[q] = j > 0 ? tgt[q] - prev : INFINITY; }
+        for (int q = 0; q < EV_NP; q++) {
+            const double tgt = p.p[q] * Z;
+            if (fj[q] < 0 && cum >= tgt) {
+                fj[q] = j;
+                const bool near = cum - tgt <= margin || (j > 0 && tgt - prev <= margin);
+                atomicMin(&s_cross[q], (unsigned long long)j << 1 | (near ? 1ull : 0ull));
+            }
+        }
         prev = cum;
         cum += exp((double)ev_undesc((unsigned)K[j]) - m);
     }
+    if (a < b && b == p.n)
 #pragma unroll
-    for (int q = 0; q < EV_NP; q++)
-        if (fj[q] >= 0) atomicMin(&sj[q], fj[q]);
+        for (int q = 0; q < EV_NP; q++)
+            atomicMin(&s_cross[q], (unsigned long long)p.n << 1 | (p.p[q] * Z - prev <= margin ? 1ull : 0ull));
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < EV_NP; q++) {
-        const int J = sj[q];
-        if (J < p.n) {
-            if (fj[q] == J && (up[q] <= margin || dn[q] <= margin)) sflag = 1;
-        } else if (a < b && b == p.n && tgt[q] - prev <= margin) /* no crossing: the last mass must be clearly below */
-            sflag = 1;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        for (int q = 0; q < EV_NP; q++) p.budget[h * EV_NP + q] = sj[q];
-        p.uncertain[h] = sflag;
-    }
+    if (tid < EV_NP && s_cross[tid] != ~0ull) atomicMin(&cross[tid], s_cross[tid]);
 }
 
 /* cnt[b][0][h] / cnt[b][1][h] += scores of [lo, split) / [split, hi) >= thr[b][h] */
@@ -188,7 +242,11 @@ __global__ void ev_count_kernel(const float *S, long long ld, const float *thr, 
 
 struct ev_diag_params {
     const uint32_t *in; /* [Hq+1] list offsets, [Hq+1] candidate offsets, att[N], flag[N], logw[N], cand[NC] */
-    int Hq, G, N, kk, split, has_cand;
+    int Hq, G, N, kk, split, has_cand, t;
+    const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each, head h's h/dmap */
+    long long dld;
+    int dmap, dcount;
+    unsigned *chits;    /* [Hq + 1]: ev_cand_kernel's hits per head, then 1 for a position outside [0, t] */
     const float *S;
     long long ld;
     const void *V; /* NULL: no values */
@@ -197,35 +255,70 @@ struct ev_diag_params {
     int D;
     const float *m, *Z, *of, *thr;
     const unsigned *ntop; /* [2][Hq] */
-    double *scratch;      /* [2][N] */
     kv_gpu_diag_row *out;
 };
 
-__device__ __forceinline__ double ev_v(const ev_diag_params &p, int g, int i, int d) {
-    const size_t e = ((size_t)g * p.VT + i) * p.D + d;
-    return p.Vhalf ? (double)__half2float(((const __half *)p.V)[e]) : (double)((const float *)p.V)[e];
+/* Head h's candidate list and its length. */
+__device__ __forceinline__ const int32_t *ev_cands(const ev_diag_params &p, int h, int *n) {
+    if (p.dc) {
+        *n = p.dcount;
+        return p.dc + (long long)(h / p.dmap) * p.dld;
+    }
+    const uint32_t *coff = p.in + p.Hq + 1;
+    *n = (int)(coff[h + 1] - coff[h]);
+    return (const int32_t *)(p.in + 2 * p.Hq + 2 + 3 * (size_t)p.N) + coff[h];
 }
 
-/* Head blockIdx.x of method-step blockIdx.y (its parameters ps[blockIdx.y]): cli/protocol.c kv_protocol_score's row. */
+/* Candidate hits, head blockIdx.y of method-step blockIdx.z, blocks
+ * blockIdx.x striding its list (a list can hold a tenth of the region: one
+ * block per head made this the diagnostics' longest part): chits[h] += the
+ * candidates scoring >= the threshold; integer sums, so any order gives the
+ * host's count. A position outside [0, t] (a method's error) sets chits[Hq]. */
+__global__ void __launch_bounds__(EV_CT) ev_cand_kernel(const ev_diag_params *ps) {
+    const ev_diag_params &p = ps[blockIdx.z];
+    if (!p.has_cand) return;
+    const int h = blockIdx.y, t = p.t;
+    int n;
+    const int32_t *c = ev_cands(p, h, &n);
+    const float *row = p.S + (size_t)h * p.ld;
+    const float th = p.thr[h];
+    unsigned hits = 0, bad = 0;
+#pragma unroll 4
+    for (int j = blockIdx.x * EV_CT + threadIdx.x; j < n; j += gridDim.x * EV_CT) {
+        const int i = c[j];
+        const bool in = i >= 0 && i <= t;
+        bad |= !in;
+        hits += in && row[in ? i : 0] >= th;
+    }
+    for (int o = 16; o; o >>= 1) hits += __shfl_down_sync(0xffffffffu, hits, o);
+    bad = __any_sync(0xffffffffu, bad);
+    if ((threadIdx.x & 31) == 0) {
+        if (hits) atomicAdd(&p.chits[h], hits);
+        if (bad) atomicOr(&p.chits[p.Hq], 1u);
+    }
+}
+
+/* Head blockIdx.x of method-step blockIdx.y (its parameters ps[blockIdx.y]): cli/protocol.c kv_protocol_score's row.
+ * The list's counts and log-weight maximum in parallel; then tiles of EV_TILE entries in shared memory (their
+ * exp terms computed as they are loaded), over which thread d runs element d's output sum in list order while
+ * thread 0 runs the mass and weight sums beside it, so the sequential sums cost one pass, not three. */
 __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps) {
     const ev_diag_params &p = ps[blockIdx.y];
-    extern __shared__ double sacc[]; /* [D] */
-    __shared__ double s_lmax[EV_DT / 32];
-    __shared__ int s_cnt[6];
-    const int h = blockIdx.x, tid = threadIdx.x, g = h / p.G, lane = tid & 31, warp = tid >> 5;
-    const uint32_t *off = p.in, *coff = p.in + p.Hq + 1;
+    extern __shared__ double sacc[]; /* [2][D]: the output sums, then each d's squared error and reference */
+    __shared__ double s_lmax[EV_DT / 32], s_e[EV_TILE], s_w[EV_TILE];
+    __shared__ int s_a[EV_TILE], s_cnt[5];
+    const int h = blockIdx.x, tid = threadIdx.x, g = h / p.G, lane = tid & 31, warp = tid >> 5, D = p.D;
+    const uint32_t *off = p.in;
     const int32_t *att = (const int32_t *)(p.in + 2 * p.Hq + 2);
     const uint32_t *flg = p.in + 2 * p.Hq + 2 + p.N;
     const float *lw = (const float *)(p.in + 2 * p.Hq + 2 + 2 * (size_t)p.N);
-    const int32_t *cand = (const int32_t *)(p.in + 2 * p.Hq + 2 + 3 * (size_t)p.N);
     const int c0 = (int)off[h], c1 = (int)off[h + 1];
-    double *ew = p.scratch, *w = p.scratch + p.N;
     const float *row = p.S + (size_t)h * p.ld;
     const double m = (double)p.m[h];
     const float th = p.thr[h];
-    if (tid < 6) s_cnt[tid] = 0;
+    if (tid < 5) s_cnt[tid] = 0;
     __syncthreads();
-    int hits = 0, hits_pre = 0, hits_sel = 0, n_sel = 0, n_extra = 0, chits = 0;
+    int hits = 0, hits_pre = 0, hits_sel = 0, n_sel = 0, n_extra = 0;
     double lmax = -INFINITY;
     for (int c = c0 + tid; c < c1; c += EV_DT) {
         const unsigned f = flg[c];
@@ -236,12 +329,9 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
         hits_sel += good && (f & 2u);
         n_sel += (f & 2u) != 0;
         n_extra += (f & 4u) && !(f & 2u) && (f & 1u);
-        ew[c] = exp((double)s - m);
         const double l = (double)s + (double)lw[c];
         lmax = l > lmax ? l : lmax;
     }
-    if (p.has_cand)
-        for (int c = (int)coff[h] + tid; c < (int)coff[h + 1]; c += EV_DT) chits += row[cand[c]] >= th;
     for (int o = 16; o; o >>= 1) lmax = fmax(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
     if (lane == 0) s_lmax[warp] = lmax;
     atomicAdd(&s_cnt[0], hits);
@@ -249,33 +339,64 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
     atomicAdd(&s_cnt[2], hits_sel);
     atomicAdd(&s_cnt[3], n_sel);
     atomicAdd(&s_cnt[4], n_extra);
-    atomicAdd(&s_cnt[5], chits);
     __syncthreads();
     lmax = s_lmax[0];
     for (int i = 1; i < EV_DT / 32; i++) lmax = s_lmax[i] > lmax ? s_lmax[i] : lmax;
-    /* the output's weights: exp(s + logw - lmax) (equal to exp(s - m) where the host reuses those) */
-    for (int c = c0 + tid; c < c1; c += EV_DT) w[c] = exp(((double)row[att[c]] + (double)lw[c]) - lmax);
-    __syncthreads();
-    if (p.V)
-        for (int d = tid; d < p.D; d += EV_DT) {
-            double acc = 0;
+    /* the host's terms: exp(s - m) for the mass, exp(s + logw - lmax) for the output's weights */
+    const void *V = p.V;
+    const int Vhalf = p.Vhalf;
+    const long long VT = p.VT;
+    double mass = 0, wsum = 0;
+    for (int d0 = 0; d0 < (V ? D : 1); d0 += EV_DT) {
+        const int d = d0 + tid;
+        const bool lead = tid == 0 && d0 == 0, vd = V && d < D;
+        double acc = 0;
+        for (int t0 = c0; t0 < c1; t0 += EV_TILE) {
+            const int nt = min(EV_TILE, c1 - t0);
+            __syncthreads(); /* the previous tile is consumed */
+            for (int j = tid; j < nt; j += EV_DT) {
+                const int i = att[t0 + j];
+                const double s = (double)row[i];
+                s_a[j] = i;
+                s_e[j] = exp(s - m);
+                s_w[j] = exp((s + (double)lw[t0 + j]) - lmax);
+            }
+            __syncthreads();
+            if (vd) {
 #pragma unroll 8 /* the loads of 8 rows in flight ahead of the (ordered) sums */
-            for (int c = c0; c < c1; c++) acc = __dadd_rn(acc, __dmul_rn(w[c], ev_v(p, g, att[c], d)));
-            sacc[d] = acc;
+                for (int j = 0; j < nt; j++) {
+                    const size_t e = ((size_t)g * VT + s_a[j]) * D + d;
+                    const double vv =
+                        Vhalf ? (double)__half2float(((const __half *)V)[e]) : (double)((const float *)V)[e];
+                    acc = __dadd_rn(acc, __dmul_rn(s_w[j], vv));
+                    if (lead) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+                }
+            } else if (lead) {
+                for (int j = 0; j < nt; j++) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+            }
         }
+        if (vd) sacc[d] = acc;
+    }
+    __shared__ double s_wsum;
+    if (tid == 0) s_wsum = wsum;
+    __syncthreads();
+    /* the output error's terms per d (independent), then their sums in d order */
+    const float *of = p.of + (size_t)h * D;
+    for (int d = tid; p.V && d < D; d += EV_DT) {
+        const double diff = __dsub_rn(__ddiv_rn(sacc[d], s_wsum), (double)of[d]);
+        sacc[d] = __dmul_rn(diff, diff);
+        sacc[D + d] = __dmul_rn((double)of[d], (double)of[d]);
+    }
     __syncthreads();
     if (tid != 0) return;
-    double mass = 0, wsum = 0;
-#pragma unroll 8
-    for (int c = c0; c < c1; c++) mass = __dadd_rn(mass, ew[c]);
-#pragma unroll 8
-    for (int c = c0; c < c1; c++) wsum = __dadd_rn(wsum, w[c]);
     const float nanf_ = __int_as_float(0x7fc00000);
     const int kk = p.kk;
-    hits = s_cnt[0]; hits_pre = s_cnt[1]; hits_sel = s_cnt[2]; chits = s_cnt[5];
+    hits = s_cnt[0]; hits_pre = s_cnt[1]; hits_sel = s_cnt[2];
+    const int chits = p.has_cand ? (int)p.chits[h] : 0;
     kv_gpu_diag_row r;
     r.n_sel = s_cnt[3];
     r.n_extra = s_cnt[4];
+    r.cand_bad = p.has_cand ? (int)p.chits[p.Hq] : 0;
     r.recall = (float)(hits < kk ? hits : kk) / (float)kk;
     r.recall_sel = (float)(hits_sel < kk ? hits_sel : kk) / (float)kk;
     r.cand_recall = p.has_cand && kk > 0 ? (float)(chits < kk ? chits : kk) / (float)kk : nanf_;
@@ -287,11 +408,9 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
     r.outerr = nanf_;
     if (p.V) {
         double num = 0, den = 0;
-        const float *of = p.of + (size_t)h * p.D;
-        for (int d = 0; d < p.D; d++) {
-            const double diff = __dsub_rn(__ddiv_rn(sacc[d], wsum), (double)of[d]);
-            num = __dadd_rn(num, __dmul_rn(diff, diff));
-            den = __dadd_rn(den, __dmul_rn((double)of[d], (double)of[d]));
+        for (int d = 0; d < D; d++) {
+            num = __dadd_rn(num, sacc[d]);
+            den = __dadd_rn(den, sacc[D + d]);
         }
         r.outerr = (float)(den > 0 ? __dsqrt_rn(__ddiv_rn(num, den)) : __dsqrt_rn(num));
     }
@@ -318,7 +437,10 @@ extern "C" kv_status kv_gpu_attn_multi_init(kv_gpu_attn *a, const int *ks, int n
     KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(NULL, bytes, db, (int)cells, 0, 32 + a->ev_hbits, a->st));
     KV_CUDA_ALLOC(a->ev_tmp, bytes + 256, 0, "the oracle's sort storage");
     a->ev_tmp_bytes = bytes + 256;
-    a->ev_words = (size_t)nk * a->Hq * 3 + (size_t)a->Hq * (EV_NP + 1);
+    /* [nk][Hq] thresholds, [nk][2][Hq] origin counts, then (at an even word) [Hq][EV_NP] 64-bit crossings */
+    a->ev_cross_w = ((size_t)nk * a->Hq * 3 + 1) & ~(size_t)1;
+    a->ev_words = a->ev_cross_w + 2 * (size_t)a->Hq * EV_NP;
+    KV_CUDA_ALLOC(a->ev_part, (size_t)a->Hq * EV_NB * sizeof(double), 0, "oracle profile partial sums");
     KV_CUDA_ALLOC(a->ev_res, a->ev_words * sizeof(uint32_t), 0, "oracle budget results");
     KV_CUDA_ALLOC(a->ev_hres, a->ev_words * sizeof(uint32_t), 1, "oracle budget results staging");
     a->ev_nk = nk;
@@ -351,16 +473,23 @@ extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split
     KV_CUDA_TRY(cub::DeviceRadixSort::SortKeys(a->ev_tmp, bytes, db, (int)total, 0, 32 + a->ev_hbits, a->st));
     float *dthr = (float *)a->ev_res;
     unsigned *dcnt = a->ev_res + (size_t)nk * Hq;
-    int *dbud = (int *)(a->ev_res + (size_t)3 * nk * Hq), *dunc = dbud + (size_t)Hq * EV_NP;
+    unsigned long long *dcross = (unsigned long long *)(a->ev_res + a->ev_cross_w);
     ev_prof_params pp = {};
     pp.S = a->S; pp.ld = a->T; pp.keys = db.Current(); pp.n = n; pp.lo = lo; pp.hi = hi; pp.t = t; pp.nk = nk;
     pp.profile = budget ? 1 : 0; pp.Hq = Hq; pp.ks = a->ev_ks;
+    /* spans of at least 4096 keys, at most EV_NB blocks a head */
+    const int nbh = (n + 4095) / 4096 < EV_NB ? (n + 4095) / 4096 : EV_NB;
+    pp.span = (n + nbh - 1) / nbh;
     for (int j = 0; j < EV_NP; j++) pp.p[j] = ptarget ? ptarget[j] : 0.0;
-    pp.thr = dthr; pp.budget = dbud; pp.uncertain = dunc;
+    pp.thr = dthr; pp.part = a->ev_part; pp.cross = dcross;
     KV_CUDA_TRY(cudaMemsetAsync(dcnt, 0, (size_t)2 * nk * Hq * sizeof(unsigned), a->st));
-    KV_CUDA_TRY(cudaMemsetAsync(dbud, 0, (size_t)Hq * (EV_NP + 1) * sizeof(int), a->st));
-    ev_profile_kernel<<<Hq, EV_TH, 0, a->st>>>(pp);
+    ev_psum_kernel<<<dim3(budget ? nbh : 1, Hq), EV_TH, 0, a->st>>>(pp);
     KV_LAUNCH_CHECK();
+    if (budget) {
+        KV_CUDA_TRY(cudaMemsetAsync(dcross, 0xff, (size_t)Hq * EV_NP * sizeof(unsigned long long), a->st));
+        ev_cross_kernel<<<dim3(nbh, Hq), EV_TH, 0, a->st>>>(pp);
+        KV_LAUNCH_CHECK();
+    }
     const int bx = (n + 255) / 256, cap = (2 * a->dev.sm_count + Hq * nk - 1) / (Hq * nk);
     ev_count_kernel<<<dim3(bx < cap ? bx : (cap < 1 ? 1 : cap), Hq, nk), 256, 0, a->st>>>(a->S, a->T, dthr, lo, split,
                                                                                           hi, dcnt, Hq);
@@ -371,9 +500,14 @@ extern "C" kv_status kv_gpu_attn_multi(kv_gpu_attn *a, int lo, int hi, int split
     kv_attn_ev_add(a, 2, 3, &a->t_eval);
     memcpy(thr, a->ev_hres, (size_t)nk * Hq * sizeof(float));
     for (int i = 0; i < 2 * nk * Hq; i++) ntop[i] = (int)a->ev_hres[(size_t)nk * Hq + i];
-    const int *hb = (const int *)(a->ev_hres + (size_t)3 * nk * Hq);
-    if (budget) memcpy(budget, hb, (size_t)Hq * EV_NP * sizeof(int));
-    memcpy(uncertain, hb + (size_t)Hq * EV_NP, (size_t)Hq * sizeof(int));
+    const unsigned long long *hc = (const unsigned long long *)(a->ev_hres + a->ev_cross_w);
+    for (int h = 0; h < Hq; h++) {
+        uncertain[h] = 0;
+        for (int q = 0; budget && q < EV_NP; q++) {
+            budget[h * EV_NP + q] = (int)(hc[h * EV_NP + q] >> 1);
+            uncertain[h] |= (int)(hc[h * EV_NP + q] & 1);
+        }
+    }
     return KV_OK;
 }
 
@@ -396,9 +530,12 @@ extern "C" kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots) {
     KV_CUDA_ALLOC(a->dpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 0, "diagnostics parameters");
     KV_CUDA_ALLOC(a->hpar, (size_t)(n_slots > 0 ? n_slots : 1) * sizeof(ev_diag_params), 1,
                   "diagnostics parameters staging");
+    KV_CUDA_ALLOC(a->dchits, (size_t)(n_slots > 0 ? n_slots : 1) * (a->Hq + 1) * sizeof(unsigned), 0,
+                  "diagnostics candidate hits");
     for (int i = 0; i < n_slots; i++) {
         a->slots[i].drow = a->drows + (size_t)i * a->Hq;
         a->slots[i].hrow = a->hrows + (size_t)i * a->Hq;
+        a->slots[i].chits = a->dchits + (size_t)i * (a->Hq + 1);
     }
     return KV_OK;
 }
@@ -409,10 +546,11 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     if (a->n_last <= 0) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics before any step");
     if (in->b < 0 || in->b >= (a->ev_nk ? a->ev_nk : 1))
         return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics of budget %d", in->b);
+    const int devc = in->has_cand && in->dcidx; /* device candidates: nothing of them packed */
     size_t N = 0, NC = 0;
     for (int h = 0; h < Hq; h++) {
         N += (size_t)in->count[h];
-        if (in->has_cand) NC += (size_t)in->ccount[h];
+        if (in->has_cand && !devc) NC += (size_t)in->ccount[h];
     }
     const size_t words = 2 * (size_t)Hq + 2 + 3 * N + NC;
     if (words > 0xffffffffu) return kv_fail(KV_ERR_INPUT, "GPU oracle: %zu diagnostics entries in one step", words);
@@ -420,24 +558,46 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     if (s->pending) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slot %d packed twice", slot);
     if (words > s->cap) { /* the slot's previous upload may still be in flight */
         KV_CUDA_TRY(cudaStreamSynchronize(a->st));
-        cudaFreeHost(s->hin); cudaFree(s->din); cudaFree(s->scratch);
-        s->hin = s->din = NULL; s->scratch = NULL; s->cap = 0;
+        cudaFreeHost(s->hin); cudaFree(s->din);
+        s->hin = s->din = NULL; s->cap = 0;
         const size_t cap = words + words / 2 + 1024;
         KV_CUDA_ALLOC(s->hin, cap * sizeof(uint32_t), 1, "diagnostics lists staging");
         KV_CUDA_ALLOC(s->din, cap * sizeof(uint32_t), 0, "diagnostics lists");
-        KV_CUDA_ALLOC(s->scratch, 2 * cap * sizeof(double), 0, "diagnostics terms");
         s->cap = cap;
+    }
+    s->dc = NULL;
+    if (devc) {
+        if (in->dcount < 0 || in->dmap < 1 || in->drows * in->dmap != Hq || (in->dcount > 0 && in->dld < in->dcount))
+            return kv_fail(KV_ERR_INTERNAL, "GPU oracle: device candidates of %d rows x %d (stride %lld, %d heads each)",
+                           in->drows, in->dcount, in->dld, in->dmap);
+        s->dc = in->dcidx; s->dld = in->dld; s->dmap = in->dmap; s->dcount = in->dcount;
+        if (a->ev_nk > 1 && in->dcount > 0) {
+            /* several budgets: the method's next search of this step rewrites its lists before the flush, so
+             * they are copied now (its searches are synchronous, so the lists are complete) */
+            const size_t need = (size_t)in->drows * in->dcount;
+            if (need > s->dcopy_cap) {
+                KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+                cudaFree(s->dcopy);
+                s->dcopy = NULL; s->dcopy_cap = 0;
+                KV_CUDA_ALLOC(s->dcopy, (need + need / 2 + 1024) * sizeof(int32_t), 0, "diagnostics candidates");
+                s->dcopy_cap = need + need / 2 + 1024;
+            }
+            KV_CUDA_TRY(cudaMemcpy2DAsync(s->dcopy, (size_t)in->dcount * 4, in->dcidx, (size_t)in->dld * 4,
+                                          (size_t)in->dcount * 4, (size_t)in->drows, cudaMemcpyDeviceToDevice, a->st));
+            KV_CUDA_TRY(cudaStreamSynchronize(a->st));
+            s->dc = s->dcopy; s->dld = in->dcount;
+        }
     }
     uint32_t *w = s->hin, *off = w, *coff = w + Hq + 1, *att = w + 2 * Hq + 2, *flg = att + N, *lw = flg + N,
              *cand = lw + N;
     off[0] = coff[0] = 0;
     for (int h = 0; h < Hq; h++) {
-        const int c = in->count[h], cc = in->has_cand ? in->ccount[h] : 0;
+        const int c = in->count[h], cc = in->has_cand && !devc ? in->ccount[h] : 0;
         const size_t r = (size_t)h * in->cap;
         memcpy(att + off[h], in->att + r, (size_t)c * sizeof(uint32_t));
         memcpy(lw + off[h], in->logw + r, (size_t)c * sizeof(float));
         for (int j = 0; j < c; j++) flg[off[h] + j] = in->flag[r + j];
-        if (cc) memcpy(cand + coff[h], in->cidx + (size_t)h * in->ccap, (size_t)cc * sizeof(uint32_t));
+        if (cc && !devc) memcpy(cand + coff[h], in->cidx + (size_t)h * in->ccap, (size_t)cc * sizeof(uint32_t));
         off[h + 1] = off[h] + (uint32_t)c;
         coff[h + 1] = coff[h] + (uint32_t)cc;
     }
@@ -469,7 +629,7 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
     }
     if (a->ev_ready) KV_CUDA_TRY(cudaEventRecord(a->ev[4], a->st));
     ev_diag_params *par = (ev_diag_params *)a->hpar;
-    int np = 0;
+    int np = 0, cmax = 0, anyc = 0;
     for (int i = 0; i < a->n_slots; i++) {
         kv_attn_slot *s = &a->slots[i];
         if (!s->pending) continue;
@@ -478,7 +638,15 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         ev_diag_params &p = par[np++];
         p = ev_diag_params{};
         p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = s->N; p.kk = s->kk; p.split = s->split;
-        p.has_cand = s->has_cand;
+        p.has_cand = s->has_cand; p.t = a->n_last - 1;
+        p.dc = s->dc; p.dld = s->dld; p.dmap = s->dmap; p.dcount = s->dcount; p.chits = s->chits;
+        anyc |= s->has_cand;
+        if (s->has_cand) {
+            const uint32_t *coff = s->hin + Hq + 1;
+            for (int h = 0; !s->dc && h < Hq; h++)
+                cmax = (int)(coff[h + 1] - coff[h]) > cmax ? (int)(coff[h + 1] - coff[h]) : cmax;
+            if (s->dc) cmax = s->dcount > cmax ? s->dcount : cmax;
+        }
         p.S = a->S; p.ld = a->T;
         if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
         p.D = a->D;
@@ -490,11 +658,18 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
             p.thr = a->res + 2 * Hq;
             p.ntop = a->cnt;
         }
-        p.scratch = s->scratch;
         p.out = s->drow;
     }
     KV_CUDA_TRY(cudaMemcpyAsync(a->dpar, a->hpar, (size_t)np * sizeof(ev_diag_params), cudaMemcpyHostToDevice, a->st));
-    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, (size_t)a->D * sizeof(double), a->st>>>(
+    if (anyc) /* every slot's hits zeroed, then counted: about 8 candidates a thread, at most 64 blocks a list */
+        KV_CUDA_TRY(cudaMemsetAsync(a->dchits, 0, (size_t)a->n_slots * (Hq + 1) * sizeof(unsigned), a->st));
+    if (cmax > 0) {
+        const int cb = (cmax + 8 * EV_CT - 1) / (8 * EV_CT);
+        ev_cand_kernel<<<dim3((unsigned)(cb < 64 ? cb : 64), (unsigned)Hq, (unsigned)np), EV_CT, 0, a->st>>>(
+            (const ev_diag_params *)a->dpar);
+        KV_LAUNCH_CHECK();
+    }
+    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, 2 * (size_t)a->D * sizeof(double), a->st>>>(
         (const ev_diag_params *)a->dpar);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaMemcpyAsync(a->hrows, a->drows, (size_t)a->n_slots * Hq * sizeof(kv_gpu_diag_row),

@@ -19,6 +19,12 @@ typedef struct {
     int N, kk, split, has_cand, b, t;
     float metric;
     size_t words;
+    const int32_t *dc;     /* device candidates (kv_gpu_diag_in.dcidx), or NULL: packed in hin */
+    long long dld;
+    int dmap, dcount;
+    int32_t *dcopy;        /* device: their copy when several budgets search in a step */
+    size_t dcopy_cap;      /* ints */
+    unsigned *chits;       /* device [Hq + 1]: candidate hits per head, then a position out of range */
 } kv_attn_slot;
 
 struct kv_gpu_attn {
@@ -38,13 +44,15 @@ struct kv_gpu_attn {
     unsigned long long *ev_key, *ev_key2; /* device [Hq][T]: (head, descending score key), sorted */
     void *ev_tmp;                     /* the sort's temporary storage */
     size_t ev_tmp_bytes;
-    uint32_t *ev_res, *ev_hres;       /* [nk][Hq] thr, [nk][2][Hq] counts, [Hq][5] budget, [Hq] uncertain */
-    size_t ev_words;
+    uint32_t *ev_res, *ev_hres;       /* [nk][Hq] thr, [nk][2][Hq] counts, at word ev_cross_w [Hq][5] crossings */
+    size_t ev_words, ev_cross_w;
+    double *ev_part;                  /* device [Hq][EV_NB]: the profile's per-block sums */
     /* the protocol's diagnostics (kv_gpu_attn_diag) */
     int n_slots;
     kv_attn_slot *slots;
     kv_gpu_diag_row *drows, *hrows; /* [n_slots][Hq] device / pinned: every slot's rows, one download */
     void *hpar, *dpar;               /* [n_slots] launch parameters (attn_eval.cu), pinned / device */
+    unsigned *dchits;                /* device [n_slots][Hq + 1]: the slots' chits */
     /* device time (CUDA events on the stream): [0, 1] a step, [2, 3] its evaluation, [4, 5] a flush of the
      * diagnostics (read at the next wait); seconds summed (kv_gpu_attn_times) */
     cudaEvent_t ev[6];

@@ -52,6 +52,23 @@ size_t kv_gpu_mem_free(void) {
     return fr;
 }
 
+kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out) {
+    *out = NULL;
+    int32_t *d = NULL;
+    KV_CUDA_ALLOC(d, (n ? n : 1) * sizeof(int32_t), 0, "device ints");
+    if (n) {
+        cudaError_t e = cudaMemcpy(d, x, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            cudaFree(d);
+            return kv_cuda_error(e, "cudaMemcpy", __FILE__, __LINE__);
+        }
+    }
+    *out = d;
+    return KV_OK;
+}
+
+void kv_gpu_free(void *p) { cudaFree(p); }
+
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
     /* a non-sticky error (out of memory, an invalid argument) also stays the thread's last error until read:
        clear it here, so the next KV_LAUNCH_CHECK does not report it again (a sticky one persists anyway) */

@@ -166,3 +166,11 @@ kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs) {
     *gbs = 0;
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
+
+kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out) {
+    (void)x; (void)n;
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+void kv_gpu_free(void *p) { (void)p; }

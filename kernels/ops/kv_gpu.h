@@ -108,6 +108,7 @@ kv_status kv_gpu_attn_row(kv_gpu_attn *a, int h, float *out);
 typedef struct {
     float recall, recall_sel, cand_recall, recall_pre, recall_gen, gen_share, mass, outerr;
     int n_sel, n_extra;
+    int cand_bad; /* a candidate position outside [0, t] (device candidates: the method's error) */
 } kv_gpu_diag_row;
 typedef struct {
     int b;           /* budget index (kv_gpu_attn_multi's), 0 without it */
@@ -123,6 +124,12 @@ typedef struct {
     int ccap;
     const int *ccount;
     const int32_t *cidx;
+    /* or the candidates on the device (dcidx not NULL; ccount, cidx unused): list r at dcidx + r*dld,
+     * dcount positions each, query head h reading list h / dmap (1: a list per query head; G: per kv head);
+     * read where they are, copied first (on the oracle's stream) only when several budgets search in a step */
+    const int32_t *dcidx;
+    long long dld;
+    int dmap, dcount, drows;
 } kv_gpu_diag_in;
 kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
 /* Packs one method-step into `slot` (host only); kv_gpu_attn_diag_flush
@@ -230,6 +237,10 @@ typedef struct {
 /* Device-to-device cudaMemcpy of `bytes`, median of reps: GB/s counting
  * bytes read plus bytes written. */
 kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs);
+
+/* A device copy of n ints (tests: a method's device candidate lists); kv_gpu_free releases it. */
+kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out);
+void kv_gpu_free(void *p);
 
 #ifdef __cplusplus
 }
