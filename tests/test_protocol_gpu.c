@@ -39,13 +39,11 @@ static void random_sel(kv_rng *r, kv_selection *sel, int t, int sink, int local,
             c++;
         }
         sel->count[l] = c;
-        if (with_cand == 2) { /* the device form: one length for every list */
-            int nc = l ? sel->n_cand[0] : (int)(kv_rng_u64(r) % (uint64_t)(sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k));
-            for (int j = 0; j < nc; j++) sel->cand[(size_t)l * sel->cand_cap + j] = (int32_t)(kv_rng_u64(r) % (uint64_t)(t + 1));
-            sel->n_cand[l] = nc;
-        } else if (with_cand && l % 3 != 2) {
-            int nc = (int)(kv_rng_u64(r) % (uint64_t)(sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k));
-            for (int j = 0; j < nc; j++) sel->cand[(size_t)l * sel->cand_cap + j] = (int32_t)(kv_rng_u64(r) % (uint64_t)(t + 1));
+        if (with_cand == 2 || (with_cand && l % 3 != 2)) { /* 2, the device form: one length for every list */
+            int most = sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k;
+            int nc = with_cand == 2 && l ? sel->n_cand[0] : (int)(kv_rng_u64(r) % (uint64_t)most);
+            for (int j = 0; j < nc; j++)
+                sel->cand[(size_t)l * sel->cand_cap + j] = (int32_t)(kv_rng_u64(r) % (uint64_t)(t + 1));
             sel->n_cand[l] = nc;
         }
     }

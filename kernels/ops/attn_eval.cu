@@ -568,8 +568,9 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     s->dc = NULL;
     if (devc) {
         if (in->dcount < 0 || in->dmap < 1 || in->drows * in->dmap != Hq || (in->dcount > 0 && in->dld < in->dcount))
-            return kv_fail(KV_ERR_INTERNAL, "GPU oracle: device candidates of %d rows x %d (stride %lld, %d heads each)",
-                           in->drows, in->dcount, in->dld, in->dmap);
+            return kv_fail(KV_ERR_INTERNAL,
+                           "GPU oracle: device candidates of %d rows x %d (stride %lld, %d heads each)", in->drows,
+                           in->dcount, in->dld, in->dmap);
         s->dc = in->dcidx; s->dld = in->dld; s->dmap = in->dmap; s->dcount = in->dcount;
         if (a->ev_nk > 1 && in->dcount > 0) {
             /* several budgets: the method's next search of this step rewrites its lists before the flush, so
