@@ -685,7 +685,7 @@ extern "C" void kv_gpu_attn_destroy(kv_gpu_attn *a) {
     cudaFreeHost(a->ev_hres);
     for (int i = 0; a->slots && i < a->n_slots; i++) {
         kv_attn_slot *sl = &a->slots[i];
-        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->scratch); cudaFree(sl->dcopy);
+        cudaFreeHost(sl->hin); cudaFree(sl->din); cudaFree(sl->dcopy);
     }
     free(a->slots);
     cudaFree(a->drows); cudaFreeHost(a->hrows); cudaFree(a->dpar); cudaFreeHost(a->hpar); cudaFree(a->dchits);

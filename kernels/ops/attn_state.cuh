@@ -12,7 +12,6 @@
 typedef struct {
     uint32_t *hin, *din;   /* pinned / device packed lists (kv_gpu_attn_diag) */
     size_t cap;            /* words of hin and din */
-    double *scratch;       /* device [2][cap]: each entry's exp terms */
     kv_gpu_diag_row *drow, *hrow; /* [Hq] device / pinned */
     int pending;           /* packed, not launched yet (kv_gpu_attn_diag_flush launches it) */
     int held;              /* packed and not taken yet (kv_gpu_attn_diag_take) */
