@@ -357,7 +357,6 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
     if (dc && dc->idx) {
         in.has_cand = kk > 0;
         in.dcidx = dc->idx; in.dld = dc->ld; in.drows = dc->rows; in.dcount = dc->count;
-        in.dmap = dc->rows > 0 ? p->L->Hq / dc->rows : 0;
     } else if (in.has_cand) {
         int direct = !m->per_kv_head; /* list h is head h's: packed from sel as it is */
         KV_TRY(gather_cands(p, m, sel, need, t, !direct));

@@ -26,7 +26,7 @@ typedef struct {
     int n;          /* keys stored: positions 0..n-1 */
     float *keys;    /* CPU: [Hkv][T][D] */
     float *scores;  /* CPU: [Hq][T] scratch: one row per head so heads run in parallel */
-    kv_gpu_keys *dkeys;      /* GPU: the keys on the device (float16 while lossless), or NULL: */
+    kv_gpu_keys *dkeys;      /* GPU: its own keys on the device (float16 while lossless), or NULL when lent: */
     const kv_gpu_keys *lent; /* GPU: the layer's keys lent by the run (shape->layer_keys) */
     kv_gpu_search *dsearch;  /* GPU: fused scores + top-k (kernels/search.cu) */
 } exact_state;
@@ -35,6 +35,9 @@ static void exact_destroy(void *st);
 
 static const kv_param_spec exact_params[] = {{NULL}};
 
+/* The device keys a GPU search reads: the lent layer's or its own (NULL on the CPU path). */
+static const kv_gpu_keys *exact_dkeys(const exact_state *s) { return s->lent ? s->lent : s->dkeys; }
+
 static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void **out) {
     (void)ps;
     exact_state *s = kv_calloc(1, sizeof *s, "exact state");
@@ -42,7 +45,8 @@ static kv_status exact_create(const kv_shape *sh, const kv_param_set *ps, void *
     s->sh = *sh;
     if (sh->use_gpu) { /* keys live on the device only; all device memory is taken here */
         s->lent = sh->layer_keys;
-        kv_status st = s->lent ? KV_OK : kv_gpu_keys_create(sh->num_kv_heads, sh->max_tokens, sh->head_dim, 1, &s->dkeys);
+        kv_status st =
+            s->lent ? KV_OK : kv_gpu_keys_create(sh->num_kv_heads, sh->max_tokens, sh->head_dim, 1, &s->dkeys);
         if (st == KV_OK)
             st = kv_gpu_search_create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, &s->dsearch);
         if (st != KV_OK) { exact_destroy(s); return st; }
@@ -98,7 +102,7 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
     int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
     if (s->dsearch)
-        return kv_gpu_search_run(s->dsearch, s->lent ? s->lent : s->dkeys, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
+        return kv_gpu_search_run(s->dsearch, exact_dkeys(s), q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
                                  sel->count);
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -115,7 +119,7 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
 
 static size_t exact_memory(const void *st) {
     const exact_state *s = st;
-    const kv_gpu_keys *dk = s->lent ? s->lent : s->dkeys;
+    const kv_gpu_keys *dk = exact_dkeys(s);
     size_t elem = dk ? (size_t)kv_gpu_keys_elem_bytes(dk) : sizeof(float); /* the keys it searches, lent or not */
     return (size_t)s->sh.num_kv_heads * s->n * s->sh.head_dim * elem;
 }

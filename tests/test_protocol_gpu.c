@@ -113,11 +113,10 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
                     kv_gpu_free(dc[bi]);
                     CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * dld, &dc[bi]));
                     d = (kv_dev_cands){.idx = dc[bi], .ld = dld, .rows = lists, .count = nc};
-                    /* the device must not read the host's lists: they are scrambled once submitted */
+                    /* the host's lists withdrawn: read from sel, the row's cand_recall would be NaN, not the host's */
+                    for (int l = 0; l < lists; l++) sel.n_cand[l] = -1;
                 }
                 CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot, with_cand == 2 ? &d : NULL));
-                if (with_cand == 2)
-                    for (int l = 0; l < lists; l++) sel.cand[(size_t)l * sel.cand_cap] = -3;
             }
         CHECK_OK(kv_oracle_diag_wait(o));
         for (int slot = 0; slot < ns; slot++) {

@@ -243,7 +243,8 @@ __global__ void ev_count_kernel(const float *S, long long ld, const float *thr, 
 struct ev_diag_params {
     const uint32_t *in; /* [Hq+1] list offsets, [Hq+1] candidate offsets, att[N], flag[N], logw[N], cand[NC] */
     int Hq, G, N, kk, split, has_cand, t;
-    const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each, head h's h/dmap */
+    const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each; head h reads
+                         * list h / dmap (dmap = Hq / the lists) */
     long long dld;
     int dmap, dcount;
     unsigned *chits;    /* [Hq + 1]: ev_cand_kernel's hits per head, then 1 for a position outside [0, t] */
@@ -567,21 +568,21 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     }
     s->dc = NULL;
     if (devc) {
-        if (in->dcount < 0 || in->dmap < 1 || in->drows * in->dmap != Hq || (in->dcount > 0 && in->dld < in->dcount))
-            return kv_fail(KV_ERR_INTERNAL,
-                           "GPU oracle: device candidates of %d rows x %d (stride %lld, %d heads each)", in->drows,
-                           in->dcount, in->dld, in->dmap);
-        s->dc = in->dcidx; s->dld = in->dld; s->dmap = in->dmap; s->dcount = in->dcount;
+        if (in->dcount < 0 || in->drows < 1 || Hq % in->drows || (in->dcount > 0 && in->dld < in->dcount))
+            return kv_fail(KV_ERR_INTERNAL, "GPU oracle: device candidates of %d rows x %d (stride %lld) for %d heads",
+                           in->drows, in->dcount, in->dld, Hq);
+        s->dc = in->dcidx; s->dld = in->dld; s->dmap = Hq / in->drows; s->dcount = in->dcount;
         if (a->ev_nk > 1 && in->dcount > 0) {
             /* several budgets: the method's next search of this step rewrites its lists before the flush, so
              * they are copied now (its searches are synchronous, so the lists are complete) */
             const size_t need = (size_t)in->drows * in->dcount;
             if (need > s->dcopy_cap) {
+                const size_t cap = need + need / 2 + 1024;
                 KV_CUDA_TRY(cudaStreamSynchronize(a->st));
                 cudaFree(s->dcopy);
                 s->dcopy = NULL; s->dcopy_cap = 0;
-                KV_CUDA_ALLOC(s->dcopy, (need + need / 2 + 1024) * sizeof(int32_t), 0, "diagnostics candidates");
-                s->dcopy_cap = need + need / 2 + 1024;
+                KV_CUDA_ALLOC(s->dcopy, cap * sizeof(int32_t), 0, "diagnostics candidates");
+                s->dcopy_cap = cap;
             }
             KV_CUDA_TRY(cudaMemcpy2DAsync(s->dcopy, (size_t)in->dcount * 4, in->dcidx, (size_t)in->dld * 4,
                                           (size_t)in->dcount * 4, (size_t)in->drows, cudaMemcpyDeviceToDevice, a->st));
@@ -642,12 +643,10 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         p.has_cand = s->has_cand; p.t = a->n_last - 1;
         p.dc = s->dc; p.dld = s->dld; p.dmap = s->dmap; p.dcount = s->dcount; p.chits = s->chits;
         anyc |= s->has_cand;
-        if (s->has_cand) {
-            const uint32_t *coff = s->hin + Hq + 1;
-            for (int h = 0; !s->dc && h < Hq; h++)
-                cmax = (int)(coff[h + 1] - coff[h]) > cmax ? (int)(coff[h + 1] - coff[h]) : cmax;
-            if (s->dc) cmax = s->dcount > cmax ? s->dcount : cmax;
-        }
+        const uint32_t *coff = s->hin + Hq + 1; /* the longest candidate list, for the hit count's grid */
+        if (s->has_cand && s->dc) cmax = s->dcount > cmax ? s->dcount : cmax;
+        for (int h = 0; s->has_cand && !s->dc && h < Hq; h++)
+            cmax = (int)(coff[h + 1] - coff[h]) > cmax ? (int)(coff[h + 1] - coff[h]) : cmax;
         p.S = a->S; p.ld = a->T;
         if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
         p.D = a->D;

@@ -124,12 +124,12 @@ typedef struct {
     int ccap;
     const int *ccount;
     const int32_t *cidx;
-    /* or the candidates on the device (dcidx not NULL; ccount, cidx unused): list r at dcidx + r*dld,
-     * dcount positions each, query head h reading list h / dmap (1: a list per query head; G: per kv head);
-     * read where they are, copied first (on the oracle's stream) only when several budgets search in a step */
+    /* or the candidates on the device (dcidx not NULL; ccount, cidx unused): drows lists (Hq: one per query
+     * head; Hkv: one per kv head, shared by its group), list r at dcidx + r*dld, dcount positions each; read
+     * where they are, copied first (on the oracle's stream) only when several budgets search in a step */
     const int32_t *dcidx;
     long long dld;
-    int dmap, dcount, drows;
+    int drows, dcount;
 } kv_gpu_diag_in;
 kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
 /* Packs one method-step into `slot` (host only); kv_gpu_attn_diag_flush
