@@ -358,7 +358,7 @@ struct kv_cs_gpu {
     unsigned *bcv;        /* candidates [Hq][bcap]: kv_f2key of their sums */
     int32_t *bck;
     long long bcap;
-    int bsample;          /* the sample blocks' chunks (KVBENCH_CS_SAMPLE=0: none, every warp bounds itself) */
+    int bsample;          /* region chunks a sample block (KVBENCH_CS_SAMPLE; 0: none, every warp bounds itself) */
     int bpdl;             /* the launches after cs_nearest programmatic dependent ones (KVBENCH_CS_PDL=0: plain) */
     int tlast;            /* the last key indexed (appends must come after it) */
     int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
@@ -467,7 +467,13 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         g->BW = g->NCH * 32;
         g->BL = cs_bview_ld(c.L);
         g->bcap = g->NCH * g->kcap; /* at most k from each chunk's warp */
-        g->bsample = kv_env_on("KVBENCH_CS_SAMPLE");
+        const char *esam = getenv("KVBENCH_CS_SAMPLE");
+        char *eend = NULL;
+        const long bs = esam ? strtol(esam, &eend, 10) : CS_BSPAN;
+        g->bsample = (int)bs;
+        if ((esam && (eend == esam || *eend)) || bs < 0 || (bs > 0 && (bs < 16 || bs > 65536)))
+            return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_SAMPLE: expected 0 (no sample) or 16 to 65536 region chunks a "
+                                         "sample block, found '%s'", esam);
         g->bpdl = kv_env_on("KVBENCH_CS_PDL");
         KV_CUDA_ALLOC(g->bbits, NL * g->BW * sizeof(uint32_t), 0, "csattention list bitmaps");
         KV_CUDA_ALLOC(g->bbase, NL * g->NCH * sizeof(int), 0, "csattention list chunk bases");

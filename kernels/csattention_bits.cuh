@@ -50,15 +50,17 @@
 
 constexpr int CS_BW = 4;           /* warps (chunks of 1024 keys) a block of cs_bits */
 constexpr int CS_BSW = 16;         /* warps (sample chunks) a block of cs_bsamp */
+constexpr int CS_BSPAN = 512;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 2 blocks a row,
+                                      32 chunks: 115.6 us against 116.4 at 256 and 121.1 at 128, session 14 call E) */
 constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */
 constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
 constexpr int CS_BG = 8;           /* lists whose words are loaded at once */
 constexpr int CS_BSEL = 1024;      /* threads of cs_bsel */
 constexpr int CS_BSELC = 8192;     /* candidates cs_bsel keeps in shared memory (more are read from L2) */
-/* A warp's shared memory (4-B words): the buffers, then per list of the group its words, the lanes' first
- * slots, and per list the base, the count and the slow flag. */
-constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32 + 3 * CS_BG;
+/* A warp's shared memory (4-B words): the buffers, then for the general path (cs_bchunk) per list of the
+ * group its words and the lanes' first slots. */
+constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32;
 
 /* Row stride of the view's scores: L + slack for the holes evictions leave, a multiple of 4. */
 inline long long cs_bview_ld(int L) { return ((long long)L + L / 8 + 64 + 3) & ~3LL; }
@@ -91,11 +93,7 @@ __device__ __forceinline__ void cs_bcp16(float *s, const float *g) {
 }
 
 /* Warp sum, and exclusive warp prefix with *tot the sum (lane order). */
-__device__ __forceinline__ int cs_wsum(int v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+__device__ __forceinline__ int cs_wsum(int v) { return __reduce_add_sync(0xffffffffu, v); }
 __device__ __forceinline__ int cs_wscan(int v, int *tot) {
     const int lane = threadIdx.x & 31;
     int x = v;
@@ -106,6 +104,16 @@ __device__ __forceinline__ int cs_wscan(int v, int *tot) {
     }
     *tot = __shfl_sync(0xffffffffu, x, 31);
     return x - v;
+}
+/* Inclusive warp scan (lane order) in two instructions a step: shfl.up's in-range predicate guards the add.
+ * cs_bchunk scans two lists' 16-bit counts at once in one word (the sums stay below 2^16). */
+__device__ __forceinline__ unsigned cs_wscan_in(unsigned v) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1)
+        asm("{\n\t.reg .pred p;\n\t.reg .b32 r;\n\tshfl.sync.up.b32 r|p, %0, %1, 0, 0xffffffff;\n\t"
+            "@p add.u32 %0, %0, r;\n\t}"
+            : "+r"(v) : "r"(o));
+    return v;
 }
 
 /* Keys j of this lane's word with u[j] >= x (u: kv_f2key of a gathered key's sum, 0 for the others). */
@@ -178,9 +186,14 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
 /* The sums of region chunk c for the row whose lists are sli (weights sws, missing=min defaults smn) into
  * s[32] (key c*1024 + 32 lane + j), lists in the CPU's subspace order; returns the lane's gathered keys (in
  * a list and in [lo, hi)). ws: the warp's CS_BWS words of shared memory. Per group of CS_BG lists: every
- * word and base loaded at once, then each list's scores copied (16-B cp.async, CS_BNA lists ahead) into a
- * buffer, or, when a chunk holds more than a buffer (> ~512 keys of the list: never at alpha = 0.25 on
- * uniform lists), read from global memory where they are (the slow path). */
+ * word and base loaded at once, the lanes' first slots by one scan per two lists (pk: the slot | the list's
+ * count << 16), then each list's scores copied (16-B cp.async, CS_BNA lists ahead) into a buffer and added.
+ * Two paths, chosen per warp and group: the common one (every key of the chunk in the region, every list's
+ * scores within a buffer) is unrolled over the group, so its words and slots stay in registers and each
+ * list costs its adds (cs_badd_sh) and a few instructions; the general one keeps them in shared memory, in
+ * a loop, and reads a list whose chunk holds more than a buffer (> ~512 keys of the list: never at alpha =
+ * 0.25 on uniform lists) from global memory where it is (the slow path). Both add in the same order. Row
+ * offsets are 32-bit products widened once (the view's strides are below 2^32: cs_bview_ld of an int L). */
 template <bool MIN, bool W1>
 __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *sli, const float *sws,
                                              const float *smn, int c, float *ws, float (&s)[32]) {
@@ -188,49 +201,68 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
     const long long wi = (long long)c * 32 + lane, k0 = wi * 32, d0 = a.lo - k0, d1 = a.hi - k0;
     const unsigned km = (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
                         (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
+    const unsigned BW = (unsigned)a.BW, NCH = (unsigned)a.NCH, BL = (unsigned)a.BL;
     unsigned *swd = (unsigned *)(ws + CS_BNB * CS_BBUF);
-    int *sof = (int *)(swd + CS_BG * 32), *sbs = sof + CS_BG * 32, *stot = sbs + CS_BG, *ssl = stot + CS_BG;
+    int *sof = (int *)(swd + CS_BG * 32);
 #pragma unroll
     for (int j = 0; j < 32; j++) s[j] = 0.f;
     unsigned g = 0;
     for (int g0 = 0; g0 < a.m; g0 += CS_BG) {
         const int mg = a.m - g0 < CS_BG ? a.m - g0 : CS_BG;
-        unsigned wv[CS_BG];
+        unsigned wv[CS_BG], pk[CS_BG];
         int bv[CS_BG];
 #pragma unroll
-        for (int i = 0; i < CS_BG; i++)
+        for (int i = 0; i < CS_BG; i++) {
+            wv[i] = 0;
+            bv[i] = 0;
             if (i < mg) {
-                const int li = sli[g0 + i];
-                wv[i] = __ldcs(a.bits + (size_t)li * a.BW + wi);
-                bv[i] = __ldcs(a.base + (size_t)li * a.NCH + c);
+                const unsigned li = (unsigned)sli[g0 + i];
+                wv[i] = __ldcs(a.bits + ((size_t)li * BW + (size_t)wi));
+                bv[i] = __ldcs(a.base + ((size_t)li * NCH + (unsigned)c));
             }
+        }
 #pragma unroll
-        for (int i = 0; i < CS_BG; i++)
-            if (i < mg) {
-                int tot;
-                const int ex = cs_wscan(__popc(wv[i]), &tot), slow = (bv[i] & 3) + tot > CS_BBUF - 4;
-                swd[i * 32 + lane] = wv[i];
-                sof[i * 32 + lane] = slow ? bv[i] + ex : (bv[i] & 3) + ex;
-                if (lane == 0) { sbs[i] = bv[i]; stot[i] = tot; ssl[i] = slow; }
-            }
-        __syncwarp();
-        auto issue = [&](int i) { /* list g0 + i's scores into buffer i % CS_BNB; one commit group always */
-            if (i < mg && !ssl[i]) {
-                const int bs = sbs[i], n16 = ((bs & 3) + stot[i] + 3) >> 2;
-                const float *src = a.val + (size_t)sli[g0 + i] * a.BL + (bs & ~3);
+        for (int i = 0; i < CS_BG; i += 2) {
+            const unsigned p = (unsigned)__popc(wv[i]) | (unsigned)__popc(wv[i + 1]) << 16;
+            const unsigned in = cs_wscan_in(p), tot = __shfl_sync(0xffffffffu, in, 31), ex = in - p;
+            pk[i] = (ex & 0xffffu) | tot << 16;
+            pk[i + 1] = ex >> 16 | (tot & 0xffff0000u);
+        }
+        auto slow = [&](int bs, unsigned pki) { return (bs & 3) + (int)(pki >> 16) > CS_BBUF - 4; }; /* uniform */
+        auto issue = [&](int i, int bs, unsigned pki) { /* list g0 + i's scores into buffer i % CS_BNB */
+            if (i < mg && !slow(bs, pki)) {
+                const int n16 = ((bs & 3) + (int)(pki >> 16) + 3) >> 2;
+                const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3));
                 float *dst = ws + (i % CS_BNB) * CS_BBUF;
                 for (int q = lane; q < n16; q += 32) cs_bcp16(dst + 4 * q, src + 4 * q);
             }
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.commit_group;\n" ::: "memory"); /* one group a list, empty or not */
         };
-        for (int i = 0; i < CS_BNA; i++) issue(i);
+        /* the words and first slots to shared memory; lane i < mg keeps list i's base and pk (read by shuffles) */
+#pragma unroll
+        for (int i = 0; i < CS_BG; i++) {
+            swd[i * 32 + lane] = wv[i];
+            sof[i * 32 + lane] = (int)(pk[i] & 0xffffu) + (slow(bv[i], pk[i]) ? bv[i] : bv[i] & 3);
+        }
+        int mybs = 0;
+        unsigned mypk = 0;
+#pragma unroll
+        for (int i = 0; i < CS_BG; i++)
+            if (lane == i) { mybs = bv[i]; mypk = pk[i]; }
+        __syncwarp();
+        auto issue_any = [&](int i) {
+            issue(i, __shfl_sync(0xffffffffu, mybs, i & 31), __shfl_sync(0xffffffffu, mypk, i & 31));
+        };
+        for (int i = 0; i < CS_BNA; i++) issue_any(i);
         for (int b = 0; b < mg; b++) {
-            issue(b + CS_BNA);
+            issue_any(b + CS_BNA);
             asm volatile("cp.async.wait_group %0;\n" ::"n"(CS_BNA) : "memory");
             __syncwarp();
             const unsigned wc = swd[b * 32 + lane];
             const int o = sof[b * 32 + lane];
-            if (ssl[b]) cs_badd<MIN, W1>(a.val + (size_t)sli[g0 + b] * a.BL + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+            if (slow(__shfl_sync(0xffffffffu, mybs, b), __shfl_sync(0xffffffffu, mypk, b)))
+                cs_badd<MIN, W1>(a.val + ((size_t)(unsigned)sli[g0 + b] * BL + (unsigned)o), wc, km, sws[g0 + b],
+                                 smn[g0 + b], s);
             else if (km == 0xffffffffu)
                 cs_badd_sh<MIN, W1>((unsigned)__cvta_generic_to_shared(ws + (b % CS_BNB) * CS_BBUF + o), wc,
                                     sws[g0 + b], smn[g0 + b], s);
@@ -244,6 +276,11 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
 
 /* The gathered keys of the lane's word: counted into bnu[r], listed into u when asked (any order). */
 __device__ __forceinline__ void cs_bunion(const cs_bits_args &a, int r, unsigned g, int key0) {
+    if (!a.u) { /* the count alone: a reduction, the atomic's result unused (no round trip) */
+        const int n = cs_wsum(__popc(g));
+        if ((threadIdx.x & 31) == 0 && n) atomicAdd(a.bnu + r, n);
+        return;
+    }
     int tot;
     const int ex = cs_wscan(__popc(g), &tot);
     if (!tot) return;
@@ -297,27 +334,28 @@ __device__ __forceinline__ void cs_bkeys(const float (&s)[32], unsigned g, unsig
 __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const float (&s)[32], unsigned g, int key0,
                                          unsigned T) {
     const float tf = T ? kv_key2f(T) : -INFINITY;
-    int c = 0;
+    unsigned e = 0; /* the lane's keys to emit */
 #pragma unroll
-    for (int j = 0; j < 32; j++) c += ((g >> j) & 1u) && s[j] >= tf;
-    if (cs_wsum(c) > a.k) {
+    for (int j = 0; j < 32; j++) e |= (s[j] >= tf ? 1u : 0u) << j;
+    e &= g;
+    const int c = __popc(e), tot = cs_wsum(c);
+    if (tot > a.k) {
         unsigned u[32];
         cs_bkeys(s, g, u);
         cs_btopk(a, r, u, key0);
         return;
     }
-    int tot;
-    int at = cs_wscan(c, &tot);
     if (!tot) return;
     int at0 = 0;
     if ((threadIdx.x & 31) == 0) at0 = atomicAdd(a.bcnt + r, tot);
+    int at = (int)cs_wscan_in((unsigned)c) - c; /* while the atomic is in flight */
     at += __shfl_sync(0xffffffffu, at0, 0);
     if (!c) return;
     unsigned *ov = a.bcv + (size_t)r * a.bcap;
     int32_t *ok = a.bck + (size_t)r * a.bcap;
 #pragma unroll
     for (int j = 0; j < 32; j++)
-        if (((g >> j) & 1u) && s[j] >= tf) {
+        if ((e >> j) & 1u) {
             ov[at] = kv_f2key(s[j]);
             ok[at] = key0 + j;
             at++;
@@ -367,7 +405,7 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
 }
 
 /* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk. */
-template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32) cs_bits(cs_bits_args a) {
+template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];
@@ -379,9 +417,9 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32) cs_bi
     const int c = a.clo + cr;
     float s[32];
     const unsigned g = cs_bchunk<MIN, W1>(a, sli, sws, smn, c, cs_bsm + (size_t)w * CS_BWS, s);
-    cs_bunion(a, r, g, c * 1024 + lane * 32);
     kv_dep_wait(); /* cs_bsamp's bound */
     const unsigned T = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX);
+    cs_bunion(a, r, g, c * 1024 + lane * 32); /* while the bound is read */
     cs_bemit(a, r, s, g, c * 1024 + lane * 32, T);
     kv_dep_launch(); /* cs_bsel may be scheduled once every block is here */
 }
