@@ -16,7 +16,12 @@
  * 35% of their byte floor at 1M tokens, H100); here a lane owns a word of 32
  * keys and adds its keys' partial scores in registers in the CPU's subspace
  * order (bitwise the CPU's sums), no atomics, no block barrier, four
- * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh).
+ * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh). What
+ * bounds it now (session 14, ncu at 1M tokens): the shared-memory pipe. Lane
+ * l's scores start about 8 l slots into the staged run, so the adds' loads
+ * fall on the banks at random, about three ways (12.5 M wavefronts where
+ * 4.15 M would do): about 63 of cs_bits's 85 us. Going faster needs a layout
+ * in which each lane owns its banks, not fewer instructions.
  * Search, four launches on one stream. cs_nearest: the rows' lists and
  * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
  * over the region; a lane's largest gathered sum is one key of its 32, so
