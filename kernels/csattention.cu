@@ -209,9 +209,13 @@ __device__ void cs_near_warp(const float *q, int pool, int weight, int G, int D,
     const size_t cb = ((size_t)g * m + b) * C;
     int best = 0x7fffffff;
     float bv = -INFINITY;
-    for (int c = lane; c < C; c += 32) {
-        const float v = cs_dot(qv, cent + (cb + c) * ds, ds);
-        if (v > bv || best == 0x7fffffff) { bv = v; best = c; }
+    for (int c0 = lane; c0 < C; c0 += 128) { /* four centroids' loads in flight a lane, compared in order */
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = c0 + 32 * u < C ? cs_dot(qv, cent + (cb + c0 + 32 * u) * ds, ds) : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c0 + 32 * u < C && (v[u] > bv || best == 0x7fffffff)) { bv = v[u]; best = c0 + 32 * u; }
     }
     for (int o = 16; o; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);

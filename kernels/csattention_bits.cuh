@@ -62,7 +62,8 @@ constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while lis
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
 constexpr int CS_BG = 8;           /* lists whose words are loaded at once */
 constexpr int CS_BSEL = 1024;      /* threads of cs_bsel */
-constexpr int CS_BSELC = 8192;     /* candidates cs_bsel keeps in shared memory (more are read from L2) */
+constexpr int CS_BSELC = 16384;    /* candidates cs_bsel keeps in shared memory (more are read from L2; 8192 sent
+                                      the 1M search's rows to the radix path, session 14 call B) */
 /* A warp's shared memory (4-B words): the buffers, then for the general path (cs_bchunk) per list of the
  * group its words and the lanes' first slots. */
 constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32;
