@@ -193,13 +193,12 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
  * s[32] (key c*1024 + 32 lane + j), lists in the CPU's subspace order; returns the lane's gathered keys (in
  * a list and in [lo, hi)). ws: the warp's CS_BWS words of shared memory. Per group of CS_BG lists: every
  * word and base loaded at once, the lanes' first slots by one scan per two lists (pk: the slot | the list's
- * count << 16), then each list's scores copied (16-B cp.async, CS_BNA lists ahead) into a buffer and added.
- * Two paths, chosen per warp and group: the common one (every key of the chunk in the region, every list's
- * scores within a buffer) is unrolled over the group, so its words and slots stay in registers and each
- * list costs its adds (cs_badd_sh) and a few instructions; the general one keeps them in shared memory, in
- * a loop, and reads a list whose chunk holds more than a buffer (> ~512 keys of the list: never at alpha =
- * 0.25 on uniform lists) from global memory where it is (the slow path). Both add in the same order. Row
- * offsets are 32-bit products widened once (the view's strides are below 2^32: cs_bview_ld of an int L). */
+ * count << 16); the words and slots go to shared memory, list i's base and pk stay with lane i (read by
+ * shuffles); then each list's scores are copied (16-B cp.async, CS_BNA lists ahead) into a buffer and added,
+ * or, when a chunk holds more than a buffer (> ~512 keys of the list: never at alpha = 0.25 on uniform
+ * lists), read from global memory where they are (the slow path). Row offsets are 32-bit products widened
+ * once (the view's strides are below 2^32: cs_bview_ld of an int L). Session 14 tried the group's loop
+ * unrolled with everything in registers: 128 registers, or spills at 80, and 102 us against 94 (call C). */
 template <bool MIN, bool W1>
 __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *sli, const float *sws,
                                              const float *smn, int c, float *ws, float (&s)[32]) {
@@ -410,7 +409,8 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
     if (threadIdx.x == 0) atomicMax(a.thr + (size_t)r * CS_SMAX, X);
 }
 
-/* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk. */
+/* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; 6 blocks an SM (80 registers), as many as the
+ * blocks' shared memory allows. */
 template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];

@@ -138,7 +138,7 @@ LAST=${TOKENS##*,}
 [ "${VARIANTS:-1}" = 0 ] && echo "skipped (VARIANTS=0)" || for v in \
     pariskv:KVBENCH_CUDA_GRAPHS=0 pqcache:KVBENCH_CUDA_GRAPHS=0 pariskv:KVBENCH_PK_FUSED=1 pqcache:KVBENCH_PQ_FUSED=0 \
     csattention:KVBENCH_CS_REDUCE=tiled csattention:KVBENCH_CS_REDUCE=staged csattention:KVBENCH_CS_SAMPLE=0 \
-    csattention:KVBENCH_CS_SAMPLE=512 csattention:KVBENCH_CS_SAMPLE=128 \
+    csattention:KVBENCH_CS_SAMPLE=256 csattention:KVBENCH_CS_SAMPLE=128 \
     csattention:KVBENCH_CS_PDL=0 ctkvr:KVBENCH_CTKVR_TRACE=1 ctkvr:KVBENCH_CTKVR_DIST=0 \
     freekv:KVBENCH_PAGES_PIPE=0 freekv:KVBENCH_PAGES_FUSE=0 freekv:KVBENCH_PAGES_FUSE=1 freekv:KVBENCH_PAGES_RSCAN=0 \
     freekv:KVBENCH_PAGES_RSCAN=1 racc:KVBENCH_RACC_VOTE=fused; do
