@@ -578,7 +578,8 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
             return kv_fail(KV_ERR_INPUT, "%s: this run needs %.0f bytes (%.2f GB) of GPU memory but %.0f bytes "
                            "(%.2f GB) are free%s: the oracle's K%s as %s and its scores %.0f + %d GPU method instance(s) "
                            "%.0f (K and a score row per q head each, the estimate; %d of them read the oracle's K) "
-                           "(T=%d, Hq=%d, Hkv=%d, D=%d); use a shorter trace or fewer methods", in->path, nd.dev, nd.dev / 1e9, gfree, gfree / 1e9,
+                           "(T=%d, Hq=%d, Hkv=%d, D=%d); use a shorter trace or fewer methods",
+                           in->path, nd.dev, nd.dev / 1e9, gfree, gfree / 1e9,
                            glim >= 0 ? " (KVBENCH_GPU_MEM_LIMIT)" : " (cudaMemGetInfo)", ms.has_v ? ", V" : "",
                            half ? "float16" : "float32", nd.dev_oracle, ms.n_gpu, nd.dev_methods,
                            ms.n_gpu_lent, in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);

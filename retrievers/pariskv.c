@@ -452,7 +452,8 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
     int e = s->released ? P - s->sh.local : P;
     if (e < S) e = S;
     int chunk = x.f16 ? KV_HOST_ROWS_CHUNK : e - S;
-    if (x.f16 && e > S && !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pariskv prefill chunk")))
+    if (x.f16 && e > S &&
+        !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pariskv prefill chunk")))
         rc = KV_ERR_NOMEM;
     for (int a = S; a < e && rc == KV_OK; a += chunk) {
         int c = e - a < chunk ? e - a : chunk;

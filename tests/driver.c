@@ -50,7 +50,8 @@ static kv_status driver_open(kv_test_driver *d, const char *name, const char *co
     uint16_t *k16 = half ? to_half(L->k, L->Hkv, T, D) : NULL, *v16 = half ? to_half(L->v, L->Hkv, T, D) : NULL,
              *q16 = half ? to_half(L->q, L->Hq, T, D) : NULL;
     if (half && (!k16 || !v16 || !q16)) st = KV_ERR_NOMEM;
-    if (half) pre = (kv_prefill){.n = P, .half = 1, .ld = T, .ldq = T, .k16 = k16, .v16 = L->v ? v16 : NULL, .q16 = q16};
+    if (half)
+        pre = (kv_prefill){.n = P, .half = 1, .ld = T, .ldq = T, .k16 = k16, .v16 = L->v ? v16 : NULL, .q16 = q16};
     if (st == KV_OK) st = d->m->create(&d->sh, &ps, &d->st);
     if (st == KV_OK) st = d->m->build(d->st, &pre);
     d->n = P;

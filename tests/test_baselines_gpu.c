@@ -282,8 +282,8 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
             CHECK_OK(gs);
             int same = !memcmp(idx2, idx0, (size_t)Hkv * kk * 4);
             free(idx2);
-            CHECK(same, "case %zu: search %d (%s) selected otherwise than the first, seed %llu", ci, pass + 3, how[pass],
-                  (unsigned long long)seed);
+            CHECK(same, "case %zu: search %d (%s) selected otherwise than the first, seed %llu", ci, pass + 3,
+                  how[pass], (unsigned long long)seed);
         }
         for (int g = 0; g < Hkv; g++) {
             CHECK(cnt[g] == kk, "case %zu g %d: %d selected, want %d", ci, g, cnt[g], kk);

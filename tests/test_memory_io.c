@@ -165,8 +165,8 @@ int test_run_layer_form_invariant_gpu(void) {
 
 /* Issue 12 goal 3: every method with prefill_half builds the same index from the layer's float16 form (in place,
  * row stride T > P) as from float32 copies of the same float16-exact values. P = 20000 spans three of the
- * GPU builds' widening chunks (KV_HOST_ROWS_CHUNK = 8192 positions: pariskv.c, pqcache_kmeans.cu, magicpig.c); the selections (indices,
- * counts, log-weights) of four steps must be equal. On the CPU the float16 form is widened once; on the GPU a
+ * GPU builds' widening chunks (KV_HOST_ROWS_CHUNK = 8192 positions: pariskv.c, pqcache_kmeans.cu,
+ * magicpig.c); the selections (indices, counts, log-weights) of four steps must be equal. On the CPU the float16 form is widened once; on the GPU a
  * chunk at a time. */
 static int prefill_half_case(int use_gpu) {
     enum { T = 20064, P = 20000, Hq = 4, Hkv = 2, D = 64, K = 40 };
@@ -197,8 +197,8 @@ static int prefill_half_case(int use_gpu) {
                       l, n, b.sel.count[l]);
                 CHECK(!memcmp(a.sel.idx + (size_t)l * a.sel.cap, b.sel.idx + (size_t)l * b.sel.cap, (size_t)n * 4),
                       "%s step %d list %d: the selections differ between the two forms", m->name, t, l);
-                CHECK(!m->uses_logw ||
-                          !memcmp(a.sel.logw + (size_t)l * a.sel.cap, b.sel.logw + (size_t)l * b.sel.cap, (size_t)n * 4),
+                const float *wa = a.sel.logw + (size_t)l * a.sel.cap, *wb = b.sel.logw + (size_t)l * b.sel.cap;
+                CHECK(!m->uses_logw || !memcmp(wa, wb, (size_t)n * 4),
                       "%s step %d list %d: the log-weights differ between the two forms", m->name, t, l);
             }
         }
