@@ -192,55 +192,54 @@ __global__ void cs_try_insert(const float *key, int t, int D, int m, int C, int 
         act[li] = -2;
 }
 
-/* Row r's subspace b: the list to gather (*jl) and its weight (*wb), written by lane 0 of the calling warp.
- * The (pooled) query sub-vector goes to qv (ds floats of the warp's own shared memory), each lane scores
- * centroids lane, lane + 32, ..., then the warp's best by (score desc, centroid asc): the CPU loop's first
- * maximum. Used by cs_nearest and by the bit-view search's sample blocks (csattention_bits.cuh). */
-__device__ void cs_near_warp(const float *q, int pool, int weight, int G, int D, int m, int C, int ds,
-                             const float *cent, int r, int b, float *qv, int *jl, float *wb) {
-    const int lane = threadIdx.x & 31, g = pool ? r : r / G;
-    for (int j = lane; j < ds; j += 32) {
+/* Per row r and subspace b, a block each: jl[r*m + b], the list to gather, and wb[r*m + b], its weight. The
+ * (pooled) query sub-vector goes to shared memory, thread i scores centroids i, i + CS_NEAR_TH, ... (cs_dot),
+ * then the block's best by (score desc, centroid asc): the CPU loop's first maximum. A block a (row,
+ * subspace) puts every centroid load of a search in flight at once: 5.1 us under ncu at 1M tokens, where a
+ * warp a pair, four a block, took 7.9 (sessions 15 and 14); nothing overlaps it, the bit view's kernels wait
+ * for its lists. nu0 and thr0 (nullable) are zeroed on the way. */
+constexpr int CS_NEAR_TH = 128;
+__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
+                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
+                                                         int *nu0, unsigned *thr0) {
+    __shared__ float qv[128];
+    __shared__ float wv[CS_NEAR_TH / 32];
+    __shared__ int wi[CS_NEAR_TH / 32];
+    const int tid = threadIdx.x, lane = tid & 31, t = blockIdx.x, r = t / m, b = t % m, g = pool ? r : r / G;
+    const int gt = blockIdx.x * CS_NEAR_TH + tid;
+    kv_dep_launch(); /* the bit view's cs_bsamp may be scheduled (it waits for this grid) */
+    if (nu0 && gt < R) nu0[gt] = 0;
+    if (thr0 && gt < R * CS_SMAX) thr0[gt] = 0;
+    for (int j = tid; j < ds; j += CS_NEAR_TH) {
         if (!pool) { qv[j] = q[(size_t)r * D + b * ds + j]; continue; }
         float a = 0.f;
         for (int h = g * G; h < (g + 1) * G; h++) a = __fadd_rn(a, q[(size_t)h * D + b * ds + j]);
         qv[j] = __fdiv_rn(a, (float)G);
     }
-    __syncwarp();
+    __syncthreads();
     const size_t cb = ((size_t)g * m + b) * C;
     int best = 0x7fffffff;
     float bv = -INFINITY;
-    for (int c0 = lane; c0 < C; c0 += 128) { /* four centroids' loads in flight a lane, compared in order */
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) v[u] = c0 + 32 * u < C ? cs_dot(qv, cent + (cb + c0 + 32 * u) * ds, ds) : 0.f;
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (c0 + 32 * u < C && (v[u] > bv || best == 0x7fffffff)) { bv = v[u]; best = c0 + 32 * u; }
+    for (int c = tid; c < C; c += CS_NEAR_TH) {
+        const float v = cs_dot(qv, cent + (cb + c) * ds, ds);
+        if (v > bv || best == 0x7fffffff) { bv = v; best = c; }
     }
+    auto better = [](float ov, int ob, float v, int bi) {
+        return ob != 0x7fffffff && (bi == 0x7fffffff || ov > v || (ov == v && ob < bi));
+    };
     for (int o = 16; o; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-        if (ob != 0x7fffffff && (best == 0x7fffffff || ov > bv || (ov == bv && ob < best))) { bv = ov; best = ob; }
+        if (better(ov, ob, bv, best)) { bv = ov; best = ob; }
     }
-    if (lane == 0) {
-        *jl = (int)(cb + (best == 0x7fffffff ? 0 : best));
-        *wb = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
+    if (lane == 0) { wv[tid >> 5] = bv; wi[tid >> 5] = best; }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < CS_NEAR_TH / 32; w++)
+            if (better(wv[w], wi[w], bv, best)) { bv = wv[w]; best = wi[w]; }
+        jl[t] = (int)(cb + (best == 0x7fffffff ? 0 : best));
+        wb[t] = weight ? __fsqrt_rn(cs_dot(qv, qv, ds)) : 1.f;
     }
-    __syncwarp(); /* qv is free again */
-}
-
-/* Per row r and subspace b (one warp each, four per block): jl[r*m + b] and wb[r*m + b] by cs_near_warp. */
-constexpr int CS_NEAR_TH = 128;
-__global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int pool, int weight, int G, int R, int D,
-                                                         int m, int C, int ds, const float *cent, int *jl, float *wb,
-                                                         int *nu0, unsigned *thr0) {
-    __shared__ float sq[CS_NEAR_TH / 32][128];
-    const int w = threadIdx.x >> 5, t = blockIdx.x * (CS_NEAR_TH / 32) + w;
-    kv_dep_launch(); /* the bit view's cs_bsamp may be scheduled (it waits for this grid) */
-    if (nu0 && blockIdx.x * blockDim.x + threadIdx.x < R) nu0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
-    if (thr0 && blockIdx.x * blockDim.x + threadIdx.x < R * CS_SMAX) thr0[blockIdx.x * blockDim.x + threadIdx.x] = 0;
-    if (t >= R * m) return; /* whole warps */
-    cs_near_warp(q, pool, weight, G, D, m, C, ds, cent, t / m, t % m, sq[w], jl + t, wb + t);
 }
 
 #include "csattention_bits.cuh"

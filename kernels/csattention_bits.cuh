@@ -16,12 +16,17 @@
  * 35% of their byte floor at 1M tokens, H100); here a lane owns a word of 32
  * keys and adds its keys' partial scores in registers in the CPU's subspace
  * order (bitwise the CPU's sums), no atomics, no block barrier, four
- * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh). What
- * bounds it now (session 14, ncu at 1M tokens): the shared-memory pipe. Lane
- * l's scores start about 8 l slots into the staged run, so the adds' loads
- * fall on the banks at random, about three ways (12.5 M wavefronts where
- * 4.15 M would do): about 63 of cs_bits's 85 us. Going faster needs a layout
- * in which each lane owns its banks, not fewer instructions.
+ * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh). Lane l's
+ * scores start about 8 l slots into the staged run, so the adds' loads fall
+ * on the banks at random; session 14 measured them three ways conflicted
+ * (12.5 M wavefronts where 4.15 M would do, ncu at 1M tokens: about 63 of
+ * cs_bits's 85 us). Session 15 predicated the loads on the key's bit, so
+ * only the quarter of the lanes whose key is in the list touch the banks:
+ * 9.9 M wavefronts in all (16.3 M before), cs_bits 71 us, the search 114 ->
+ * 91 us with cs_nearest's change. What bounds it now is instruction issue
+ * (51.5 M warp instructions, issue slots 69% busy): the add loop is 37% of
+ * them (ptxas no longer folds seven bit tests into one R2P once the loads
+ * are predicated), the per-chunk set-up 18%.
  * Search, four launches on one stream. cs_nearest: the rows' lists and
  * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
  * over the region; a lane's largest gathered sum is one key of its 32, so
@@ -56,7 +61,7 @@
 constexpr int CS_BW = 4;           /* warps (chunks of 1024 keys) a block of cs_bits */
 constexpr int CS_BSW = 16;         /* warps (sample chunks) a block of cs_bsamp */
 constexpr int CS_BSPAN = 512;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 2 blocks a row,
-                                      32 chunks: 115.6 us against 116.4 at 256 and 121.1 at 128, session 14 call E) */
+                                      32 chunks: 91.6 us against 92.5 at 256 and 96.3 at 1024, session 15 call C) */
 constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */
 constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
@@ -154,30 +159,35 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
 }
 /* The same for a word whose keys are all in the region, its scores in shared memory at address sa: four
  * instructions a key for missing=zero, w = 1 (the bit into a predicate, the load, the predicated address
- * step and add), written in PTX because the compiler's selects took twice as many. */
+ * step and add), written in PTX because the compiler's selects took twice as many. The load is predicated
+ * too, so only the lanes whose key is in the list touch the banks: about a quarter of the lanes at alpha =
+ * 0.25, and so fewer bank conflicts among their scattered addresses (session 15). The loaded value goes to
+ * one of four registers in turn (vr), never undefined on the path that skips the load: a fresh register a
+ * key, defined only under its predicate, kept 32 of them live across the loop and spilled. */
 template <bool MIN, bool W1>
 __device__ __forceinline__ void cs_badd_sh(unsigned sa, unsigned wc, float w, float mn, float (&s)[32]) {
+    float vr[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         if (!MIN && W1)
-            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
-                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
-                         "@p add.u32 %1, %1, 4;\n\t@p add.rn.f32 %0, %0, v;\n\t}"
-                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j));
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %3, %4;\n\tsetp.ne.u32 p, t, 0;\n\t@p ld.shared.f32 %2, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\t@p add.rn.f32 %0, %0, %2;\n\t}"
+                         : "+f"(s[j]), "+r"(sa), "+f"(vr[j & 3]) : "r"(wc), "r"(1u << j));
         else if (!MIN)
-            asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
-                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
-                         "@p add.u32 %1, %1, 4;\n\t@p mul.rn.f32 v, %4, v;\n\t@p add.rn.f32 %0, %0, v;\n\t}"
-                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(w));
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
+                         "and.b32 t, %3, %4;\n\tsetp.ne.u32 p, t, 0;\n\t@p ld.shared.f32 %2, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\t@p mul.rn.f32 %2, %5, %2;\n\t@p add.rn.f32 %0, %0, %2;\n\t}"
+                         : "+f"(s[j]), "+r"(sa), "+f"(vr[j & 3]) : "r"(wc), "r"(1u << j), "f"(w));
         else if (W1)
             asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
-                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
-                         "@p add.u32 %1, %1, 4;\n\tselp.f32 v, v, %4, p;\n\tadd.rn.f32 %0, %0, v;\n\t}"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tmov.f32 v, %4;\n\t@p ld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\tadd.rn.f32 %0, %0, v;\n\t}"
                          : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(mn));
         else
             asm volatile("{\n\t.reg .pred p;\n\t.reg .f32 v;\n\t.reg .b32 t;\n\t"
-                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tld.shared.f32 v, [%1];\n\t"
-                         "@p add.u32 %1, %1, 4;\n\tselp.f32 v, v, %5, p;\n\tmul.rn.f32 v, %4, v;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tmov.f32 v, %5;\n\t@p ld.shared.f32 v, [%1];\n\t"
+                         "@p add.u32 %1, %1, 4;\n\tmul.rn.f32 v, %4, v;\n\t"
                          "add.rn.f32 %0, %0, v;\n\t}"
                          : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(w), "f"(mn));
     }
@@ -239,7 +249,11 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
                 const int n16 = ((bs & 3) + (int)(pki >> 16) + 3) >> 2;
                 const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3));
                 float *dst = ws + (i % CS_BNB) * CS_BBUF;
-                for (int q = lane; q < n16; q += 32) cs_bcp16(dst + 4 * q, src + 4 * q);
+                /* n16 <= (CS_BBUF - 1) / 4 = 129 off the slow path: five predicated copies a lane, no loop
+                   (the loop took 2.2 us more at 1M, session 15 call C) */
+#pragma unroll
+                for (int u = 0; u < (CS_BBUF / 4 + 32) / 32; u++)
+                    if (lane + 32 * u < n16) cs_bcp16(dst + 4 * (lane + 32 * u), src + 4 * (lane + 32 * u));
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory"); /* one group a list, empty or not */
         };
