@@ -204,21 +204,19 @@ kv_status pq_copy_back(kv_pq_gpu *p, int lo, int n, float *cent, uint8_t *codes)
  * host a chunk of KV_HOST_ROWS_CHUNK positions at a time (no float32 copy of the layer
  * on the host: issue 12, goal 3; the widening is exact). */
 kv_status pq_upload_keys(kv_pq_gpu *p, const kv_host_rows *k, int n, float *x) {
-    const int H = p->Hkv, D = p->D, chunk = k->f16 ? KV_HOST_ROWS_CHUNK : n;
-    float *buf = k->f16 ? (float *)kv_malloc((size_t)H * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pqcache prefill chunk")
-                        : NULL;
-    if (k->f16 && !buf) return KV_ERR_NOMEM;
-    kv_status st = KV_OK;
-    for (int a = 0; a < n && st == KV_OK; a += chunk) {
-        int c = n - a < chunk ? n - a : chunk;
-        size_t hs;
-        const float *src = kv_host_rows_f32(k, H, D, a, c, buf, &hs);
+    const int H = p->Hkv, D = p->D;
+    kv_rows_walk w;
+    kv_status st = kv_rows_walk_start(&w, k, H, D, 0, n, "pqcache prefill chunk");
+    const float *src;
+    int a, c;
+    size_t hs;
+    while (st == KV_OK && (src = kv_rows_walk_next(&w, &a, &c, &hs))) {
         cudaError_t e = cudaMemcpy2DAsync(x + (size_t)a * D, (size_t)n * D * 4, src, hs * 4, (size_t)c * D * 4,
                                           (size_t)H, cudaMemcpyHostToDevice, p->st);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(p->st); /* buf is reused */
+        if (e == cudaSuccess) e = cudaStreamSynchronize(p->st); /* the walk's buffer is reused */
         if (e != cudaSuccess) st = kv_cuda_error(e, "uploading the prefill keys", __FILE__, __LINE__);
     }
-    free(buf);
+    kv_rows_walk_end(&w);
     return st;
 }
 

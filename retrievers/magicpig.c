@@ -226,39 +226,31 @@ static kv_status mp_build(void *st, const kv_prefill *pre) {
     mp_state *s = st;
     int D = s->sh.head_dim, lo = s->sh.sink, n = pre->n, Hkv = s->sh.num_kv_heads;
     kv_host_rows x = kv_prefill_keys(pre);
-    float *k32 = NULL, *buf = NULL;
+    float *k32 = NULL;
     if (!s->dev && x.f16) {
         if (!kv_prefill_k32(pre, Hkv, D, &k32)) return KV_ERR_NOMEM;
         x = (kv_host_rows){k32, NULL, n};
     }
-    int chunk = x.f16 ? KV_HOST_ROWS_CHUNK : n;
     double *acc = kv_calloc((size_t)Hkv * D + 1, sizeof(double), "magicpig mean");
-    if (x.f16 && !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "magicpig prefill chunk"))) {
-        free(acc);
-        acc = NULL;
-    }
-    kv_status rc = acc ? KV_OK : KV_ERR_NOMEM;
-    for (int a = lo; a < n && rc == KV_OK; a += chunk) {
-        int c = n - a < chunk ? n - a : chunk;
-        size_t hs;
-        const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+    kv_rows_walk w = {0};
+    kv_status rc = acc ? kv_rows_walk_start(&w, &x, Hkv, D, lo, n, "magicpig prefill chunk") : KV_ERR_NOMEM;
+    const float *src;
+    int a, c;
+    size_t hs;
+    while (rc == KV_OK && (src = kv_rows_walk_next(&w, &a, &c, &hs)))
         for (int g = 0; g < Hkv; g++)
             for (int i = 0; i < c; i++)
                 for (int j = 0; j < D; j++) acc[(size_t)g * D + j] += src[g * hs + (size_t)i * D + j];
-    }
     for (size_t e = 0; n > lo && rc == KV_OK && e < (size_t)Hkv * D; e++) s->mean[e] = (float)(acc[e] / (n - lo));
     free(acc);
     int cnt = n > lo ? n - lo : 0, blocks = (cnt + 3) / 4, failed = 0;
     if (s->dev && rc == KV_OK) {
         rc = kv_magicpig_cuda.set_mean(s->dev, s->mean);
-        for (int a = lo; a < n && rc == KV_OK; a += chunk) {
-            int c = n - a < chunk ? n - a : chunk;
-            size_t hs;
-            const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+        w.at = lo; /* the same rows again, for the index */
+        while (rc == KV_OK && (src = kv_rows_walk_next(&w, &a, &c, &hs)))
             rc = kv_magicpig_cuda.index(s->dev, a, c, src, (int)(hs / D));
-        }
     }
-    free(buf);
+    kv_rows_walk_end(&w);
     if (s->dev || rc != KV_OK) {
         free(k32);
         s->n = n;

@@ -440,7 +440,7 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
     pk_state *s = st;
     int Hkv = s->sh.num_kv_heads, T = s->sh.max_tokens, D = s->sh.head_dim, S = s->sh.sink, P = pre->n;
     kv_host_rows x = kv_prefill_keys(pre);
-    float *k32 = NULL, *buf = NULL;
+    float *k32 = NULL;
     if (!s->gpu && x.f16) {
         if (!kv_prefill_k32(pre, Hkv, D, &k32)) return KV_ERR_NOMEM;
         x = (kv_host_rows){k32, NULL, P};
@@ -451,17 +451,14 @@ static kv_status pk_build(void *st, const kv_prefill *pre) {
     /* released layout: the prefill's last W keys are the local window, kept raw in the buffer */
     int e = s->released ? P - s->sh.local : P;
     if (e < S) e = S;
-    int chunk = x.f16 ? KV_HOST_ROWS_CHUNK : e - S;
-    if (x.f16 && e > S &&
-        !(buf = kv_malloc((size_t)Hkv * KV_HOST_ROWS_CHUNK * D * sizeof(float), "pariskv prefill chunk")))
-        rc = KV_ERR_NOMEM;
-    for (int a = S; a < e && rc == KV_OK; a += chunk) {
-        int c = e - a < chunk ? e - a : chunk;
-        size_t hs;
-        const float *src = kv_host_rows_f32(&x, Hkv, D, a, c, buf, &hs);
+    kv_rows_walk w = {0};
+    if (rc == KV_OK) rc = kv_rows_walk_start(&w, &x, Hkv, D, S, e, "pariskv prefill chunk");
+    const float *src;
+    int a, c;
+    size_t hs;
+    while (rc == KV_OK && (src = kv_rows_walk_next(&w, &a, &c, &hs)))
         rc = s->gpu ? kv_pariskv_cuda.encode_host(s->gpu, a, a + c, src, hs) : encode_range(s, a, a + c, src, hs);
-    }
-    free(buf);
+    kv_rows_walk_end(&w);
     s->n_idx = e;
     s->pend_start = e > P ? P : e;
     for (int g = 0; g < Hkv && rc == KV_OK; g++)

@@ -140,14 +140,33 @@ void kv_host_rows_head(const kv_host_rows *x, int h, int D, int a, int n, float 
     else memcpy(dst, x->f32 + off, (size_t)n * D * sizeof(float));
 }
 
-const float *kv_host_rows_f32(const kv_host_rows *x, int H, int D, int a, int n, float *buf, size_t *hstride) {
+kv_status kv_rows_walk_start(kv_rows_walk *w, const kv_host_rows *x, int H, int D, int a, int end, const char *what) {
+    *w = (kv_rows_walk){x, H, D, a, end, NULL};
+    if (x->f16 && end > a && !(w->buf = kv_malloc((size_t)H * KV_HOST_ROWS_CHUNK * D * sizeof(float), what)))
+        return KV_ERR_NOMEM;
+    return KV_OK;
+}
+
+const float *kv_rows_walk_next(kv_rows_walk *w, int *a, int *n, size_t *hstride) {
+    if (w->at >= w->end) return NULL;
+    const kv_host_rows *x = w->x;
+    int c = w->end - w->at, D = w->D;
+    if (x->f16 && c > KV_HOST_ROWS_CHUNK) c = KV_HOST_ROWS_CHUNK;
+    *a = w->at;
+    *n = c;
+    w->at += c;
     if (!x->f16) {
         *hstride = (size_t)x->ld * D;
-        return x->f32 + (size_t)a * D;
+        return x->f32 + (size_t)*a * D;
     }
-    for (int h = 0; h < H; h++) kv_host_rows_head(x, h, D, a, n, buf + (size_t)h * n * D);
-    *hstride = (size_t)n * D;
-    return buf;
+    for (int h = 0; h < w->H; h++) kv_host_rows_head(x, h, D, *a, c, w->buf + (size_t)h * c * D);
+    *hstride = (size_t)c * D;
+    return w->buf;
+}
+
+void kv_rows_walk_end(kv_rows_walk *w) {
+    free(w->buf);
+    w->buf = NULL;
 }
 
 uint16_t kv_float_to_half(float f) { /* round to nearest even */

@@ -76,10 +76,21 @@ uint16_t kv_float_to_half(float f);
 typedef struct { const float *f32; const uint16_t *f16; long long ld; } kv_host_rows;
 /* Positions a build widens at a time from the float16 form (one [H][8192][D] float buffer). */
 #define KV_HOST_ROWS_CHUNK 8192
-/* Rows [a, a+n) of every head as float32: the float32 form in place, the
- * float16 form widened into buf ([H][n][D] floats). Head h's row i is at
- * ret + h * (*hstride) + (i - a) * D. */
-const float *kv_host_rows_f32(const kv_host_rows *x, int H, int D, int a, int n, float *buf, size_t *hstride);
+/* A walk over rows [at, end) of every head as float32, a chunk at a time: the
+ * float32 form in place, as one chunk; the float16 form widened into the
+ * walk's buffer ([H][KV_HOST_ROWS_CHUNK][D] floats) KV_HOST_ROWS_CHUNK
+ * positions at a time. The GPU builds read their prefill keys this way;
+ * setting at back walks the rows again with the same buffer. */
+typedef struct {
+    const kv_host_rows *x;
+    int H, D, at, end;
+    float *buf;
+} kv_rows_walk;
+/* Starts a walk over [a, end) (what names the buffer in an out-of-memory message). */
+kv_status kv_rows_walk_start(kv_rows_walk *w, const kv_host_rows *x, int H, int D, int a, int end, const char *what);
+/* The next chunk, rows [*a, *a + *n): head h's row i at ret + h * (*hstride) + (i - *a) * D; NULL once done. */
+const float *kv_rows_walk_next(kv_rows_walk *w, int *a, int *n, size_t *hstride);
+void kv_rows_walk_end(kv_rows_walk *w);
 /* Rows [a, a+n) of head h as float32 into dst ([n][D]). */
 void kv_host_rows_head(const kv_host_rows *x, int h, int D, int a, int n, float *dst);
 
