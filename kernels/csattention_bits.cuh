@@ -15,7 +15,7 @@
  * issue in their per-(list, piece) set-up and subspace barriers (257 us =
  * 35% of their byte floor at 1M tokens, H100); here a lane owns a word of 32
  * keys and adds its keys' partial scores in registers in the CPU's subspace
- * order (bitwise the CPU's sums), no atomics, no block barrier, four
+ * order (bitwise the CPU's sums), no atomics, no block barrier, four PTX
  * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh). Lane l's
  * scores start about 8 l slots into the staged run, so the adds' loads fall
  * on the banks at random; session 14 measured them three ways conflicted
@@ -159,7 +159,8 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
 }
 /* The same for a word whose keys are all in the region, its scores in shared memory at address sa: four
  * instructions a key for missing=zero, w = 1 (the bit into a predicate, the load, the predicated address
- * step and add), written in PTX because the compiler's selects took twice as many. The load is predicated
+ * step and add; ptxas adds a register move about every other key), written in PTX because the compiler's
+ * selects took twice as many. The load is predicated
  * too, so only the lanes whose key is in the list touch the banks: about a quarter of the lanes at alpha =
  * 0.25, and so fewer bank conflicts among their scattered addresses (session 15). The loaded value goes to
  * one of four registers in turn (vr), never undefined on the path that skips the load: a fresh register a

@@ -9,8 +9,8 @@
 /* The rows' nearest lists and weights (jl, wb) on g->st; nu0 and thr0 (nullable) zeroed on the way. */
 kv_status cs_nearest_launch(kv_cs_gpu *g, int pool, int weight, int R, int *nu0, unsigned *thr0) {
     const kv_cs_gpu_config &c = g->c;
-    cs_nearest<<<R * c.m, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, c.m, c.C, g->ds, g->cent,
-                                                          g->jl, g->wb, nu0, thr0);
+    cs_nearest<<<R * c.m, CS_NEAR_TH, 0, g->st>>>(g->q, pool, weight, g->G, R, c.D, c.m, c.C, g->ds, g->cent, g->jl,
+                                                  g->wb, nu0, thr0);
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
