@@ -4,7 +4,8 @@
 set -euo pipefail
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in build-essential libhdf5-dev libaec-dev zlib1g-dev valgrind python3 python3-venv; do
+# libdeflate0: the parallel loader's inflater when it loads (dlopen), faster than zlib, its fallback
+for p in build-essential libhdf5-dev libaec-dev zlib1g-dev libdeflate0 valgrind python3 python3-venv; do
   have "$p" || need+=("$p")
 done
 if [ ${#need[@]} -eq 0 ]; then
