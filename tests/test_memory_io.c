@@ -165,9 +165,9 @@ int test_run_layer_form_invariant_gpu(void) {
 
 /* Issue 12 goal 3: every method with prefill_half builds the same index from the layer's float16 form (in place,
  * row stride T > P) as from float32 copies of the same float16-exact values. P = 20000 spans three of the
- * GPU builds' widening chunks (KV_HOST_ROWS_CHUNK = 8192 positions: pariskv.c, pqcache_kmeans.cu,
- * magicpig.c); the selections (indices, counts, log-weights) of four steps must be equal. On the CPU the float16 form is widened once; on the GPU a
- * chunk at a time. */
+ * GPU builds' widening chunks (KV_HOST_ROWS_CHUNK = 8192 positions, kv_rows_walk: ParisKV, PQCache, MagicPIG);
+ * the selections (indices, counts, log-weights) of four steps must be equal. On the CPU the float16 form is
+ * widened once; on the GPU a chunk at a time. */
 static int prefill_half_case(int use_gpu) {
     enum { T = 20064, P = 20000, Hq = 4, Hkv = 2, D = 64, K = 40 };
     CHECK(P > 2 * KV_HOST_ROWS_CHUNK, "P = %d no longer spans three widening chunks of %d", P, KV_HOST_ROWS_CHUNK);
