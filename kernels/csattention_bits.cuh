@@ -23,10 +23,14 @@
  * cs_bits's 85 us). Session 15 predicated the loads on the key's bit, so
  * only the quarter of the lanes whose key is in the list touch the banks:
  * 9.9 M wavefronts in all (16.3 M before), cs_bits 71 us, the search 114 ->
- * 91 us with cs_nearest's change. What bounds it now is instruction issue
- * (51.5 M warp instructions, issue slots 69% busy): the add loop is 37% of
- * them (ptxas no longer folds seven bit tests into one R2P once the loads
- * are predicated), the per-chunk set-up 18%.
+ * 91 us with cs_nearest's change. What bounds it since is instruction issue
+ * (51.5 M warp instructions, issue slots 69% busy; the add loop 37% of
+ * them, the per-chunk set-up 18%). Session 16 took 7 SASS instructions a
+ * list off the add loop (for missing=zero, w = 1 a lane whose key is not
+ * in the list loads a dummy word, the buffer's first, instead of skipping
+ * the load: ptxas folds the bit tests into R2P again, 134 instructions a
+ * list against 142) and about 20 off its staging copies (one address, the
+ * five copies at constant offsets from it): cs_bits 71.1 -> 65.4 us.
  * Search, four launches on one stream. cs_nearest: the rows' lists and
  * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
  * over the region; a lane's largest gathered sum is one key of its 32, so
@@ -98,9 +102,12 @@ struct cs_bits_args {
     long long uld;
 };
 
-__device__ __forceinline__ void cs_bcp16(float *s, const float *g) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g)
-                 : "memory");
+/* A lane's 16-B staging copy O bytes past its first (when p): the offset in the instruction, so a list's
+ * five copies share one address; ptxas computed each copy's 64-bit address anew (session 16). */
+template <int O> __device__ __forceinline__ void cs_bcp16_at(unsigned dst, const float *src, bool p) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t"
+                 "@p cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n\t}" ::"r"(dst), "l"(src), "r"((unsigned)p),
+                 "n"(O) : "memory");
 }
 
 /* Warp sum, and exclusive warp prefix with *tot the sum (lane order). */
@@ -158,23 +165,25 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
     }
 }
 /* The same for a word whose keys are all in the region, its scores in shared memory at address sa: four
- * instructions a key for missing=zero, w = 1 (the bit into a predicate, the load, the predicated address
- * step and add; ptxas adds a register move about every other key), written in PTX because the compiler's
- * selects took twice as many. The load is predicated
- * too, so only the lanes whose key is in the list touch the banks: about a quarter of the lanes at alpha =
- * 0.25, and so fewer bank conflicts among their scattered addresses (session 15). The loaded value goes to
- * one of four registers in turn (vr), never undefined on the path that skips the load: a fresh register a
- * key, defined only under its predicate, kept 32 of them live across the loop and spilled. */
+ * instructions a key for missing=zero, w = 1 (the bit into a predicate, the address, the load, the
+ * predicated address step and add; ptxas tests seven bits in one R2P), written in PTX because the
+ * compiler's selects took twice as many. A lane whose key is not in the list loads the warp-uniform dummy
+ * address (its buffer's first word) and drops the value, so only the lanes whose key is in the list spread
+ * over the banks (about a quarter at alpha = 0.25; the dummy is one broadcast word); session 15 predicated
+ * the load instead, which cost ptxas's R2P and 16 register moves a list. The other forms predicate their
+ * load; its value goes to one of four registers in turn (vr), never undefined on the path that skips it:
+ * a fresh register a key, defined only under its predicate, kept 32 of them live and spilled. */
 template <bool MIN, bool W1>
-__device__ __forceinline__ void cs_badd_sh(unsigned sa, unsigned wc, float w, float mn, float (&s)[32]) {
+__device__ __forceinline__ void cs_badd_sh(unsigned sa, unsigned wc, float w, float mn, float (&s)[32],
+                                           unsigned dummy) {
     float vr[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         if (!MIN && W1)
-            asm volatile("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
-                         "and.b32 t, %3, %4;\n\tsetp.ne.u32 p, t, 0;\n\t@p ld.shared.f32 %2, [%1];\n\t"
-                         "@p add.u32 %1, %1, 4;\n\t@p add.rn.f32 %0, %0, %2;\n\t}"
-                         : "+f"(s[j]), "+r"(sa), "+f"(vr[j & 3]) : "r"(wc), "r"(1u << j));
+            asm volatile("{\n\t.reg .pred p;\n\t.reg .b32 t, ad;\n\t.reg .f32 v;\n\t"
+                         "and.b32 t, %2, %3;\n\tsetp.ne.u32 p, t, 0;\n\tselp.b32 ad, %1, %4, p;\n\t"
+                         "ld.shared.f32 v, [ad];\n\t@p add.u32 %1, %1, 4;\n\t@p add.rn.f32 %0, %0, v;\n\t}"
+                         : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "r"(dummy));
         else if (!MIN)
             asm volatile("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
                          "and.b32 t, %3, %4;\n\tsetp.ne.u32 p, t, 0;\n\t@p ld.shared.f32 %2, [%1];\n\t"
@@ -218,6 +227,7 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
     const unsigned km = (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
                         (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
     const unsigned BW = (unsigned)a.BW, NCH = (unsigned)a.NCH, BL = (unsigned)a.BL;
+    const unsigned wsa = (unsigned)__cvta_generic_to_shared(ws); /* the buffers' shared-memory address */
     unsigned *swd = (unsigned *)(ws + CS_BNB * CS_BBUF);
     int *sof = (int *)(swd + CS_BG * 32);
 #pragma unroll
@@ -248,13 +258,15 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
         auto issue = [&](int i, int bs, unsigned pki) { /* list g0 + i's scores into buffer i % CS_BNB */
             if (i < mg && !slow(bs, pki)) {
                 const int n16 = ((bs & 3) + (int)(pki >> 16) + 3) >> 2;
-                const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3));
-                float *dst = ws + (i % CS_BNB) * CS_BBUF;
+                const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3)) + 4 * lane;
+                const unsigned dst = wsa + ((i % CS_BNB) * CS_BBUF + 4 * lane) * 4;
                 /* n16 <= (CS_BBUF - 1) / 4 = 129 off the slow path: five predicated copies a lane, no loop
                    (the loop took 2.2 us more at 1M, session 15 call C) */
-#pragma unroll
-                for (int u = 0; u < (CS_BBUF / 4 + 32) / 32; u++)
-                    if (lane + 32 * u < n16) cs_bcp16(dst + 4 * (lane + 32 * u), src + 4 * (lane + 32 * u));
+                cs_bcp16_at<0>(dst, src, lane < n16);
+                cs_bcp16_at<512>(dst, src, lane + 32 < n16);
+                cs_bcp16_at<1024>(dst, src, lane + 64 < n16);
+                cs_bcp16_at<1536>(dst, src, lane + 96 < n16);
+                cs_bcp16_at<2048>(dst, src, lane + 128 < n16);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory"); /* one group a list, empty or not */
         };
@@ -284,8 +296,8 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
                 cs_badd<MIN, W1>(a.val + ((size_t)(unsigned)sli[g0 + b] * BL + (unsigned)o), wc, km, sws[g0 + b],
                                  smn[g0 + b], s);
             else if (km == 0xffffffffu)
-                cs_badd_sh<MIN, W1>((unsigned)__cvta_generic_to_shared(ws + (b % CS_BNB) * CS_BBUF + o), wc,
-                                    sws[g0 + b], smn[g0 + b], s);
+                cs_badd_sh<MIN, W1>(wsa + ((b % CS_BNB) * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
+                                    wsa + (b % CS_BNB) * CS_BBUF * 4);
             else cs_badd<MIN, W1>(ws + (b % CS_BNB) * CS_BBUF + o, wc, km, sws[g0 + b], smn[g0 + b], s);
             g |= wc & km;
             __syncwarp(); /* buffer b % CS_BNB is refilled next */
