@@ -28,9 +28,10 @@
  * them, the per-chunk set-up 18%). Session 16 took 7 SASS instructions a
  * list off the add loop (for missing=zero, w = 1 a lane whose key is not
  * in the list loads a dummy word, the buffer's first, instead of skipping
- * the load: ptxas folds the bit tests into R2P again, 134 instructions a
+ * the load: ptxas folds the bit tests into R2P again, 132 instructions a
  * list against 142) and about 20 off its staging copies (one address, the
- * five copies at constant offsets from it): cs_bits 71.1 -> 65.4 us.
+ * five copies at constant offsets from it): cs_bits 65.4 us under ncu
+ * (session 16 call A), the search 90.0 -> 87.8 us (call B, interleaved).
  * Search, four launches on one stream. cs_nearest: the rows' lists and
  * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
  * over the region; a lane's largest gathered sum is one key of its 32, so
