@@ -39,16 +39,22 @@
  *   listed in position order, pages in bound order. Bounds accumulate in
  *   float in channel order.
  * - memory_bytes: the min/max pages (2 x D float32 per page per kv head),
- *   plus the running min/max of the page being filled.
+ *   plus the running min/max of the page being filled (the C reference's
+ *   index, also on the GPU, whose float16 summaries below hold half).
  * - GPU path (shape->use_gpu, kernels/quest.cu): the summaries live on the
- *   device (float32, channel-major), built and updated there; the bounds
- *   (bitwise the CPU's), pooling and the top-k over pages run there; the
- *   page ids come back and are expanded to tokens here by the same code, and
- *   the extra tokens are computed here as on the CPU. */
+ *   device (channel-major), built and updated there; the bounds (bitwise the
+ *   CPU's), pooling and the top-k over pages run there; the page ids come
+ *   back and are expanded to tokens here by the same code, and the extra
+ *   tokens are computed here as on the CPU. The summaries are float16 when
+ *   the run's layer is (shape->layer_keys holds float16: every key, and so
+ *   every min and max, is a float16 value, exactly), as in `kvbench bench`,
+ *   else float32: half the bytes a search reads (session 16 found the run's
+ *   searches reading float32 summaries where the bench read float16 ones). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/ops/kv_gpu.h"
 #include "../kernels/quest.h"
 #include "../kernels/ops/topk.h"
 #include "baselines.h"
@@ -99,7 +105,8 @@ static kv_status quest_create(const kv_shape *sh, const kv_param_set *ps, void *
         st = !s->pages ? KV_ERR_NOMEM : kv_gpu_table(&kv_quest_cuda);
         if (st == KV_OK)
             st = kv_quest_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->pg.page,
-                                      sh->sink, s->pg.max_pages, 0, &s->gpu);
+                                      sh->sink, s->pg.max_pages,
+                                      sh->layer_keys && kv_gpu_keys_elem_bytes(sh->layer_keys) == 2, &s->gpu);
         if (st != KV_OK) { quest_free(s); return st; }
         *out = s;
         return KV_OK;
