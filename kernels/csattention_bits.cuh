@@ -15,9 +15,9 @@
  * issue in their per-(list, piece) set-up and subspace barriers (257 us =
  * 35% of their byte floor at 1M tokens, H100); here a lane owns a word of 32
  * keys and adds its keys' partial scores in registers in the CPU's subspace
- * order (bitwise the CPU's sums), no atomics, no block barrier, four PTX
- * instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh). Lane l's
- * scores start about 8 l slots into the staged run, so the adds' loads fall
+ * order (bitwise the CPU's sums), no atomics, no block barrier, about four
+ * SASS instructions per (key, list) for missing=zero, w = 1 (cs_badd_sh).
+ * Lane l's scores start about 8 l slots into the staged run, so the adds' loads fall
  * on the banks at random; session 14 measured them three ways conflicted
  * (12.5 M wavefronts where 4.15 M would do, ncu at 1M tokens: about 63 of
  * cs_bits's 85 us). Session 15 predicated the loads on the key's bit, so
@@ -165,8 +165,8 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
         }
     }
 }
-/* The same for a word whose keys are all in the region, its scores in shared memory at address sa: four
- * instructions a key for missing=zero, w = 1 (the bit into a predicate, the address, the load, the
+/* The same for a word whose keys are all in the region, its scores in shared memory at address sa: about
+ * four SASS instructions a key for missing=zero, w = 1 (the address chosen by the key's bit, the load, the
  * predicated address step and add; ptxas tests seven bits in one R2P), written in PTX because the
  * compiler's selects took twice as many. A lane whose key is not in the list loads the warp-uniform dummy
  * address (its buffer's first word) and drops the value, so only the lanes whose key is in the list spread
