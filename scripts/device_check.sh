@@ -17,7 +17,8 @@
 # one (KVBENCH_HOST_EVAL=1), host RSS in both layer forms, and the bit-for-bit GPU golden check
 # (tests/golden/run-gpu, written first from BASE_BIN when that is given: a
 # kvbench binary of main built before the issue-12 work). RUNLOOP=only does
-# the build and that section and stops.
+# the build and that section and stops; RUNLOOP=quick the same without the
+# loading, evaluation and memory measurements (the run, the ratios, the goldens).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-device-check}
@@ -80,6 +81,7 @@ EOF
                 tar -C tests/golden -czf "$OUT/golden-run-gpu.tgz" run-gpu # to commit as tests/golden/run-gpu
         fi
         KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_golden_gpu run_golden_cpu
+        [ "${RUNLOOP}" = quick ] && exit 0 # the subshell: the section ends here
         # trace loading (issue 12 goal 2): the library path against the parallel one, uncompressed and gzip
         TRGZ=/tmp/kvb-runloop-128k-gz.h5
         t0=$SECONDS; ./kvbench synth --out $TRGZ --tokens 131072 --prefill 126976 --gzip 4 --force >/dev/null
@@ -110,7 +112,7 @@ EOF
         done
         echo "the layer's float16 bytes: $((2 * (16 + 2 * 8) * 131072 * 128)) (16 q / 8 kv heads, D 128, with values)"
     } 2>&1 | tee "$OUT/runloop.log"
-    [ "${RUNLOOP}" = only ] && exit 0
+    case ${RUNLOOP} in only | quick) exit 0 ;; esac
 fi
 
 step "GPU tests (KVBENCH_REQUIRE_GPU=1)"
