@@ -25,7 +25,7 @@ typedef struct {
 
     /* max_pages pages at most per kv head; all search-time device memory here.
      * half = 1 stores the page min/max as float16 (exact only for float16 keys:
-     * the bench), 0 as float32 (the retriever). */
+     * the bench, and the retrievers on a float16 layer), 0 as float32. */
     kv_status (*create)(int Hq, int Hkv, int T, int D, int page, int sink, int max_pages, int half,
         kv_quest_gpu **out);
     /* Summaries of the prefill keys k [Hkv][n][D] (host): full pages written,

@@ -42,9 +42,8 @@
  *   the flagged blocks run, the others return at once; no host round trip
  *   between test and selection); pages come back to the host and are
  *   expanded by the same code. The device summaries are float16 when the
- *   run's layer is, float32 otherwise, as Quest's (retrievers/quest.c; the
- *   min and max of float16 keys are float16 values, so the pages are the
- *   same, and a search reads half the bytes; session 17).
+ *   run's layer is, float32 otherwise, as Quest's (kv_pages_gpu_create;
+ *   session 17).
  *   CUDA's expf may differ from glibc's by an ulp, so near-equal pooled page
  *   scores may order differently (as Quest's pool=mean). */
 #include <math.h>
@@ -108,12 +107,8 @@ static kv_status freekv_create(const kv_shape *sh, const kv_param_set *ps, void 
     s->flag = kv_calloc(Hkv, sizeof(int), "freekv correction flags");
     if (!s->q_last || !s->q_prev || !s->spec || !s->corr || !s->flag) { freekv_free(s); return KV_ERR_NOMEM; }
     if (sh->use_gpu) {
-        st = kv_gpu_table(&kv_quest_cuda);
+        st = kv_pages_gpu_create(&s->pg, sh, &s->gpu);
         if (st == KV_OK) st = kv_gpu_table(&kv_freekv_cuda);
-        if (st == KV_OK)
-            st = kv_quest_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->pg.page,
-                                      sh->sink, s->pg.max_pages,
-                                      sh->layer_keys && kv_gpu_keys_elem_bytes(sh->layer_keys) == 2, &s->gpu);
         if (st == KV_OK) st = kv_freekv_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->head_dim, &s->cgpu);
         if (st != KV_OK) { freekv_free(s); return st; }
     } else {

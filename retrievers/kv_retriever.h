@@ -34,7 +34,7 @@ typedef struct {
     /* `kvbench run` on the GPU: the layer's K on the device ([Hkv][T][D], every position: the oracle's copy,
      * issue 12 goal 3), else NULL. A method with reads_layer_keys reads the positions it has been handed from
      * it instead of keeping a device copy of its own; it never reads beyond them (no future key). Others may
-     * read its form only (Quest: float16 keys, so float16 page summaries). */
+     * read its form only (Quest and FreeKV: float16 keys, so float16 page summaries). */
     const kv_gpu_keys *layer_keys;
 } kv_shape;
 

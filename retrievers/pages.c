@@ -113,3 +113,9 @@ int kv_pages_partial(const kv_pages *p, int hi, int32_t *out) {
 size_t kv_pages_bytes(const kv_pages *p) {
     return (size_t)p->Hkv * ((size_t)p->npages + 1) * 2 * (size_t)p->D * sizeof(float);
 }
+
+kv_status kv_pages_gpu_create(const kv_pages *p, const kv_shape *sh, kv_quest_gpu **out) {
+    KV_TRY(kv_gpu_table(&kv_quest_cuda));
+    return kv_quest_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, p->page, sh->sink,
+                                p->max_pages, sh->layer_keys && kv_gpu_keys_elem_bytes(sh->layer_keys) == 2, out);
+}

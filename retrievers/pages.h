@@ -10,6 +10,7 @@
 #ifndef KV_PAGES_H
 #define KV_PAGES_H
 
+#include "../kernels/quest.h"
 #include "kv_retriever.h"
 
 typedef struct {
@@ -44,5 +45,10 @@ int kv_pages_expand(const kv_pages *p, const int32_t *pages, int np, int hi, int
 int kv_pages_partial(const kv_pages *p, int hi, int32_t *out);
 /* Bytes of the summaries (full pages + the running one), all kv heads. */
 size_t kv_pages_bytes(const kv_pages *p);
+/* The GPU path's summaries (Quest's launcher table) for p's pages: float16
+ * when the run's layer is (shape->layer_keys holds float16: every key, so
+ * every min and max, is a float16 value exactly, and a search reads half
+ * the bytes), else float32. Quest and FreeKV create their device state here. */
+kv_status kv_pages_gpu_create(const kv_pages *p, const kv_shape *sh, kv_quest_gpu **out);
 
 #endif

@@ -46,15 +46,13 @@
  *   CPU's), pooling and the top-k over pages run there; the page ids come
  *   back and are expanded to tokens here by the same code, and the extra
  *   tokens are computed here as on the CPU. The summaries are float16 when
- *   the run's layer is (shape->layer_keys holds float16: every key, and so
- *   every min and max, is a float16 value, exactly), as in `kvbench bench`,
- *   else float32: half the bytes a search reads (session 16 found the run's
- *   searches reading float32 summaries where the bench read float16 ones). */
+ *   the run's layer is, else float32 (kv_pages_gpu_create, shared with
+ *   FreeKV: session 16 found the run's searches reading float32 summaries
+ *   where the bench read float16 ones). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/ops/kv_gpu.h"
 #include "../kernels/quest.h"
 #include "../kernels/ops/topk.h"
 #include "baselines.h"
@@ -102,11 +100,7 @@ static kv_status quest_create(const kv_shape *sh, const kv_param_set *ps, void *
     size_t Hkv = (size_t)sh->num_kv_heads, Hq = (size_t)sh->num_q_heads, P = (size_t)s->pg.max_pages;
     s->pages = kv_malloc(Hq * P * sizeof(int32_t), "quest selected pages");
     if (sh->use_gpu) { /* summaries, bounds and pooling on the device */
-        st = !s->pages ? KV_ERR_NOMEM : kv_gpu_table(&kv_quest_cuda);
-        if (st == KV_OK)
-            st = kv_quest_cuda.create(sh->num_q_heads, sh->num_kv_heads, sh->max_tokens, sh->head_dim, s->pg.page,
-                                      sh->sink, s->pg.max_pages,
-                                      sh->layer_keys && kv_gpu_keys_elem_bytes(sh->layer_keys) == 2, &s->gpu);
+        st = !s->pages ? KV_ERR_NOMEM : kv_pages_gpu_create(&s->pg, sh, &s->gpu);
         if (st != KV_OK) { quest_free(s); return st; }
         *out = s;
         return KV_OK;

@@ -79,7 +79,8 @@ typedef struct { const float *f32; const uint16_t *f16; long long ld; } kv_host_
 /* A walk over rows [at, end) of every head as float32, a chunk at a time: the
  * float32 form in place, as one chunk; the float16 form widened into the
  * walk's buffer ([H][KV_HOST_ROWS_CHUNK][D] floats) KV_HOST_ROWS_CHUNK
- * positions at a time. The GPU builds read their prefill keys this way;
+ * positions at a time (only the GPU paths keep the float16 form). ParisKV's,
+ * PQCache's and MagicPIG's builds read their prefill keys this way;
  * setting at back walks the rows again with the same buffer. */
 typedef struct {
     const kv_host_rows *x;
