@@ -409,7 +409,7 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
     if (c.k_max > 0 && c.k_max > KV_GPU_TOPK_MAX)
         return kv_fail(KV_ERR_INPUT, "csattention GPU: k=%d above the GPU top-k's %d", c.k_max, KV_GPU_TOPK_MAX);
     KV_TRY(kv_cuda_dev_query(&g->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&g->st));
     const size_t NL = (size_t)g->nlists, L = c.L, T = c.T, Hq = c.Hq, D = c.D;
     KV_CUDA_ALLOC(g->cent, NL * g->ds * sizeof(float), 0, "csattention centroids");
     KV_CUDA_ALLOC(g->lidx, NL * L * sizeof(int32_t), 0, "csattention list indices");

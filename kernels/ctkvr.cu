@@ -242,7 +242,7 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     const kv_ctkvr_gpu_config &c = g->c;
     g->G = c.Hq / c.Hkv;
     KV_TRY(kv_cuda_dev_query(&g->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&g->st));
     if (c.rho > KV_GPU_TOPK_MAX)
         return kv_fail(KV_ERR_INPUT, "ctkvr GPU: rho=%d above the GPU top-k's %d", c.rho, KV_GPU_TOPK_MAX);
     if (own_keys) {

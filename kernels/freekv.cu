@@ -93,7 +93,7 @@ kv_status freekv_cos_launch(kv_freekv_gpu *g, double tau, cudaStream_t st) {
 }
 
 kv_status freekv_create_go(kv_freekv_gpu *g) {
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&g->st));
     KV_CUDA_ALLOC(g->q, 2 * (size_t)g->Hq * g->D * sizeof(float), 0, "freekv queries");
     KV_CUDA_ALLOC(g->cos, (size_t)g->Hq * sizeof(double), 0, "freekv cosines");
     KV_CUDA_ALLOC(g->flag, (size_t)g->Hkv * sizeof(int), 0, "freekv correction flags");

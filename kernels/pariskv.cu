@@ -67,9 +67,8 @@
  * double bit, so the float norm agrees except with probability ~1e-9 per
  * key (the tests compare ids and codes exactly, the bf16 weights exactly
  * but for at most two one-step differences per case).
- * Streams: every copy and launch of a handle goes on its own non-blocking
- * stream (which does not wait for the legacy default stream), and create
- * ends with a device synchronisation. The bench's `search` stage is the
+ * Streams: every copy and launch of a handle goes on its own stream
+ * (kv_stream_create), and create ends with a device synchronisation. The bench's `search` stage is the
  * device work of one search (the query already uploaded, nothing copied
  * back), replayed as its graph; the retriever's search adds the query
  * upload and the copy-back of the lists and candidates. */
@@ -556,7 +555,7 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const size_t Tp = (size_t)p->Tp, R = (size_t)c->rows, H = (size_t)c->Hkv;
     KV_TRY(kv_cuda_dev_query(&p->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&p->st));
     KV_CUDA_ALLOC(p->signs, (size_t)c->dp * 4, 0, "pariskv SRHT signs");
     KV_CUDA_ALLOC(p->ids, H * c->nb * Tp, 0, "pariskv centroid ids");
     KV_CUDA_ALLOC(p->code, H * Tp * p->cb, 0, "pariskv 4-bit codes");

@@ -76,7 +76,7 @@ struct pk_topk_host {
 kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, int max_score, int c, int32_t *out) {
     const int nbins = max_score + 1, ntiles = (n + PK_TILE - 1) / PK_TILE;
     const long long ld = ((long long)n + 15) & ~15LL;
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&h->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&h->st));
     KV_CUDA_ALLOC(h->s, (size_t)R * ld * 2, 0, "test scores");
     KV_CUDA_ALLOC(h->thist, (size_t)R * ntiles * nbins * 4, 0, "test tile histograms");
     KV_CUDA_ALLOC(h->ghist, (size_t)R * nbins * 4, 0, "test row histograms");
@@ -84,7 +84,7 @@ kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, 
     KV_CUDA_ALLOC(h->teq, (size_t)R * ntiles * 4, 0, "test tile ties");
     KV_CUDA_ALLOC(h->thr, (size_t)R * 4, 0, "test thresholds");
     KV_CUDA_ALLOC(h->cand, (size_t)R * c * 4, 0, "test candidates");
-    /* on h->st: a non-blocking stream does not wait for the legacy stream's copies */
+    /* on h->st, like every copy of this helper */
     KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
                                   cudaMemcpyHostToDevice, h->st));

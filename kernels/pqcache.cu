@@ -730,7 +730,7 @@ namespace {
 
 kv_status pq_create_go(kv_pq_gpu *p) {
     KV_TRY(kv_cuda_dev_query(&p->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&p->st));
     KV_TRY(kv_blas_load());
     KV_CUBLAS_TRY(cublasCreate(&p->blas));
     KV_CUBLAS_TRY(cublasSetStream(p->blas, p->st));

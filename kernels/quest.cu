@@ -277,7 +277,7 @@ namespace {
 
 kv_status quest_create_go(kv_quest_gpu *g) {
     KV_TRY(kv_cuda_dev_query(&g->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&g->st));
     const size_t Hkv = g->Hkv, Hq = g->Hq, D = g->D, es = g->half ? 2 : 4;
     KV_CUDA_ALLOC(g->kmin, Hkv * D * g->PS * es, 0, "quest page minima");
     KV_CUDA_ALLOC(g->kmax, Hkv * D * g->PS * es, 0, "quest page maxima");

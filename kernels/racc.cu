@@ -137,7 +137,7 @@ __global__ void racc_mask_resident(float *S, long long ld, int n, int lo, const 
 
 kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     KV_TRY(kv_cuda_dev_query(&g->dev));
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&g->st));
     if (own_keys) KV_TRY(kv_gpu_keys_create(g->Hkv, g->T, g->D, 0, &g->keys));
     const size_t Hkv = g->Hkv, T = g->T, D = g->D, R = g->R;
     long long C = RACC_SCORE_BUDGET / (long long)R;

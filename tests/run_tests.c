@@ -23,6 +23,7 @@ extern char kv_test_reason[512];
     X(topk_kth_largest, 0)                                 \
     X(topk_routes_agree, 0)                                \
     X(params_validation, 0)                                \
+    X(gpu_streams_blocking, 0)                             \
     X(loader_good_file, 0)                                 \
     X(loader_rejects_malformed, 0)                         \
     X(loader_float32_and_gzip, 0)                          \

@@ -1,7 +1,9 @@
 /* test_core.c: unit tests of the shared primitives: half floats,
  * percentiles, the top-k reference against a sort, the parameter tables'
- * validation, synth determinism, and the exact retriever against a brute
- * force written here. */
+ * validation, synth determinism, the exact retriever against a brute
+ * force written here, and that the kernels make their streams in one way. */
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -309,5 +311,70 @@ int test_exact_matches_brute_force(void) {
     kv_selection_free(&sel);
     m->destroy(st);
     free(K); free(Q); free(pk); free(row);
+    return KV_TEST_PASS;
+}
+
+/* The whole of a file, NUL-terminated (free it), or NULL. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n)
+        buf[n] = 0;
+    else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* How many times `what` occurs in text. */
+static int count_in(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
+/* Streams made in one source text, other than through kv_stream_create. */
+static int stray_streams(const char *text, int is_kv_cuda_h) {
+    int made = count_in(text, "cudaStreamCreate") - (is_kv_cuda_h ? 1 : 0);
+    return made + count_in(text, "cudaStreamNonBlocking");
+}
+
+/* Every stream of the kernels is made by kv_stream_create (kernels/ops/kv_cuda.h), a blocking stream, so that
+ * the synchronous cudaMemcpy/cudaMemset calls on the legacy default stream order with the kernels (session 18:
+ * a pageable upload still in flight under PQCache's first search). Scans every kernels/ source. */
+int test_gpu_streams_blocking(void) {
+    CHECK(stray_streams("x; KV_CUDA_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));", 0) == 2,
+          "the scan misses a non-blocking stream");
+    CHECK(stray_streams("cudaStream_t s; cudaStreamCreate(&s);", 0) == 1, "the scan misses a direct stream");
+    static const char *dirs[] = {"kernels", "kernels/ops"};
+    int files = 0, in_helper = 0;
+    for (int d = 0; d < 2; d++) {
+        DIR *dir = opendir(dirs[d]);
+        CHECK(dir, "cannot open %s (the tests run from the repository root)", dirs[d]);
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            size_t n = strlen(e->d_name);
+            int src = (n > 3 && !strcmp(e->d_name + n - 3, ".cu")) || (n > 4 && !strcmp(e->d_name + n - 4, ".cuh")) ||
+                      (n > 2 && !strcmp(e->d_name + n - 2, ".h"));
+            if (!src) continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
+            char *text = read_text(path);
+            if (!text) { closedir(dir); CHECK(0, "cannot read %s", path); }
+            int helper = !strcmp(path, "kernels/ops/kv_cuda.h");
+            in_helper += helper && strstr(text, "kv_stream_create(cudaStream_t *st) { return cudaStreamCreate(st); }");
+            int bad = stray_streams(text, helper);
+            free(text);
+            files++;
+            if (bad) { closedir(dir); CHECK(0, "%s makes %d stream(s) other than through kv_stream_create", path, bad); }
+        }
+        closedir(dir);
+    }
+    CHECK(files >= 30, "only %d kernel sources found", files);
+    CHECK(in_helper == 1, "kernels/ops/kv_cuda.h: kv_stream_create is not cudaStreamCreate");
     return KV_TEST_PASS;
 }

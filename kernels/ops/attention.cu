@@ -437,7 +437,7 @@ kv_status kv_pv_ws_create(kv_pv_ws *w, int Hq, int Hkv, int D, const kv_cuda_dev
     KV_CUDA_ALLOC(w->mkey, (size_t)Hq * sizeof(unsigned), 0, "attention row maxima");
     KV_CUDA_TRY(cudaMemset(w->cnt, 0, (size_t)Hkv * ngroups * sizeof(unsigned)));
     KV_CUDA_TRY(cudaMemset(w->mkey, 0, (size_t)Hq * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the kernels run on non-blocking streams: the zeros must land first */
+    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the zeros land before any caller's first launch */
     return KV_OK;
 }
 
@@ -541,7 +541,7 @@ static kv_status kv_attn_init(kv_gpu_attn *a, int half, const float *K, const fl
     KV_CUDA_ALLOC(a->hres, nres * sizeof(float), 1, "oracle result staging");
     KV_CUDA_ALLOC(a->hpos, (size_t)KV_GATHER_CHUNK * sizeof(uint32_t), 1, "oracle gather staging");
     KV_CUDA_ALLOC(a->hout, (size_t)KV_GATHER_CHUNK * sizeof(float), 1, "oracle gather staging");
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&a->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&a->st));
     if (K16) KV_TRY(kv_gpu_keys_write_half(a->K, 0, T, K16)); /* the layer's float16 form, as it is */
     else KV_TRY(kv_gpu_keys_write(a->K, 0, T, K));
     if (V16) KV_TRY(kv_gpu_keys_write_half(a->V, 0, T, V16));

@@ -185,7 +185,7 @@ kv_status kv_copy_go(kv_copy_ctx *c, size_t bytes, int reps, double *gbs) {
 extern "C" kv_status kv_gpu_bench_stream_create(void **out) {
     cudaStream_t st = NULL;
     *out = NULL;
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&st));
     *out = (void *)st;
     return KV_OK;
 }

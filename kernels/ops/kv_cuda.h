@@ -34,6 +34,17 @@ kv_status kv_cuda_alloc(void **p, size_t bytes, int pinned, const char *what, co
         if (kv_e_ != cudaSuccess) return kv_cuda_error(kv_e_, #call, __FILE__, __LINE__); \
     } while (0)
 #define KV_LAUNCH_CHECK() KV_CUDA_TRY(cudaGetLastError())
+/* Every stream the kernels use is made here, and is a blocking stream: the
+ * synchronous cudaMemcpy and cudaMemset calls run on the legacy default
+ * stream, which orders with blocking streams both ways and with
+ * non-blocking ones not at all. With non-blocking streams a cudaMemcpy from
+ * pageable memory returns once the data is staged, and the object's next
+ * kernel on its own stream could read the destination before the copy
+ * landed (session 18: PQCache's tuple test saw its first search read codes
+ * still being uploaded, once in 16 runs); a create-time cudaMemset could
+ * likewise still be running under the first kernel. tests/test_core.c
+ * (gpu_streams_blocking) checks that no .cu file makes a stream otherwise. */
+static inline cudaError_t kv_stream_create(cudaStream_t *st) { return cudaStreamCreate(st); }
 /* Device (pinned = 0) or pinned host (pinned = 1) allocation. */
 #define KV_CUDA_ALLOC(ptr, bytes, pinned, what)                                     \
     do {                                                                            \

@@ -195,7 +195,7 @@ typedef struct {
     void *stream; /* the bench process's stream (kv_gpu_bench_stream_create), on which every timer of every
                      length and method launches (required) */
 } kv_gpu_bench_spec;
-/* One non-blocking CUDA stream for a whole `kvbench bench` process. A decode
+/* One CUDA stream (kv_stream_create) for a whole `kvbench bench` process. A decode
  * loop launches on one long-lived stream; a stream destroyed and created
  * again per length lost FreeKV's programmatic-dependent-launch overlap on
  * every length after the first (about 2 us of 65 at 1M, session 9). */

@@ -40,7 +40,7 @@ static kv_status kv_search_init(kv_gpu_search *s) {
     KV_TRY(kv_topk_ws_create(&s->tk, s->Hq, s->T, &s->dev));
     KV_CUDA_ALLOC(s->hq, (size_t)s->Hq * s->D * sizeof(float), 1, "exact-search query staging");
     KV_CUDA_ALLOC(s->hidx, (size_t)s->Hq * KV_GPU_TOPK_MAX * sizeof(int32_t), 1, "exact-search index staging");
-    KV_CUDA_TRY(cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking));
+    KV_CUDA_TRY(kv_stream_create(&s->st));
     return KV_OK;
 }
 
