@@ -13,12 +13,14 @@
 # RUNLOOP=1 adds, right after the build, issue 12's run-loop measurement: the
 # 7-method 4096-step `kvbench run --device gpu` on a 131072-token synth trace
 # with its phase breakdown (--verbose), each method's in-run search time
-# against `kvbench bench` at 131072, the device evaluation against the host
+# against `kvbench bench` at 131072, the round trip of a synchronous search
+# beyond its kernels (scripts/roundtrip.cu), the device evaluation against the host
 # one (KVBENCH_HOST_EVAL=1), host RSS in both layer forms, and the bit-for-bit GPU golden check
 # (tests/golden/run-gpu, written first from BASE_BIN when that is given: a
 # kvbench binary of main built before the issue-12 work). RUNLOOP=only does
 # the build and that section and stops; RUNLOOP=quick the same without the
-# loading, evaluation and memory measurements (the run, the ratios, the goldens).
+# loading, evaluation and memory measurements (the run, the ratios, the round
+# trip, the goldens).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kvbench-device-check}
@@ -76,6 +78,8 @@ for m in s["methods"]:
           f"{m.get('diagnostics_seconds_total', float('nan')):>7.2f} {r:>10.1f} "
           f"{m.get('search_seconds_total', float('nan')):>11.2f} {(b or float('nan')):>9.1f} {ratio}")
 EOF
+        # what a host-synchronous search costs beyond its kernels on this machine (the floor under goal 1's ratios)
+        nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/kvb-roundtrip scripts/roundtrip.cu && /tmp/kvb-roundtrip
         if [ -n "${BASE_BIN:-}" ]; then
             python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu &&
                 tar -C tests/golden -czf "$OUT/golden-run-gpu.tgz" run-gpu # to commit as tests/golden/run-gpu

@@ -69,6 +69,17 @@ kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out) {
 
 void kv_gpu_free(void *p) { cudaFree(p); }
 
+int kv_gpu_host_pin(void *p, size_t bytes) {
+    if (!p || !bytes) return 0;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return 1;
+    cudaGetLastError(); /* not locked: the copies go through the staging buffer, as before */
+    return 0;
+}
+
+void kv_gpu_host_unpin(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
     /* a non-sticky error (out of memory, an invalid argument) also stays the thread's last error until read:
        clear it here, so the next KV_LAUNCH_CHECK does not report it again (a sticky one persists anyway) */

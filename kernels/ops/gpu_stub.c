@@ -174,3 +174,10 @@ kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out) {
 }
 
 void kv_gpu_free(void *p) { (void)p; }
+
+int kv_gpu_host_pin(void *p, size_t bytes) {
+    (void)p; (void)bytes;
+    return 0;
+}
+
+void kv_gpu_host_unpin(void *p) { (void)p; }

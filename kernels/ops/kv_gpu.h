@@ -238,6 +238,11 @@ typedef struct {
  * bytes read plus bytes written. */
 kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs);
 
+/* Page-locks host memory [p, p + bytes) in place (cudaHostRegister), so that device-to-host copies into it
+ * go straight to it instead of through the driver's staging buffer; 1 when locked, 0 otherwise (no GPU, or
+ * the driver refused: copies then stay correct, only slower). kv_gpu_host_unpin undoes it. */
+int kv_gpu_host_pin(void *p, size_t bytes);
+void kv_gpu_host_unpin(void *p);
 /* A device copy of n ints (tests: a method's device candidate lists); kv_gpu_free releases it. */
 kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out);
 void kv_gpu_free(void *p);
