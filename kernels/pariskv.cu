@@ -38,7 +38,7 @@
  *   final top-k  over the candidates' scores, larger first, smaller
  *              candidate (so smaller position) among equals: for C <= 16384
  *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
- *              select + rank placement in shared memory), else the cooperative
+ *              select + bitonic sort in shared memory), else the cooperative
  *              kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
@@ -355,8 +355,7 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
  * first) finds K, the kk-th largest key, and `take`, how many keys equal to
  * K belong to the top kk; then every key above K and the first `take`
  * equal to K in index order (block scan) become 64-bit sort keys
- * ~key << 32 | index, placed by their rank (kv_rank_out) = kv_topk_ref's
- * order. One
+ * ~key << 32 | index, sorted ascending (bitonic) = kv_topk_ref's order. One
  * launch without grid synchronisation, where the cooperative kv_topk_launch
  * costs ~20 us at these lengths (the 16K search is launch- and
  * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
@@ -404,8 +403,20 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
         }
         carry += neq;
     }
+    for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
     __syncthreads();
-    kv_rank_out(sv, kk, [&](int q, unsigned long long v) { out(q, (unsigned)v); });
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = sv[j], b = sv[l];
+                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < kk; j += nt) out(j, (unsigned)sv[j]);
 }
 
 __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,

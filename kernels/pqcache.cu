@@ -20,8 +20,7 @@
  * counted; a second launch has each block whose equal keys are among the
  * first `take` (prefix of the counts of the blocks before it) write them in
  * position order (ballot scan); (4) one block per kv head sorts the k
- * candidates by (score desc, position asc) (64-bit keys placed by their
- * rank, kv_rank_out). So the
+ * candidates by (score desc, position asc) (bitonic, 64-bit keys). So the
  * selection is exactly kv_topk_ref over the per-key scores agg[tuple], ties
  * included. Fused (issue 12, the default; KVBENCH_PQ_FUSED=0 at create keeps
  * the six launches above): two launches, as each dependent one costs a few
@@ -578,8 +577,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_b(const uint8_t *codes, l
 }
 
 /* One block per kv head; dynamic shared memory: P >= kk 64-bit sort keys
- * (~score key << 32 | position), ranked ascending (kv_rank_out) =
- * kv_topk_ref's order.
+ * (~score key << 32 | position), bitonic ascending = kv_topk_ref's order.
  * Zeroes nab[g] for the next search. */
 __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, long long TM, int M, int C, int ntup,
                                                         const float *tab, const int32_t *cand, int kmax, int kk,
@@ -597,7 +595,18 @@ __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, lon
         sv[j] = v;
     }
     __syncthreads();
-    kv_rank_out(sv, kk, [&](int r, unsigned long long v) { idx[(long long)g * kk + r] = (int32_t)(unsigned)v; });
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = threadIdx.x; j < P; j += blockDim.x) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = sv[j], b = sv[l];
+                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = threadIdx.x; j < kk; j += blockDim.x) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
     if (threadIdx.x == 0) nab[g] = 0;
 }
 
@@ -693,7 +702,18 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_fused(const uint8_t *code
         }
     }
     __syncthreads();
-    kv_rank_out(sv, kk, [&](int r, unsigned long long v) { idx[(long long)g * kk + r] = (int32_t)(unsigned)v; });
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long x = sv[j], y = sv[l];
+                    if ((x > y) == ((j & size) == 0)) { sv[j] = y; sv[l] = x; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < kk; j += nt) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
     if (tid == 0) { nab[g] = 0; ctr[g] = 0; }
 }
 

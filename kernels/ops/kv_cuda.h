@@ -88,19 +88,6 @@ __device__ __forceinline__ float kv_key2f(unsigned k) {
 }
 
 /* ---- block and warp building blocks the kernels share (call from every thread) ---- */
-/* The n distinct 64-bit keys v[0..n) (shared memory, complete before the
- * call's barrier) in ascending order: out(rank, key) for each, rank = how
- * many keys are smaller. No barrier inside; n reads per key, which for the
- * top-k's n <= 1024 costs less than a bitonic sort's log2(n)^2 / 2 block
- * barriers (session 18). */
-template <class Out> __device__ __forceinline__ void kv_rank_out(const unsigned long long *v, int n, Out out) {
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const unsigned long long x = v[j];
-        int r = 0;
-        for (int i = 0; i < n; i++) r += v[i] < x;
-        out(r, x);
-    }
-}
 /* Exclusive block-wide prefix sum of v (blockDim a multiple of 32); *total
  * gets the block's sum; sw is 32 ints of shared scratch. Has barriers. */
 __device__ __forceinline__ int kv_block_scan(int v, int *total, int *sw) {
