@@ -68,10 +68,11 @@
  * key (the tests compare ids and codes exactly, the bf16 weights exactly
  * but for at most two one-step differences per case).
  * Streams: every copy and launch of a handle goes on its own stream
- * (kv_stream_create), and create ends with a device synchronisation. The bench's `search` stage is the
- * device work of one search (the query already uploaded, nothing copied
- * back), replayed as its graph; the retriever's search adds the query
- * upload and the copy-back of the lists and candidates. */
+ * (kv_stream_create), and create ends with a device synchronisation. The
+ * bench's `search` stage is the device work of one search (the query
+ * already uploaded, nothing copied back), replayed as its graph; the
+ * retriever's search adds the query upload and the copy-back of the lists
+ * and candidates. */
 #include <string.h>
 
 #include "pariskv_dev.cuh"
