@@ -20,7 +20,7 @@ typedef struct {
     void *state;
     kv_selection sel;
     int on_gpu;
-    int sel_pinned;     /* sel.idx and sel.logw page-locked (a GPU method's, pin_selection in run.c) */
+    int sel_pinned;     /* sel.idx (and sel.logw, uses_logw) page-locked: a GPU method's (run.c pin_selection) */
     kv_step_metric *rows;
     size_t n_rows, cap_rows;
     double build_s, append_s;

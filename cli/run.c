@@ -252,16 +252,17 @@ static void prefill16_close(prefill16 *p) {
 /* Page-locks (on = 1) or unlocks (0) the lists a GPU method's search copies its result into: a device-to-host
  * copy into pageable memory goes through the driver's staging buffer (scripts/roundtrip.cu: 88.1 against
  * 57.8 us for a search returning 16 rows of 5000 ints, H200, session 18), and MagicPIG returns two such lists,
- * every sampled key and its weight. Returns whether they are locked. */
-static int pin_selection(kv_selection *s, int on) {
+ * every sampled key and its weight. The log-weights only for a method that fills them (uses_logw). Returns
+ * whether the lists are locked. */
+static int pin_selection(kv_selection *s, const kv_method *m, int on) {
     const size_t bytes = (size_t)s->n_lists * (size_t)s->cap * sizeof(int32_t);
     if (!on) {
         kv_gpu_host_unpin(s->idx);
-        kv_gpu_host_unpin(s->logw);
+        if (m->uses_logw) kv_gpu_host_unpin(s->logw);
         return 0;
     }
     if (!kv_gpu_host_pin(s->idx, bytes)) return 0;
-    if (kv_gpu_host_pin(s->logw, bytes)) return 1;
+    if (!m->uses_logw || kv_gpu_host_pin(s->logw, bytes)) return 1;
     kv_gpu_host_unpin(s->idx);
     return 0;
 }
@@ -293,7 +294,7 @@ static kv_status build_each(const kv_layer *L, const int *keff, run_inst *inst, 
         int kmax = keff[inst[i].b0 + inst[i].nb - 1];
         int lists = r->m->per_kv_head ? L->Hkv : L->Hq, cap = r->m->variable_budget || kmax > L->T ? L->T : kmax;
         kv_status si = kv_selection_alloc(&r->sel, lists, L->Hkv, cap, L->T, L->T);
-        if (si == KV_OK && s.use_gpu) r->sel_pinned = pin_selection(&r->sel, 1);
+        if (si == KV_OK && s.use_gpu) r->sel_pinned = pin_selection(&r->sel, r->m, 1);
         double t0 = kv_now();
         if (si == KV_OK) si = r->m->create(&s, &r->ps, &r->state);
         if (si == KV_OK) si = r->m->build(r->state, r->m->prefill_half ? pre_half : pre);
@@ -754,7 +755,7 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
         kv_profile_print(stderr, meta->layer, &prof, in->prefill_len, o->window, o->sink, o->local);
     for (int i = 0; i < n_inst; i++) {
         if (inst[i].r.state) inst[i].r.m->destroy(inst[i].r.state);
-        if (inst[i].r.sel_pinned) pin_selection(&inst[i].r.sel, 0);
+        if (inst[i].r.sel_pinned) pin_selection(&inst[i].r.sel, inst[i].r.m, 0);
         kv_selection_free(&inst[i].r.sel);
     }
     for (int i = 0; recs && i < n_recs; i++) { free(recs[i].rows); free(recs[i].search_s); }

@@ -17,10 +17,10 @@
  * pages, channels across threads, min/max in token order with the CPU's
  * comparisons, written out transposed through shared memory), a running
  * min/max for the page being filled, one small kernel per appended key that
- * writes the page out when its last token arrives. The retriever keeps
- * float32 summaries (lossless for any key); the bench, whose keys are
- * float16, keeps float16 ones (2 x D x 2 bytes per page and kv head, what a
- * deployment would store). Top-k over pages: kv_topk_launch (larger first,
+ * writes the page out when its last token arrives. The summaries are
+ * float16 when the keys are (the bench; a run on a float16 layer, through
+ * kv_pages_gpu_create: 2 x D x 2 bytes per page and kv head, exact), else
+ * float32 (lossless for any key). Top-k over pages: kv_topk_launch (larger first,
  * earlier page among equals); the page ids go to the host, which expands
  * them to tokens (retrievers/quest.c) with the CPU's code. */
 #include <stdlib.h>

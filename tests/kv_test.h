@@ -50,6 +50,9 @@ void kv_test_skip_reason(const char *fmt, ...);
  * stderr. */
 const char *kv_test_tmpdir(void);
 const char *kv_test_bin(void);
+/* The whole of a file as a malloc'd NUL-terminated string (free it), its size in *len (may be NULL); NULL when
+ * it cannot be read. */
+char *kv_test_read_file(const char *path, size_t *len);
 /* Runs `cmd` via /bin/sh; returns the exit code; stderr (and stdout) go to
  * the buffers when given (truncated to cap). */
 int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err_cap);

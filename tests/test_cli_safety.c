@@ -57,21 +57,6 @@ static int count_entries(const char *dir, const char *needle) {
     return n;
 }
 
-/* The whole file into a malloc'd string (NULL if unreadable). */
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 /* 1 when dir a and dir b hold the same three result files, byte for byte. */
 static int same_result(const char *a, const char *b) {
     static const char *names[] = {"summary.json", "drift.csv", "steps.csv"};
@@ -80,7 +65,7 @@ static int same_result(const char *a, const char *b) {
         snprintf(pa, sizeof pa, "%s/%s", a, names[i]);
         snprintf(pb, sizeof pb, "%s/%s", b, names[i]);
         size_t na, nb;
-        char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+        char *x = kv_test_read_file(pa, &na), *y = kv_test_read_file(pb, &nb);
         int same = x && y && na == nb && !memcmp(x, y, na);
         free(x); free(y);
         if (!same) return 0;
@@ -248,7 +233,7 @@ int test_cli_k_above_context(void) {
     CHECK(strstr(err, "warning: --k 5000 is larger than the largest retrievable region") &&
           strstr(err, "the effective budget is 1468"), "no warning: %s", err);
     snprintf(p, sizeof p, "%s/summary.json", dir);
-    char *s = slurp(p, NULL);
+    char *s = kv_test_read_file(p, NULL);
     CHECK(s && strstr(s, "\"k\": 5000, \"k_effective\": 1468,"), "summary.json: %.300s", s ? s : "(none)");
     CHECK(strstr(s, "\"recall\": 1,"), "exact's recall is not 1: %.2000s", s);
     free(s);
@@ -297,7 +282,7 @@ int test_cli_force_rule(void) {
     rc = sh("cd %s && %s%s run --trace %s%s --method exact --max-steps 2 --out . --force", w,
             B[0] == '/' ? "" : "$OLDPWD/", B, "$OLDPWD/", DEMO);
     CHECK(rc == 2 && strstr(err, "--out '.'"), "--out . --force: exit %d: %s", rc, err);
-    char *s = slurp(csv, NULL);
+    char *s = kv_test_read_file(csv, NULL);
     CHECK(s && !strcmp(s, "my data\n"), "./steps.csv changed: %s", s ? s : "(deleted)");
     free(s);
     /* a directory holding a file kvbench did not write, or not a kvbench result */
@@ -310,7 +295,7 @@ int test_cli_force_rule(void) {
     fclose(f);
     rc = sh("%s run --trace %s --method exact --max-steps 2 --out %s --force", B, DEMO, sub);
     CHECK(rc == 2 && strstr(err, "not a kvbench result directory"), "foreign summary.json: %d %s", rc, err);
-    s = slurp(csv, NULL);
+    s = kv_test_read_file(csv, NULL);
     CHECK(s && !strcmp(s, "{\"mine\": 1}\n"), "foreign summary.json changed");
     free(s);
     CHECK(sh("%s run --trace %s --method streaming --max-steps 2 --out %s/r --quiet", B, DEMO, w) == 0, "run: %s", err);
@@ -385,14 +370,14 @@ int test_results_force_all_or_nothing(void) {
     CHECK(rc == 128 + 15 || rc == 128, "results-swapped: exit %d", rc);
     char p[900];
     snprintf(p, sizeof p, "%s/summary.json", dir);
-    char *s = slurp(p, NULL);
+    char *s = kv_test_read_file(p, NULL);
     CHECK(s && strstr(s, "\"method\": \"exact\""), "after the swap: %.200s", s ? s : "(none)");
     free(s);
     CHECK(count_entries(w, ".tmp.") == 0 && count_entries(w, ".old.") == 0, "results-swapped: temporary left");
     /* and an uninterrupted --force replaces it */
     CHECK(sh("%s run --trace %s %s --out %s --force", B, DEMO, args, dir) == 0, "--force: %s", err);
     snprintf(p, sizeof p, "%s/summary.json", dir);
-    s = slurp(p, NULL);
+    s = kv_test_read_file(p, NULL);
     CHECK(s && strstr(s, "\"method\": \"streaming\"") && !strstr(s, "\"method\": \"exact\""), "--force result");
     free(s);
     CHECK(count_entries(w, ".tmp.") == 0 && count_entries(w, ".old.") == 0, "temporary left after --force");

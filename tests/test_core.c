@@ -314,22 +314,6 @@ int test_exact_matches_brute_force(void) {
     return KV_TEST_PASS;
 }
 
-/* The whole of a file, NUL-terminated (free it), or NULL. */
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n)
-        buf[n] = 0;
-    else {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 /* How many times `what` occurs in text. */
 static int count_in(const char *text, const char *what) {
     int n = 0;
@@ -363,7 +347,7 @@ int test_gpu_streams_blocking(void) {
             if (!src) continue;
             char path[512];
             snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
-            char *text = read_text(path);
+            char *text = kv_test_read_file(path, NULL);
             if (!text) { closedir(dir); CHECK(0, "cannot read %s", path); }
             int helper = !strcmp(path, "kernels/ops/kv_cuda.h");
             in_helper += helper && strstr(text, "kv_stream_create(cudaStream_t *st) { return cudaStreamCreate(st); }");

@@ -33,6 +33,22 @@ const char *kv_test_bin(void) {
     return b && *b ? b : "./kvbench";
 }
 
+char *kv_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) && fread(b, 1, (size_t)n, f) == (size_t)n)
+        b[n] = 0;
+    else {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b && len) *len = (size_t)n;
+    return b;
+}
+
 static void slurp(const char *path, char *buf, size_t cap) {
     if (!buf || !cap) return;
     buf[0] = 0;
