@@ -38,7 +38,7 @@
  *   final top-k  over the candidates' scores, larger first, smaller
  *              candidate (so smaller position) among equals: for C <= 16384
  *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
- *              select + bitonic sort in shared memory), else the cooperative
+ *              select + kv_sort_out in shared memory), else the cooperative
  *              kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
@@ -54,6 +54,17 @@
  * length (create's comment has the numbers). The whole search runs as one CUDA graph per
  * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
  * the per-launch host cost.
+ * Programmatic dependent launches (session 19; KVBENCH_PK_PDL=0 at create:
+ * plain): every launch after the tier kernel (a plain one) is a PDL launch
+ * whose kernel waits (kv_dep_wait) before its first read and write and then
+ * lets the next kernel's blocks be scheduled (kv_dep_launch), so each
+ * kernel's blocks are resident when its predecessor ends instead of being
+ * launched then; the order of memory operations is the plain chain's, the
+ * results the same. The one-block top-k writes the selected key ids itself
+ * (pk_ids_kernel's work, one launch fewer where it runs). Tried and dropped
+ * (session 19, call B, H200): the collision kernel prefetching its ids into
+ * L2 before its wait, which slowed 128K and 1M (74.4 and 165 us against 71.3
+ * and 168.6 without PDL; the prefetch ran in both).
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -161,6 +172,7 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
                                double rho, int multi, uint8_t *wt, float *qt_out, float *qnorm_out, int *ghist,
                                int nbins) {
     extern __shared__ float sm[];
+    kv_dep_launch(); /* the collision kernel's blocks may be scheduled now (pk_stage: PDL) */
     const int b = blockIdx.x, r = blockIdx.y, h0 = r * nh, g = h0 / G, nc = 1 << m, tid = threadIdx.x;
     float *qv = sm, *csc = sm + dp;
     int *cnt = (int *)(csc + nc);
@@ -234,11 +246,13 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
                                     int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
     const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
+    const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
+    kv_dep_wait(); /* the tier kernel's bonuses (PDL, pk_stage) */
+    kv_dep_launch();
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
     for (int e = threadIdx.x; e < nwords; e += blockDim.x) stab[e] = wr[e];
     __syncthreads();
     const unsigned char *tb = (const unsigned char *)stab;
-    const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
     unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
     if (i0 < end) {
         const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
@@ -340,6 +354,8 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
                                  const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
                                  float *csc) {
     extern __shared__ float lut[];
+    kv_dep_wait();
+    kv_dep_launch();
     const int r = blockIdx.y, g = r * nh / G;
     pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
     __syncthreads();
@@ -356,7 +372,8 @@ __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const
  * first) finds K, the kk-th largest key, and `take`, how many keys equal to
  * K belong to the top kk; then every key above K and the first `take`
  * equal to K in index order (block scan) become 64-bit sort keys
- * ~key << 32 | index, sorted ascending (bitonic) = kv_topk_ref's order. One
+ * ~key << 32 | index, sorted ascending (kv_sort_out: placed by rank up to
+ * KV_RANK_MAX keys, else bitonic) = kv_topk_ref's order. One
  * launch without grid synchronisation, where the cooperative kv_topk_launch
  * costs ~20 us at these lengths (the 16K search is launch- and
  * latency-bound). Dynamic shared memory: P * 8 + C * 4 bytes. */
@@ -404,31 +421,26 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
         }
         carry += neq;
     }
-    for (int j = kk + tid; j < P; j += nt) sv[j] = ~0ULL;
     __syncthreads();
-    for (int size = 2; size <= P; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int j = tid; j < P; j += nt) {
-                const int l = j ^ stride;
-                if (l > j) {
-                    const unsigned long long a = sv[j], b = sv[l];
-                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
-                }
-            }
-            __syncthreads();
-        }
-    for (int j = tid; j < kk; j += nt) out(j, (unsigned)sv[j]);
+    kv_sort_out(sv, kk, P, [&](int q, unsigned long long v) { out(q, (unsigned)v); });
 }
 
+/* Also the selected key ids: ids[r][q] = cand[r][pos[r][q]] (pk_ids_kernel's work, one launch fewer). */
 __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
-                                                              int32_t *pos) {
+                                                              int32_t *pos, const int32_t *cand, int32_t *ids) {
     extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    kv_dep_wait();
+    kv_dep_launch();
     unsigned *sk = (unsigned *)(sv + P);
     const int r = blockIdx.x;
     const float *row = csc + (long long)r * ld;
     for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(row[j]);
-    int32_t *o = pos + (long long)r * kk;
-    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) { o[q] = (int32_t)j; });
+    int32_t *o = pos + (long long)r * kk, *id = ids + (long long)r * kk;
+    const int32_t *cr = cand + r * ld;
+    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) {
+        o[q] = (int32_t)j;
+        id[q] = cr[j];
+    });
 }
 
 /* The final top-k from the tiles' own top-kk lists (pk_select_rerank_kernel's
@@ -638,6 +650,7 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
 
 /* Row r's selected key ids: ids[r][j] = cand[r][pos[r][j]], j < kk. */
 __global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *pos, int kk, int32_t *ids) {
+    kv_dep_wait();
     const int r = blockIdx.x;
     for (int j = threadIdx.x; j < kk; j += blockDim.x) ids[(size_t)r * kk + j] = cand[r * ld + pos[(size_t)r * kk + j]];
 }
@@ -649,8 +662,9 @@ __global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *
  * rerank (+ the final top-k in its last tile per row when the candidate
  * list is short), 3 the final top-k otherwise: three or four launches (each
  * dependent launch costs a few microseconds even in a graph). Both: 4 the
- * selected positions mapped to key ids (one launch), so a search downloads
- * R k ids and nothing else. */
+ * selected positions mapped to key ids (one launch; none where stage 3 ran
+ * pk_small_topk_kernel, which writes them), so a search downloads R k ids
+ * and nothing else. */
 kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
@@ -669,15 +683,13 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
         if (p->score8)
-            pk_collision_kernel<uint8_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
-                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, (uint8_t *)p->scores, nbins,
-                ntiles, p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->ctr);
-        else
-            pk_collision_kernel<uint16_t><<<dim3(ntiles, R), PK_TH, cs, st>>>(
-                p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, p->scores, nbins, ntiles,
-                p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->fused ? p->ctr : NULL);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
+            return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<uint8_t>, dim3(ntiles, R), dim3(PK_TH), cs,
+                             st, p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end,
+                             (uint8_t *)p->scores, nbins, ntiles, p->thist, p->ghist, s->C, p->toff, p->teq, p->thr,
+                             p->ctr);
+        return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<uint16_t>, dim3(ntiles, R), dim3(PK_TH), cs, st,
+                         p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, p->scores, nbins, ntiles,
+                         p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->fused ? p->ctr : NULL);
     }
     case 1:
         if (p->fused) {
@@ -707,14 +719,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             return KV_OK;
         }
         return pk_bucket(p->scores, p->Tp, base, s->lo, s->end, nbins, ntiles, R, s->C, p->thist, p->ghist, p->toff,
-                         p->teq, p->thr, p->cand, p->Tp, 0, st);
+                         p->teq, p->thr, p->cand, p->Tp, 0, &p->pdl, st);
     case 2: {
         if (p->fused) return KV_OK; /* reranked in stage 1 */
         dim3 grid((s->C + PK_TH - 1) / PK_TH, R);
         size_t smem = (size_t)c->dp * 16 * 4;
 #define PK_RERANK(M, CW)                                                                                          \
-    pk_rerank_kernel<M, CW><<<grid, PK_TH, smem, st>>>(p->cand, p->Tp, s->C, p->code, p->w, p->qt, p->qnorm, p->lv, \
-                                                       p->G, p->nh, p->Tp, p->csc)
+    return kv_launch(&p->pdl, "pariskv GPU", pk_rerank_kernel<M, CW>, grid, dim3(PK_TH), smem, st, p->cand, p->Tp,  \
+                     s->C, p->code, p->w, p->qt, p->qnorm, p->lv, p->G, p->nh, p->Tp, p->csc)
 #define PK_RERANK_M(CW)                        \
     if (c->m == 8) PK_RERANK(8, CW);           \
     else if (c->m == 4) PK_RERANK(4, CW);      \
@@ -725,8 +737,6 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         else { PK_RERANK_M(8); }
 #undef PK_RERANK_M
 #undef PK_RERANK
-        KV_LAUNCH_CHECK();
-        return KV_OK;
     }
     case 3: {
         if (kk > KV_GPU_TOPK_MAX) return KV_OK; /* the host finishes (search) */
@@ -736,19 +746,16 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             KV_LAUNCH_CHECK();
             return KV_OK;
         }
-        if (small) { /* one block per row, no grid synchronisation */
-            pk_small_topk_kernel<<<R, 1024, (size_t)P * 8 + (size_t)s->C * 4, st>>>(p->csc, p->Tp, s->C, kk, P,
-                                                                                    p->pos);
-            KV_LAUNCH_CHECK();
-            return KV_OK;
-        }
+        if (small) /* one block per row, no grid synchronisation; also stage 4's ids */
+            return kv_launch(&p->pdl, "pariskv GPU", pk_small_topk_kernel, dim3(R), dim3(1024),
+                             (size_t)P * 8 + (size_t)s->C * 4, st, p->csc, p->Tp, s->C, kk, P, p->pos,
+                             (const int32_t *)p->cand, p->sel);
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     default: /* 4: the top-k's candidate positions to key ids, on the device (the search downloads only these) */
-        if (kk > KV_GPU_TOPK_MAX) return KV_OK;
-        pk_ids_kernel<<<R, 128, 0, st>>>(p->cand, p->Tp, p->pos, kk, p->sel);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
+        if (kk > KV_GPU_TOPK_MAX || (small && (!p->fused || mode == 0))) return KV_OK; /* stage 3's small kernel did */
+        return kv_launch(&p->pdl, "pariskv GPU", pk_ids_kernel, dim3(R), dim3(128), 0, st, (const int32_t *)p->cand,
+                         p->Tp, (const int32_t *)p->pos, kk, p->sel);
     }
 }
 
@@ -820,6 +827,7 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     p->fused = fe && fe[0] == '1' && !fe[1];
     const char *s8 = getenv("KVBENCH_PK_SCORE8"); /* 1: 8-bit collision scores (fused path; scores <= 254) */
     p->score8 = p->fused && s8 && s8[0] == '1' && !s8[1] && PK_TIERS * c->nb <= 254;
+    p->pdl = kv_env_on("KVBENCH_PK_PDL");
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
     for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];
     kv_status st = pk_alloc(p);

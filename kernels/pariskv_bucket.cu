@@ -16,6 +16,8 @@ namespace {
 __global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles,
                                int *thist, int *ghist) {
     extern __shared__ int sh[]; /* [warps][nbins] */
+    kv_dep_wait();
+    kv_dep_launch();
     uint16_t v[PK_PER_TH];
     pk_load16(scores + blockIdx.y * ld, base + (long long)blockIdx.x * PK_TILE + threadIdx.x * PK_PER_TH, lo, end, v);
     pk_tile_hist(v, sh, nbins, blockIdx.y, blockIdx.x, ntiles, thist, ghist);
@@ -26,6 +28,8 @@ __global__ void pk_scan_kernel(const int *thist, const int *ghist, int nbins, in
                                int *thr_out) {
     extern __shared__ int hs[]; /* [nbins] */
     __shared__ int wsum[32];
+    kv_dep_wait();
+    kv_dep_launch();
     pk_scan_row(blockIdx.x, thist, ghist, nbins, ntiles, C, toff, teq, thr_out, hs, wsum);
 }
 
@@ -34,6 +38,8 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
                                   const int *toff, const int *teq, const int *thr_arr, int32_t *cand,
                                   long long cand_ld) {
     __shared__ int wsum[32];
+    kv_dep_wait();
+    kv_dep_launch();
     const int r = blockIdx.y, t = blockIdx.x, thr = thr_arr[r];
     const int off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
     const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
@@ -51,18 +57,14 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
  * built them. */
 kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
                     int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
-                    int with_hist, cudaStream_t st) {
-    if (with_hist) {
-        pk_hist_kernel<<<dim3(ntiles, R), PK_TH, (size_t)(PK_TH / 32) * nbins * 4, st>>>(scores, ld, base, lo, end,
-                                                                                        nbins, ntiles, thist, ghist);
-        KV_LAUNCH_CHECK();
-    }
-    pk_scan_kernel<<<R, 1024, (size_t)nbins * 4, st>>>(thist, ghist, nbins, ntiles, C, toff, teq, thr);
-    KV_LAUNCH_CHECK();
-    pk_compact_kernel<<<dim3(ntiles, R), PK_TH, 0, st>>>(scores, ld, base, lo, end, ntiles, toff, teq, thr, cand,
-                                                         cand_ld);
-    KV_LAUNCH_CHECK();
-    return KV_OK;
+                    int with_hist, int *pdl, cudaStream_t st) {
+    if (with_hist)
+        KV_TRY(kv_launch(pdl, "pariskv GPU", pk_hist_kernel, dim3(ntiles, R), dim3(PK_TH),
+                         (size_t)(PK_TH / 32) * nbins * 4, st, scores, ld, base, lo, end, nbins, ntiles, thist, ghist));
+    KV_TRY(kv_launch(pdl, "pariskv GPU", pk_scan_kernel, dim3(R), dim3(1024), (size_t)nbins * 4, st,
+                     (const int *)thist, (const int *)ghist, nbins, ntiles, C, toff, teq, thr));
+    return kv_launch(pdl, "pariskv GPU", pk_compact_kernel, dim3(ntiles, R), dim3(PK_TH), 0, st, scores, ld, base, lo,
+                     end, ntiles, (const int *)toff, (const int *)teq, (const int *)thr, cand, cand_ld);
 }
 
 
@@ -88,8 +90,9 @@ kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, 
     KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
                                   cudaMemcpyHostToDevice, h->st));
+    int pdl = kv_env_on("KVBENCH_PK_PDL"); /* as the search launches them */
     KV_TRY(pk_bucket(h->s, ld, 0, 0, n, nbins, ntiles, R, c, h->thist, h->ghist, h->toff, h->teq, h->thr, h->cand, c,
-                     1, h->st));
+                     1, &pdl, h->st));
     KV_CUDA_TRY(cudaMemcpyAsync(out, h->cand, (size_t)R * c * 4, cudaMemcpyDeviceToHost, h->st));
     KV_CUDA_TRY(cudaStreamSynchronize(h->st));
     return KV_OK;

@@ -39,6 +39,8 @@ struct kv_pariskv_gpu {
     int last_lo, last_n, last_C; /* of the last search, for read_last */
     int fused;           /* the search in 3-4 launches (pk_stage) with KVBENCH_PK_FUSED=1 at create; default six */
     int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
+    int pdl;             /* the launches after the tier kernel programmatic dependent ones (KVBENCH_PK_PDL=0: plain;
+                          * cleared if the driver refuses one) */
     unsigned *ctr;       /* [2][rows] last-tile counters (collision, select-rerank), zero between launches */
     unsigned long long *list; /* fused, long lists: [rows][tiles][kk] each tile's top-kk (~key << 32 | index) */
     kv_graph graph;      /* the search's launches (tier .. final top-k) as one CUDA graph per step shape */
@@ -191,7 +193,7 @@ __device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int
  * built them. */
 kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
                     int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
-                    int with_hist, cudaStream_t st);
+                    int with_hist, int *pdl, cudaStream_t st);
 /* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
 kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int32_t *out);
 

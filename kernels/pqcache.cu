@@ -20,7 +20,7 @@
  * counted; a second launch has each block whose equal keys are among the
  * first `take` (prefix of the counts of the blocks before it) write them in
  * position order (ballot scan); (4) one block per kv head sorts the k
- * candidates by (score desc, position asc) (bitonic, 64-bit keys). So the
+ * candidates by (score desc, position asc) (64-bit keys, kv_sort_out). So the
  * selection is exactly kv_topk_ref over the per-key scores agg[tuple], ties
  * included. Fused (issue 12, the default; KVBENCH_PQ_FUSED=0 at create keeps
  * the six launches above): two launches, as each dependent one costs a few
@@ -29,7 +29,14 @@
  * table and threshold) and pq_select_fused (the compaction marks ties in
  * registers, writes each block's first ties in order, and the last block
  * per kv head takes the first `take` of them and sorts), the same selection.
- * Where the fixed cost is (H100, session 7, %globaltimer stamps in a
+ * pq_select_fused is a programmatic dependent launch (session 19;
+ * KVBENCH_PQ_PDL=0 at create: plain): pq_hist_table lets its blocks be
+ * scheduled at once, and they wait (kv_dep_wait) before reading anything,
+ * so they are resident while the table's last blocks run; with kv_sort_out
+ * and the kernel held to 32 registers (two 1024-thread blocks an SM: the
+ * rank placement's code had taken it to 42), the search at 1M went from
+ * 72.8-76.1 to 60.8-64.4 us (H200, session 19 call B; 69.9-71.7 without
+ * PDL). Where the fixed cost is (H100, session 7, %globaltimer stamps in a
  * temporary build): at 16K tokens the table's last block spent ~17 us in its
  * per-head passes and ~8.5 us in the radix threshold, at 1M ~34 and ~8 us,
  * one SM issuing 3 evaluations of each of the 4096 tuples per head (two
@@ -431,6 +438,7 @@ __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
      * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and sl its queries, when they fit */
     __shared__ unsigned sh[2 * PQ_TUP_MAX];
     __shared__ float sl[2048];
+    kv_dep_launch(); /* pq_select_fused's blocks may be scheduled now (PDL) */
     float *acc = (float *)(sh + PQ_TUP_MAX);
     const int g = blockIdx.y, nbk = gridDim.x - 1;
     if (blockIdx.x == nbk) {
@@ -577,7 +585,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_b(const uint8_t *codes, l
 }
 
 /* One block per kv head; dynamic shared memory: P >= kk 64-bit sort keys
- * (~score key << 32 | position), bitonic ascending = kv_topk_ref's order.
+ * (~score key << 32 | position), ascending (kv_sort_out) = kv_topk_ref's order.
  * Zeroes nab[g] for the next search. */
 __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, long long TM, int M, int C, int ntup,
                                                         const float *tab, const int32_t *cand, int kmax, int kk,
@@ -595,18 +603,7 @@ __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, lon
         sv[j] = v;
     }
     __syncthreads();
-    for (int size = 2; size <= P; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int j = threadIdx.x; j < P; j += blockDim.x) {
-                const int l = j ^ stride;
-                if (l > j) {
-                    const unsigned long long a = sv[j], b = sv[l];
-                    if ((a > b) == ((j & size) == 0)) { sv[j] = b; sv[l] = a; }
-                }
-            }
-            __syncthreads();
-        }
-    for (int j = threadIdx.x; j < kk; j += blockDim.x) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
+    kv_sort_out(sv, kk, P, [&](int r, unsigned long long v) { idx[(long long)g * kk + r] = (int32_t)(unsigned)v; });
     if (threadIdx.x == 0) nab[g] = 0;
 }
 
@@ -624,7 +621,7 @@ __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, lon
  * table, then the sort keys) + 4 (nbk + 1) (the prefix). Exactly the
  * selection of pq_select_a/b + pq_select_sort. */
 template <bool M2>
-__global__ void __launch_bounds__(PQ_SEL_TH) pq_select_fused(const uint8_t *codes, long long TM, int M, int C, int lo,
+__global__ void __launch_bounds__(PQ_SEL_TH, 2) pq_select_fused(const uint8_t *codes, long long TM, int M, int C, int lo,
                                                             int hi, int ntup, int kpb, const float *tab,
                                                             const unsigned *thr, int kk, int P, int sv_words,
                                                             unsigned *nab, int32_t *cand, int kmax, unsigned *ecnt,
@@ -635,6 +632,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_fused(const uint8_t *code
     __shared__ int wsum[32];
     __shared__ unsigned long long s_or;
     __shared__ unsigned s_eq;
+    kv_dep_wait(); /* pq_hist_table's tables and thresholds (PDL) */
     const int g = blockIdx.y, nbk = gridDim.x, tid = threadIdx.x, nt = blockDim.x;
     const unsigned K = thr[2 * g], take = thr[2 * g + 1];
     pq_key_table(tab + (long long)g * ntup, ntup, sk);
@@ -702,18 +700,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_fused(const uint8_t *code
         }
     }
     __syncthreads();
-    for (int size = 2; size <= P; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int j = tid; j < P; j += nt) {
-                const int l = j ^ stride;
-                if (l > j) {
-                    const unsigned long long x = sv[j], y = sv[l];
-                    if ((x > y) == ((j & size) == 0)) { sv[j] = y; sv[l] = x; }
-                }
-            }
-            __syncthreads();
-        }
-    for (int j = tid; j < kk; j += nt) idx[(long long)g * kk + j] = (int32_t)(unsigned)sv[j];
+    kv_sort_out(sv, kk, P, [&](int r, unsigned long long v) { idx[(long long)g * kk + r] = (int32_t)(unsigned)v; });
     if (tid == 0) { nab[g] = 0; ctr[g] = 0; }
 }
 
@@ -833,18 +820,12 @@ kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
         const size_t sm = (size_t)sv_words * 8 + (size_t)(nb + 1) * 4;
         if (sm > (size_t)p->sel_smem)
             return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection needs %zu bytes of shared memory", sm);
-        if (M == 2)
-            pq_select_fused<true><<<grid, PQ_SEL_TH, sm, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab,
-                                                                  p->thr, kk, P, sv_words, p->nab, p->cand,
-                                                                  KV_GPU_TOPK_MAX, p->ecnt, p->eld, p->ties, p->T,
-                                                                  p->ctr + p->Hkv, p->idx);
-        else
-            pq_select_fused<false><<<grid, PQ_SEL_TH, sm, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb,
-                                                                   p->tab, p->thr, kk, P, sv_words, p->nab, p->cand,
-                                                                   KV_GPU_TOPK_MAX, p->ecnt, p->eld, p->ties, p->T,
-                                                                   p->ctr + p->Hkv, p->idx);
-        KV_LAUNCH_CHECK();
-        return KV_OK;
+        /* a programmatic dependent launch: its blocks are resident while pq_hist_table's last blocks run the
+         * tables and threshold (KVBENCH_PQ_PDL=0: plain) */
+        return kv_launch(&p->pdl, "pqcache GPU", M == 2 ? pq_select_fused<true> : pq_select_fused<false>, grid,
+                         dim3(PQ_SEL_TH), sm, p->st, (const uint8_t *)p->codes, p->TM, M, C, lo, hi, p->ntup, kpb,
+                         (const float *)p->tab, (const unsigned *)p->thr, kk, P, sv_words, p->nab, p->cand,
+                         KV_GPU_TOPK_MAX, p->ecnt, p->eld, p->ties, (long long)p->T, p->ctr + p->Hkv, p->idx);
     }
     if (M == 2) {
         pq_select_a<true><<<grid, PQ_SEL_TH, 0, p->st>>>(p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->tab, p->thr,
@@ -946,6 +927,7 @@ static kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, k
     p->ntup = tup <= PQ_TUP_MAX ? (int)tup : 0;
     const char *fe = getenv("KVBENCH_PQ_FUSED"); /* 0: the unfused tuple search (6 launches), for comparison */
     p->fused = !(fe && fe[0] == '0' && !fe[1]);
+    p->pdl = kv_env_on("KVBENCH_PQ_PDL");
     kv_status st = pq_create_go(p);
     if (st != KV_OK) { kv_pq_gpu_destroy(p); return st; }
     *out = p;

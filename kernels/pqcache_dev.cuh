@@ -40,6 +40,8 @@ struct kv_pq_gpu {
     int eld;
     int32_t *cand;    /* tuple path: [Hkv][KV_GPU_TOPK_MAX] unordered selection */
     int fused;        /* tuple path in two launches (pq_hist_table, pq_select_fused); KVBENCH_PQ_FUSED=0: six */
+    int pdl;          /* pq_select_fused a programmatic dependent launch (KVBENCH_PQ_PDL=0: plain; cleared if the
+                       * driver refuses one) */
     int32_t *ties;    /* fused tuple path: [Hkv][T] each selection block's first ties, at its keys' offset */
     int sel_smem;     /* fused tuple path: pq_select_fused's dynamic shared memory limit (bytes) */
     uint8_t *codes, *code1;

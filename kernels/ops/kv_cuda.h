@@ -88,6 +88,41 @@ __device__ __forceinline__ float kv_key2f(unsigned k) {
 }
 
 /* ---- block and warp building blocks the kernels share (call from every thread) ---- */
+/* The n distinct 64-bit keys v[0..n) (shared memory, P >= n words, a power
+ * of two; written before the caller's barrier) in ascending order:
+ * out(rank, key) for each. Up to KV_RANK_MAX keys each counts the smaller
+ * ones (no barrier: n broadcast reads a key, cheaper than a bitonic sort's
+ * log2(P)^2 / 2 block barriers at the top-k's usual k = 100: session 18,
+ * ParisKV's final top-k 17.0 -> 14.0 us at 16K, H200); above it the O(n^2)
+ * reads cost more than the barriers (PQCache takes k up to 8192), so
+ * v[n..P) is padded with ~0 and sorted bitonically. n is the block's. */
+constexpr int KV_RANK_MAX = 256;
+template <class Out> __device__ void kv_sort_out(unsigned long long *v, int n, int P, Out out) {
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if (n <= KV_RANK_MAX) {
+        for (int j = tid; j < n; j += nt) {
+            const unsigned long long x = v[j];
+            int r = 0;
+            for (int i = 0; i < n; i++) r += v[i] < x;
+            out(r, x);
+        }
+        return;
+    }
+    for (int j = n + tid; j < P; j += nt) v[j] = ~0ULL;
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int j = tid; j < P; j += nt) {
+                const int l = j ^ stride;
+                if (l > j) {
+                    const unsigned long long a = v[j], b = v[l];
+                    if ((a > b) == ((j & size) == 0)) { v[j] = b; v[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+    for (int j = tid; j < n; j += nt) out(j, v[j]);
+}
 /* Exclusive block-wide prefix sum of v (blockDim a multiple of 32); *total
  * gets the block's sum; sw is 32 ints of shared scratch. Has barriers. */
 __device__ __forceinline__ int kv_block_scan(int v, int *total, int *sw) {
