@@ -61,10 +61,13 @@
  * kernel's blocks are resident when its predecessor ends instead of being
  * launched then; the order of memory operations is the plain chain's, the
  * results the same. The one-block top-k writes the selected key ids itself
- * (pk_ids_kernel's work, one launch fewer where it runs). Tried and dropped
- * (session 19, call B, H200): the collision kernel prefetching its ids into
- * L2 before its wait, which slowed 128K and 1M (74.4 and 165 us against 71.3
- * and 168.6 without PDL; the prefetch ran in both).
+ * (pk_ids_kernel's work, one launch fewer where it runs). Search on the
+ * H200 (session 19, call C, three rounds), before / PDL / PDL off: 48.0-48.3
+ * / 42.4-42.6 / 44.0-44.6 us at 16K, 72.2-72.4 / 73.8-74.1 / 70.3-71.0 at
+ * 128K (PDL loses there, for a reason not found), 159.5-159.7 / 156.8-157.2
+ * / 158.9-159.5 at 1M. Tried and dropped (call B): the collision kernel
+ * prefetching its ids into L2 before its wait: 165.0 us at 1M with PDL and
+ * 168.6 without.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each

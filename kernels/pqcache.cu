@@ -35,8 +35,9 @@
  * so they are resident while the table's last blocks run; with kv_sort_out
  * and the kernel held to 32 registers (two 1024-thread blocks an SM: the
  * rank placement's code had taken it to 42), the search at 1M went from
- * 72.8-76.1 to 60.8-64.4 us (H200, session 19 call B; 69.9-71.7 without
- * PDL). Where the fixed cost is (H100, session 7, %globaltimer stamps in a
+ * 73.0-75.9 to 61.9-67.8 us (H200, session 19 call C, three rounds;
+ * 68.8-69.7 without PDL), at 16K from 39.7-40.0 to 36.4-36.6. Where the
+ * fixed cost is (H100, session 7, %globaltimer stamps in a
  * temporary build): at 16K tokens the table's last block spent ~17 us in its
  * per-head passes and ~8.5 us in the radix threshold, at 1M ~34 and ~8 us,
  * one SM issuing 3 evaluations of each of the 4096 tuples per head (two
