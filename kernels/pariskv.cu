@@ -55,11 +55,12 @@
  * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
  * the per-launch host cost.
  * Programmatic dependent launches (session 19; KVBENCH_PK_PDL=0 at create:
- * plain): every launch after the tier kernel (a plain one) is a PDL launch
- * whose kernel waits (kv_dep_wait) before its first read and write and then
- * lets the next kernel's blocks be scheduled (kv_dep_launch), so each
- * kernel's blocks are resident when its predecessor ends instead of being
- * launched then; the order of memory operations is the plain chain's, the
+ * plain): every launch of the six-launch chain after the tier kernel (a
+ * plain one; in the fused form the collision kernel and the id map) is a
+ * PDL launch whose kernel waits (kv_dep_wait) before its first read and
+ * write and then lets the next kernel's blocks be scheduled
+ * (kv_dep_launch), so each kernel's blocks are resident when its
+ * predecessor ends instead of being launched then; the order of memory operations is the plain chain's, the
  * results the same. The one-block top-k writes the selected key ids itself
  * (pk_ids_kernel's work, one launch fewer where it runs). Search on the
  * H200 (session 19, call C, three rounds), before / PDL / PDL off: 48.0-48.3
