@@ -676,7 +676,6 @@ kv_status mp_bench_go(mp_bench_ctx *c, const kv_gpu_bench_spec *s, int K, int L,
     const int n = s->n;
     KV_CUDA_ALLOC(c->sum, (size_t)s->Hkv * s->D * sizeof(double), 0, "magicpig bench key sums");
     KV_CUDA_TRY(cudaMemcpy(m->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the timer's stream does not wait for the legacy stream's copies */
     KV_TRY(mp_bench_build(m, keys, n, c->sum, st));
     KV_TRY(mp_search_launch(m, 0, n, minc, st)); /* real candidates for the compact and weights stages */
     KV_CUDA_TRY(cudaStreamSynchronize(st));

@@ -633,8 +633,6 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
     KV_CUDA_TRY(cudaMemcpyAsync(p->signs, c->signs, (size_t)c->dp * 4, cudaMemcpyHostToDevice, p->st));
-    /* p->st does not wait on the legacy stream (the top-k workspace's memsets): all done before any launch */
-    KV_CUDA_TRY(cudaDeviceSynchronize());
     return KV_OK;
 }
 
@@ -674,10 +672,12 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
     const int nbins = (s->multi ? PK_TIERS : 1) * c->nb + 1, n = s->end - s->lo;
     const int kk = s->k < s->C ? s->k : s->C;
-    const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K;
     int P = 32;
     while (P < kk) P <<= 1;
     const int mode = pk_topk_mode(p, s, ntiles), E = ntiles * kk; /* fused: 1 last tile, 2 tile lists + merge */
+    /* stage 3 on pk_small_topk_kernel (which also writes stage 4's ids): one block per row, where the fused
+     * form's modes 1 and 2 do not take the final top-k */
+    const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K && (!p->fused || mode == 0);
     switch (which) {
     case 0: {
         size_t smem = (size_t)(c->dp + 2 * p->nc) * 4;
@@ -750,14 +750,14 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             KV_LAUNCH_CHECK();
             return KV_OK;
         }
-        if (small) /* one block per row, no grid synchronisation; also stage 4's ids */
+        if (small) /* no grid synchronisation; also stage 4's ids */
             return kv_launch(&p->pdl, "pariskv GPU", pk_small_topk_kernel, dim3(R), dim3(1024),
                              (size_t)P * 8 + (size_t)s->C * 4, st, p->csc, p->Tp, s->C, kk, P, p->pos,
                              (const int32_t *)p->cand, p->sel);
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     default: /* 4: the top-k's candidate positions to key ids, on the device (the search downloads only these) */
-        if (kk > KV_GPU_TOPK_MAX || (small && (!p->fused || mode == 0))) return KV_OK; /* stage 3's small kernel did */
+        if (kk > KV_GPU_TOPK_MAX || small) return KV_OK; /* the host finishes, or stage 3 wrote them */
         return kv_launch(&p->pdl, "pariskv GPU", pk_ids_kernel, dim3(R), dim3(128), 0, st, (const int32_t *)p->cand,
                          p->Tp, (const int32_t *)p->pos, kk, p->sel);
     }

@@ -436,8 +436,7 @@ kv_status kv_pv_ws_create(kv_pv_ws *w, int Hq, int Hkv, int D, const kv_cuda_dev
     KV_CUDA_ALLOC(w->cnt, (size_t)Hkv * ngroups * sizeof(unsigned), 0, "attention counters");
     KV_CUDA_ALLOC(w->mkey, (size_t)Hq * sizeof(unsigned), 0, "attention row maxima");
     KV_CUDA_TRY(cudaMemset(w->cnt, 0, (size_t)Hkv * ngroups * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaMemset(w->mkey, 0, (size_t)Hq * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the zeros land before any caller's first launch */
+    KV_CUDA_TRY(cudaMemset(w->mkey, 0, (size_t)Hq * sizeof(unsigned))); /* before any kernel: kv_stream_create */
     return KV_OK;
 }
 

@@ -125,7 +125,6 @@ kv_status kv_bench_go(kv_bench_ctx *c, const float *q, kv_gpu_bench_out *out) {
     KV_TRY(kv_topk_ws_create(&c->tk, s->Hq, s->n, &c->tm.dev));
     KV_TRY(kv_pv_ws_create(&c->pv, s->Hq, s->Hkv, s->D, &c->tm.dev));
     KV_CUDA_TRY(cudaMemcpy(c->q, q, (size_t)s->Hq * s->D * sizeof(float), cudaMemcpyHostToDevice));
-    KV_CUDA_TRY(cudaDeviceSynchronize());
     KV_TRY(kv_bench_stage(c, 0)); /* real scores for the top-k and attention stages */
     kv_gpu_timing *dst[5] = {&out->score, &out->topk, &out->attn, &out->exact, &out->exact_scores};
     for (int i = 0; i < 5; i++) /* stage i: score, topk, attention, exact, exact's score launch */

@@ -42,8 +42,10 @@ kv_status kv_cuda_alloc(void **p, size_t bytes, int pinned, const char *what, co
  * kernel on its own stream could read the destination before the copy
  * landed (session 18: PQCache's tuple test saw its first search read codes
  * still being uploaded, once in 16 runs); a create-time cudaMemset could
- * likewise still be running under the first kernel. tests/test_core.c
- * (gpu_streams_blocking) checks that no .cu file makes a stream otherwise. */
+ * likewise still be running under the first kernel. So no device
+ * synchronisation is needed between such a call and a launch on these
+ * streams. tests/test_core.c (gpu_streams_blocking) checks that no .cu file
+ * makes a stream otherwise. */
 static inline cudaError_t kv_stream_create(cudaStream_t *st) { return cudaStreamCreate(st); }
 /* Device (pinned = 0) or pinned host (pinned = 1) allocation. */
 #define KV_CUDA_ALLOC(ptr, bytes, pinned, what)                                     \

@@ -335,7 +335,6 @@ kv_status kv_sc_host_run(kv_sc_host *r, const float *q, const float *K, int Hq, 
     KV_CUDA_ALLOC(r->out, (size_t)Hq * (n > 0 ? n : 1) * sizeof(float), 0, "test scores");
     KV_CUDA_TRY(kv_stream_create(&r->st));
     KV_CUDA_TRY(cudaMemcpy(r->q, q, (size_t)Hq * D * sizeof(float), cudaMemcpyHostToDevice));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the legacy-stream copies above, before r->st's kernels */
     KV_TRY(kv_scores_launch(&r->keys->a, r->q, Hq, scale, lo, n, r->out, n, NULL, &dev, r->st));
     KV_CUDA_TRY(cudaStreamSynchronize(r->st));
     KV_CUDA_TRY(cudaMemcpy(out, r->out, (size_t)Hq * n * sizeof(float), cudaMemcpyDeviceToHost));

@@ -387,8 +387,7 @@ kv_status kv_topk_ws_create(kv_topk_ws *w, int R, int T, const kv_cuda_dev *dev)
     KV_CUDA_ALLOC(w->ckey, (size_t)R * KV_TOPK_CAP * sizeof(unsigned), 0, "top-k candidates");
     KV_CUDA_ALLOC(w->cidx, (size_t)R * KV_TOPK_CAP * sizeof(int), 0, "top-k candidate indices");
     KV_CUDA_TRY(cudaMemset(w->hist, 0, (size_t)3 * R * KV_HIST_BINS * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaMemset(w->ctr, 0, (size_t)R * 4 * sizeof(unsigned)));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the zeros land before any caller's first launch */
+    KV_CUDA_TRY(cudaMemset(w->ctr, 0, (size_t)R * 4 * sizeof(unsigned))); /* before any kernel: kv_stream_create */
     const size_t smem = kv_topk_smem();
     KV_CUDA_TRY(cudaFuncSetAttribute(kv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
@@ -456,7 +455,6 @@ kv_status kv_tk_host_run(kv_tk_host *h, const float *scores, int R, int n, int k
     KV_CUDA_ALLOC(h->thr, (size_t)R * sizeof(float), 0, "test thresholds");
     KV_CUDA_TRY(kv_stream_create(&h->st));
     KV_CUDA_TRY(cudaMemcpy(h->S, scores, (size_t)R * n * sizeof(float), cudaMemcpyHostToDevice));
-    KV_CUDA_TRY(cudaDeviceSynchronize()); /* the legacy-stream copy, before h->st's kernels */
     KV_TRY(kv_topk_launch(&h->ws, h->S, n, 0, n, R, k, base, NULL, idx != NULL, h->idx, h->val, kk, h->thr, h->st));
     KV_CUDA_TRY(cudaStreamSynchronize(h->st));
     if (idx) KV_CUDA_TRY(cudaMemcpy(idx, h->idx, (size_t)R * kk * sizeof(int32_t), cudaMemcpyDeviceToHost));
