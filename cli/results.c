@@ -307,6 +307,7 @@ static void render_method(kv_results_acc *acc, const kv_run_meta *mt, const kv_m
     fprintf(f, ", \"search_us_median\": "); json_num(f, o.search_med_us);
     fprintf(f, ", \"search_us_p90\": "); json_num(f, o.search_p90_us);
     fprintf(f, ", \"search_seconds_total\": "); json_num(f, r->search_total_s);
+    fprintf(f, ", \"search_timer\": \"%s\"", r->search_dev ? "device" : "host");
     fprintf(f, ", \"diagnostics_seconds_total\": "); json_num(f, r->diag_s);
     fprintf(f, ", \"method_metric_name\": ");
     if (r->m->metric_name) json_str(f, r->m->metric_name); else fputs("null", f);

@@ -26,6 +26,7 @@ typedef struct {
     double build_s, append_s;
     double *search_s;   /* per evaluated step */
     double search_total_s; /* sum of search_s (issue 12's phase breakdown) */
+    int search_dev;     /* 1: search_s are device times (searches queued by the run, kv_gpu_mark), 0: host timer */
     double diag_s;      /* the record's diagnostics on the host: candidates copy, scoring or packing */
     int n_steps;
     size_t index_bytes;

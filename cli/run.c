@@ -344,6 +344,36 @@ static void progress(double t_start, int done, int total, int force, const char 
     if (done == total) fputc('\n', stderr);
 }
 
+/* The scoring of record rec's search of step t at budget b (already in
+ * r->sel): its candidates, then the protocol's scoring on the host or its
+ * packing for the device. Adds the seconds to rec->diag_s and *diag. */
+static kv_status inst_score(kv_method_run *r, kv_method_run *rec, int slot, int t, int b, const int *keff,
+                            kv_oracle *orc, const kv_oracle_out *ores, kv_protocol *proto, kv_step_metric *rows, int Hq,
+                            double *diag) {
+    double s1 = kv_now();
+    /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
+    int dev = kv_oracle_device_eval(orc), dcand = dev && r->on_gpu && r->m->candidates_dev;
+    kv_dev_cands dc = {0};
+    kv_status st = KV_OK;
+    /* the candidates feed the diagnostics: copied outside the timed search (issue 12 goal 1), or left on
+     * the device for the device evaluation */
+    if (dcand) st = r->m->candidates_dev(r->state, &dc);
+    else if (r->m->candidates) st = r->m->candidates(r->state, &r->sel);
+    if (st == KV_OK && dev)
+        st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], slot, dcand ? &dc : NULL);
+    if (st == KV_OK && !dev) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
+    if (st == KV_OK && !dev) st = kv_rows_push(rec, rows, Hq);
+    double s2 = kv_now();
+    rec->diag_s += s2 - s1;
+    *diag += s2 - s1;
+    return st;
+}
+
+static void push_search_time(kv_method_run *rec, double s) {
+    rec->search_s[rec->n_steps++] = s;
+    rec->search_total_s += s;
+}
+
 /* Runs append (stage 0) or search + scoring (stage 1, budget b) of
  * instance i; returns its status, keeping the message (kv_fail's buffer is
  * per thread) in msg. Adds the search and diagnostics seconds to *srch and
@@ -364,27 +394,91 @@ static kv_status inst_work(run_inst *in, int stage, int t, int b, const float *k
         double s0 = kv_now();
         st = r->m->search(r->state, t, mq, keff[b], &r->sel);
         double s1 = kv_now();
-        rec->search_s[rec->n_steps++] = s1 - s0;
-        rec->search_total_s += s1 - s0;
-        /* with the GPU oracle the scoring is packed for the device and its rows collected later (collect_rows) */
-        int dev = kv_oracle_device_eval(orc), dcand = dev && r->on_gpu && r->m->candidates_dev;
-        kv_dev_cands dc = {0};
-        /* the candidates feed the diagnostics: copied outside the timed search (issue 12 goal 1), or left on
-         * the device for the device evaluation */
-        if (st == KV_OK && dcand) st = r->m->candidates_dev(r->state, &dc);
-        else if (st == KV_OK && r->m->candidates) st = r->m->candidates(r->state, &r->sel);
-        if (st == KV_OK && dev)
-            st = kv_protocol_submit(proto, orc, b, t, r->m, &r->sel, keff[b], in->first_rec + b - in->b0,
-                                    dcand ? &dc : NULL);
-        if (st == KV_OK && !dev) st = kv_protocol_score(proto, orc, ores, t, r->m, &r->sel, keff[b], rows);
-        if (st == KV_OK && !dev) st = kv_rows_push(rec, rows, Hq);
-        double s2 = kv_now();
-        rec->diag_s += s2 - s1;
+        push_search_time(rec, s1 - s0);
         *srch += s1 - s0;
-        *diag += s2 - s1;
+        if (st == KV_OK) st = inst_score(r, rec, in->first_rec + b - in->b0, t, b, keff, orc, ores, proto, rows, Hq, diag);
     }
     if (st != KV_OK) snprintf(msg, msg_cap, "%s", kv_last_error());
     return st;
+}
+
+/* Budget b's search of a queued instance (mark set): launched behind prev
+ * (NULL: behind nothing), not waited for. */
+static kv_status inst_launch(run_inst *in, int t, int b, const float *mq, const int *keff, kv_gpu_mark *mark,
+                             const kv_gpu_mark *prev, double *srch) {
+    kv_method_run *r = &in->r;
+    kv_selection_reset(&r->sel);
+    kv_gpu_mark_after(mark, prev);
+    double s0 = kv_now();
+    kv_status st = r->m->search_launch(r->state, t, mq, keff[b], &r->sel, mark);
+    *srch += kv_now() - s0;
+    return st;
+}
+
+/* Waits for it; its time is the device time between its marks. */
+static kv_status inst_finish(run_inst *in, kv_method_run *rec, int t, int b, const int *keff, kv_gpu_mark *mark,
+                             double *srch) {
+    kv_method_run *r = &in->r;
+    double s0 = kv_now(), ds = 0;
+    kv_status st = r->m->search_finish(r->state, t, keff[b], &r->sel);
+    *srch += kv_now() - s0;
+    if (st == KV_OK) st = kv_gpu_mark_seconds(mark, &ds);
+    push_search_time(rec, ds);
+    return st;
+}
+
+/* One step of the GPU path with queued searches (issue 12 goal 1: a search
+ * that waits for the device on its own costs a round trip, 15.8 us with no
+ * work at all on the H200, session 18): every instance appends; the first
+ * budget of each queued instance (mark set: on the GPU, with
+ * search_launch) is launched, one behind the other on the device; the
+ * instances off the GPU search and are scored meanwhile; then each queued
+ * instance is finished and scored, its further budgets launched and
+ * finished one at a time; then the GPU instances that cannot queue search
+ * as before. Each search's time is the device time between its marks (the
+ * bench's measure: kernels queued behind other work), its result's copy
+ * back excluded. Every number is the serial loop's (tests: run_golden_gpu
+ * with and without KVBENCH_RUN_QUEUE=0). */
+static kv_status step_queued(run_inst *inst, int n_inst, kv_gpu_mark **mark, int t, int score, const float *k,
+                             const float *v, const float *mq, const int *keff, kv_method_run *recs, kv_oracle *orc,
+                             kv_protocol *proto, kv_step_metric *rows, int Hq, double *app, double *srch,
+                             double *diag) {
+    char msg[8]; /* kv_last_error() keeps the message: this loop is serial */
+    for (int i = 0; i < n_inst; i++) {
+        double a0 = kv_now();
+        kv_status st = inst_work(&inst[i], 0, t, 0, k, v, mq, keff, recs, NULL, NULL, NULL, NULL, Hq, srch, diag, msg,
+                                 sizeof msg);
+        *app += kv_now() - a0;
+        if (st != KV_OK) return st;
+    }
+    if (!score) return KV_OK;
+    const kv_gpu_mark *prev = NULL;
+    for (int i = 0; i < n_inst; i++) {
+        kv_gpu_mark *mk = mark[inst[i].first_rec];
+        if (!mk) continue;
+        KV_TRY(inst_launch(&inst[i], t, inst[i].b0, mq, keff, mk, prev, srch));
+        prev = mk;
+    }
+    for (int pass = 0; pass < 3; pass++) /* off the GPU, queued, the GPU's others */
+        for (int i = 0; i < n_inst; i++) {
+            run_inst *in = &inst[i];
+            int queued = mark[in->first_rec] != NULL;
+            if (pass != (queued ? 1 : in->r.on_gpu ? 2 : 0)) continue;
+            for (int b = in->b0; b < in->b0 + in->nb; b++) {
+                int slot = in->first_rec + b - in->b0;
+                kv_oracle_out ov;
+                kv_oracle_view(orc, b, &ov);
+                if (!queued) {
+                    KV_TRY(inst_work(in, 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto, rows, Hq, srch, diag,
+                                     msg, sizeof msg));
+                    continue;
+                }
+                if (b > in->b0) KV_TRY(inst_launch(in, t, b, mq, keff, mark[slot], NULL, srch));
+                KV_TRY(inst_finish(in, &recs[slot], t, b, keff, mark[slot], srch));
+                KV_TRY(inst_score(&in->r, &recs[slot], slot, t, b, keff, orc, &ov, proto, rows, Hq, diag));
+            }
+        }
+    return KV_OK;
 }
 
 /* The rows of every device scoring not collected yet, into their records
@@ -449,6 +543,19 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         for (int b = 0; b < inst[i].nb; b++) recs[inst[i].first_rec + b].m = inst[i].r.m;
     int dev = st == KV_OK && kv_oracle_device_eval(orc); /* the device scores every record (a slot each) */
     if (dev) st = kv_oracle_diag_slots(orc, n_recs);
+    /* the GPU path queues the searches of a step (step_queued): a mark per record of a queued instance */
+    const char *qe = getenv("KVBENCH_RUN_QUEUE");
+    int queue = st == KV_OK && meta->use_gpu && !par && !(qe && !strcmp(qe, "0"));
+    kv_gpu_mark **mark = queue ? kv_calloc((size_t)n_recs + 1, sizeof *mark, "search marks") : NULL;
+    if (queue && !mark) st = KV_ERR_NOMEM;
+    for (int i = 0; mark && i < n_inst && st == KV_OK; i++)
+        for (int b = 0; inst[i].r.on_gpu && inst[i].r.m->search_launch && b < inst[i].nb && st == KV_OK; b++) {
+            st = kv_gpu_mark_create(&mark[inst[i].first_rec + b]);
+            recs[inst[i].first_rec + b].search_dev = 1;
+        }
+    /* the step's queries page-locked, so the queued searches' uploads of them are asynchronous */
+    int qpin = queue && kv_gpu_host_pin(q, (size_t)L->Hq * D * sizeof(float));
+    int mqpin = queue && mq != q && kv_gpu_host_pin(mq, (size_t)L->Hq * D * sizeof(float));
     double t_start = kv_now();
     int show = isatty(2), done = 0;
     meta->steps_evaluated = meta->steps_skipped = 0;
@@ -480,6 +587,11 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
             if (st != KV_OK) break;
         }
         double m0 = kv_now(), app = 0, srch = 0, diag = 0;
+        if (mark) {
+            st = step_queued(inst, n_inst, mark, t, score, k, L->v || L->v16 ? v : NULL, mq, keff, recs, orc, proto[0],
+                             rows, L->Hq, &app, &srch, &diag);
+            for (int i = 0; i < n_inst; i++) ist[i] = KV_OK;
+        }
         /* longest first (by the instance's previous step): the step's
          * barrier then waits on short tails, not on one long method started
          * last (issue 12, goal 5); the order changes no number */
@@ -489,7 +601,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
                 order[y - 1] = x;
             }
 #pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : app, srch, diag)
-        for (int j = 0; j < n_inst; j++) {
+        for (int j = 0; j < (mark ? 0 : n_inst); j++) {
             int i = order[j], th = par ? omp_get_thread_num() : 0;
             char *im = msg + (size_t)i * MSG;
             double a0 = kv_now();
@@ -530,6 +642,10 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         if (st == KV_OK) st = collect_rows(orc, proto[0], recs, n_recs, rows, L->Hq);
         ph[KV_PH_DIAG] += kv_now() - c0;
     }
+    if (qpin) kv_gpu_host_unpin(q);
+    if (mqpin) kv_gpu_host_unpin(mq);
+    for (int i = 0; mark && i < n_recs; i++) kv_gpu_mark_destroy(mark[i]);
+    free(mark);
     if (mq != q) free(mq);
     for (int i = 0; proto && i < nth; i++) kv_protocol_destroy(proto[i]);
     free(proto); free(ist); free(msg); free(order); free(cost);
@@ -728,9 +844,11 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
             size_t nr = rec->n_rows;
             int ns = rec->n_steps;
             double stot = rec->search_total_s, dg = rec->diag_s;
+            int sdev = rec->search_dev;
             *rec = *r; /* the instance's identity and timings, then the record's own */
             rec->rows = rows; rec->search_s = ss; rec->n_rows = nr; rec->n_steps = ns; rec->search_total_s = stot;
             rec->diag_s = dg;
+            rec->search_dev = sdev;
             rec->layer = meta->layer;
             rec->k = o->ks[b];
             rec->k_eff = keff[b];
@@ -747,9 +865,10 @@ static kv_status run_layer(const run_opts *o, kv_trace_info *in, int li, kv_run_
                 "its rounding bound of a target)\n", meta->layer, ds, de, dd, kv_oracle_host_heads(orc));
     }
     for (int i = 0; o->verbose && recs && i < n_recs; i++)
-        fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (host timer)\n",
+        fprintf(stderr, "search %-12s layer %s k %d: %.3f s over %d steps, mean %.1f us (%s)\n",
                 recs[i].m->name, meta->layer, recs[i].k, recs[i].search_total_s, recs[i].n_steps,
-                recs[i].n_steps ? 1e6 * recs[i].search_total_s / recs[i].n_steps : 0.0);
+                recs[i].n_steps ? 1e6 * recs[i].search_total_s / recs[i].n_steps : 0.0,
+                recs[i].search_dev ? "device time, queued" : "host timer");
     if (st == KV_OK) st = kv_results_add(acc, meta, recs, n_recs, o->no_profile ? NULL : &prof);
     if (st == KV_OK && !o->no_profile && !o->quiet)
         kv_profile_print(stderr, meta->layer, &prof, in->prefill_len, o->window, o->sink, o->local);

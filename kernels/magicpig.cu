@@ -64,6 +64,9 @@ struct kv_mp_gpu {
     int *count;        /* [Hq] */
     uint16_t *counts;  /* [Hq][Tp] collision counts (tests only, allocated on demand) */
     float *stage;      /* [Hkv][MP_STAGE][D] host keys on their way in */
+    int *hcount;       /* [Hq] pinned host: the launched search's list lengths */
+    int lo, hi;        /* the launched search's region (hi <= lo: none launched) */
+    cudaStream_t st;   /* the search's (the index runs on the legacy stream, which a blocking stream orders) */
     kv_cuda_dev dev;
 };
 
@@ -545,6 +548,8 @@ static kv_status mp_alloc(kv_mp_gpu *m, const float *proj) {
     m->count = m->ccount + Hq * m->nch;
     KV_CUDA_ALLOC(m->idx, Hq * T * sizeof(int32_t), 0, "magicpig candidate positions");
     KV_CUDA_ALLOC(m->logw, Hq * T * sizeof(float), 0, "magicpig log-weights");
+    KV_CUDA_ALLOC(m->hcount, Hq * sizeof(int), 1, "magicpig list lengths (pinned host)");
+    KV_CUDA_TRY(kv_stream_create(&m->st));
     KV_CUDA_TRY(cudaMemset(m->mean, 0, Hkv * D * sizeof(float)));
     KV_CUDA_TRY(cudaMemset(m->codes, 0, Hkv * m->L * Tp * sizeof(uint16_t)));
     KV_CUDA_TRY(cudaMemcpy(m->proj, proj, D * m->KL * sizeof(float), cudaMemcpyHostToDevice));
@@ -555,7 +560,8 @@ static void kv_mp_gpu_destroy(kv_mp_gpu *m) {
     if (!m) return;
     cudaFree(m->proj); cudaFree(m->mean); cudaFree(m->ck); cudaFree(m->knorm); cudaFree(m->codes); cudaFree(m->q);
     cudaFree(m->qcodes); cudaFree(m->bits); cudaFree(m->ccount); cudaFree(m->idx); cudaFree(m->logw);
-    cudaFree(m->counts); cudaFree(m->stage);
+    cudaFree(m->counts); cudaFree(m->stage); cudaFreeHost(m->hcount);
+    if (m->st) cudaStreamDestroy(m->st);
     free(m);
 }
 
@@ -596,26 +602,45 @@ static kv_status kv_mp_gpu_index(kv_mp_gpu *m, int t0, int n, const float *x, in
     return KV_OK;
 }
 
-static kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx,
-                                      float *logw, int cap, int *count) {
-    for (int h = 0; h < m->Hq; h++) count[h] = 0;
+/* Queues one search (kv_gpu_mark: `kvbench run`); the list lengths come back into pinned memory. */
+static kv_status kv_mp_gpu_launch(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, kv_gpu_mark *mark) {
     if (hi > m->T) hi = m->T;
     if (lo < 0) lo = 0;
+    m->lo = lo; m->hi = lo;
     if (hi <= lo) return KV_OK;
-    KV_CUDA_TRY(cudaMemcpy(m->q, q, (size_t)m->Hq * m->D * sizeof(float), cudaMemcpyHostToDevice));
-    KV_TRY(mp_search_launch(m, lo, hi, minc, 0));
-    KV_CUDA_TRY(cudaMemcpy(count, m->count, (size_t)m->Hq * sizeof(int), cudaMemcpyDeviceToHost));
-    int w = 0; /* one 2-D copy per array, as wide as the longest list (a copy per head cost ~10 us each: issue 12) */
+    KV_CUDA_TRY(cudaMemcpyAsync(m->q, q, (size_t)m->Hq * m->D * sizeof(float), cudaMemcpyHostToDevice, m->st));
+    KV_TRY(kv_gpu_mark_start(mark, m->st));
+    KV_TRY(mp_search_launch(m, lo, hi, minc, m->st));
+    KV_TRY(kv_gpu_mark_end(mark, m->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(m->hcount, m->count, (size_t)m->Hq * sizeof(int), cudaMemcpyDeviceToHost, m->st));
+    m->hi = hi;
+    return KV_OK;
+}
+
+/* Waits for the launched search, then copies its lists: one 2-D copy per array, as wide as the longest list (a
+ * copy per head cost ~10 us each: issue 12). */
+static kv_status kv_mp_gpu_fetch(kv_mp_gpu *m, int32_t *idx, float *logw, int cap, int *count) {
+    for (int h = 0; h < m->Hq; h++) count[h] = 0;
+    if (m->hi <= m->lo) return KV_OK;
+    KV_CUDA_TRY(cudaStreamSynchronize(m->st));
+    int w = 0;
     for (int h = 0; h < m->Hq; h++) {
-        if (count[h] > cap) count[h] = cap;
+        count[h] = m->hcount[h] < cap ? m->hcount[h] : cap;
         w = count[h] > w ? count[h] : w;
     }
     if (!w) return KV_OK;
-    KV_CUDA_TRY(cudaMemcpy2D(idx, (size_t)cap * sizeof(int32_t), m->idx, (size_t)m->T * sizeof(int32_t),
-                             (size_t)w * sizeof(int32_t), (size_t)m->Hq, cudaMemcpyDeviceToHost));
-    KV_CUDA_TRY(cudaMemcpy2D(logw, (size_t)cap * sizeof(float), m->logw, (size_t)m->T * sizeof(float),
-                             (size_t)w * sizeof(float), (size_t)m->Hq, cudaMemcpyDeviceToHost));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(idx, (size_t)cap * sizeof(int32_t), m->idx, (size_t)m->T * sizeof(int32_t),
+                                  (size_t)w * sizeof(int32_t), (size_t)m->Hq, cudaMemcpyDeviceToHost, m->st));
+    KV_CUDA_TRY(cudaMemcpy2DAsync(logw, (size_t)cap * sizeof(float), m->logw, (size_t)m->T * sizeof(float),
+                                  (size_t)w * sizeof(float), (size_t)m->Hq, cudaMemcpyDeviceToHost, m->st));
+    KV_CUDA_TRY(cudaStreamSynchronize(m->st));
     return KV_OK;
+}
+
+static kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx,
+                                      float *logw, int cap, int *count) {
+    KV_TRY(kv_mp_gpu_launch(m, q, lo, hi, minc, NULL));
+    return kv_mp_gpu_fetch(m, idx, logw, cap, count);
 }
 
 static kv_status kv_mp_gpu_read_index(const kv_mp_gpu *m, int lo, int hi, uint16_t *codes, float *knorm) {
@@ -744,6 +769,8 @@ extern "C" const kv_magicpig_cuda_ops kv_magicpig_cuda = {
     .set_mean = kv_mp_gpu_set_mean,
     .index = kv_mp_gpu_index,
     .search = kv_mp_gpu_search,
+    .launch = kv_mp_gpu_launch,
+    .fetch = kv_mp_gpu_fetch,
     .read_index = kv_mp_gpu_read_index,
     .counts = kv_mp_gpu_counts,
     .destroy = kv_mp_gpu_destroy,

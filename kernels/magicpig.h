@@ -38,6 +38,9 @@ typedef struct {
      * overwritten (one copy per array, as wide as the longest list). */
     kv_status (*search)(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx, float *logw, int cap,
         int *count);
+    /* The same in halves (kvbench run, kv_gpu_mark): launch queues the search, fetch waits for it and copies. */
+    kv_status (*launch)(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, kv_gpu_mark *mark);
+    kv_status (*fetch)(kv_mp_gpu *m, int32_t *idx, float *logw, int cap, int *count);
     /* For tests: codes of positions [lo, hi) to codes[(g*L + l)*(hi-lo) + i - lo]
      * and key norms to knorm[g*(hi-lo) + i - lo] (either nullable); the query
      * codes [Hq][L] of q (host) and the collision counts [Hq][hi-lo] of the

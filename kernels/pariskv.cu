@@ -869,39 +869,58 @@ static void kv_pariskv_gpu_candidates_dev(const kv_pariskv_gpu *p, const int32_t
     *ld = p->Tp;
 }
 
-static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
-                                           int32_t *out, int32_t *cand, int cand_ld) {
+/* Queues one search (kv_gpu_mark: `kvbench run`); the ids come back into pinned memory, read by fetch. */
+static kv_status kv_pariskv_gpu_launch(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
+                                       kv_gpu_mark *mark) {
+    p->last_k = 0;
     KV_TRY(pk_check_step(p, s));
     const int R = p->c.rows, kk = s->k < s->C ? s->k : s->C;
     KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->c.Hq * p->c.D * 4, cudaMemcpyHostToDevice, p->st));
+    KV_TRY(kv_gpu_mark_start(mark, p->st));
     KV_TRY(pk_search_launch(p, s, p->st));
+    KV_TRY(kv_gpu_mark_end(mark, p->st));
     p->last_lo = s->lo;
     p->last_n = s->end - s->lo;
     p->last_C = s->C;
-    if (kk <= KV_GPU_TOPK_MAX) { /* the ids mapped on the device (stage 4): R kk ids come back, into pinned memory */
+    p->last_k = s->k;
+    if (kk <= KV_GPU_TOPK_MAX) /* the ids mapped on the device (stage 4): R kk ids come back, into pinned memory */
         KV_CUDA_TRY(cudaMemcpyAsync(p->hpos, p->sel, (size_t)R * kk * 4, cudaMemcpyDeviceToHost, p->st));
-        KV_CUDA_TRY(cudaStreamSynchronize(p->st));
-        for (int r = 0; r < R; r++) memcpy(out + (size_t)r * s->k, p->hpos + (size_t)r * kk, (size_t)kk * 4);
+    return KV_OK;
+}
+
+/* Waits for the launched search and writes its lists out[r * k + j] (and its candidates when cand). */
+static kv_status kv_pariskv_gpu_fetch(kv_pariskv_gpu *p, int32_t *out, int32_t *cand, int cand_ld) {
+    const int R = p->c.rows, k = p->last_k, C = p->last_C, kk = k < C ? k : C;
+    if (k <= 0) return kv_fail(KV_ERR_INTERNAL, "pariskv GPU: fetch without a launched search");
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    if (kk <= KV_GPU_TOPK_MAX) {
+        for (int r = 0; r < R; r++) memcpy(out + (size_t)r * k, p->hpos + (size_t)r * kk, (size_t)kk * 4);
         return cand ? kv_pariskv_gpu_candidates(p, cand, cand_ld) : KV_OK;
     }
     /* beyond the GPU top-k's index limit: the host ranks the rerank scores */
-    int32_t *hc = (int32_t *)kv_malloc((size_t)R * s->C * 4, "pariskv candidates (host)");
-    float *sc = (float *)kv_malloc((size_t)s->C * 4, "pariskv rerank scores (host)");
+    int32_t *hc = (int32_t *)kv_malloc((size_t)R * C * 4, "pariskv candidates (host)");
+    float *sc = (float *)kv_malloc((size_t)C * 4, "pariskv rerank scores (host)");
     int32_t *ps = (int32_t *)kv_malloc((size_t)kk * 4, "pariskv top-k (host)");
-    kv_status st = hc && sc && ps ? kv_pariskv_gpu_candidates(p, hc, s->C) : KV_ERR_NOMEM;
+    kv_status st = hc && sc && ps ? kv_pariskv_gpu_candidates(p, hc, C) : KV_ERR_NOMEM;
     for (int r = 0; r < R && st == KV_OK; r++) {
-        cudaError_t e = cudaMemcpy(sc, p->csc + (size_t)r * p->Tp, (size_t)s->C * 4, cudaMemcpyDeviceToHost);
+        cudaError_t e = cudaMemcpy(sc, p->csc + (size_t)r * p->Tp, (size_t)C * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) { st = kv_cuda_error(e, "copying the rerank scores back", __FILE__, __LINE__); break; }
-        kv_topk_ref(sc, s->C, kk, 0, ps, NULL);
-        for (int j = 0; j < kk; j++) out[(size_t)r * s->k + j] = hc[(size_t)r * s->C + ps[j]];
+        kv_topk_ref(sc, C, kk, 0, ps, NULL);
+        for (int j = 0; j < kk; j++) out[(size_t)r * k + j] = hc[(size_t)r * C + ps[j]];
     }
-    const int nc = s->C < cand_ld ? s->C : cand_ld;
+    const int nc = C < cand_ld ? C : cand_ld;
     for (int r = 0; r < R && st == KV_OK && cand; r++)
-        memcpy(cand + (size_t)r * cand_ld, hc + (size_t)r * s->C, (size_t)nc * 4);
+        memcpy(cand + (size_t)r * cand_ld, hc + (size_t)r * C, (size_t)nc * 4);
     free(hc);
     free(sc);
     free(ps);
     return st;
+}
+
+static kv_status kv_pariskv_gpu_search(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s,
+                                           int32_t *out, int32_t *cand, int cand_ld) {
+    KV_TRY(kv_pariskv_gpu_launch(p, q, s, NULL));
+    return kv_pariskv_gpu_fetch(p, out, cand, cand_ld);
 }
 
 static kv_status kv_pariskv_gpu_read_index(kv_pariskv_gpu *p, int g, int a, int b, uint8_t *ids, uint8_t *code,
@@ -1035,6 +1054,8 @@ extern "C" const kv_pariskv_cuda_ops kv_pariskv_cuda = {
     .destroy = kv_pariskv_gpu_destroy,
     .encode_host = kv_pariskv_gpu_encode_host,
     .search = kv_pariskv_gpu_search,
+    .launch = kv_pariskv_gpu_launch,
+    .fetch = kv_pariskv_gpu_fetch,
     .candidates = kv_pariskv_gpu_candidates,
     .candidates_dev = kv_pariskv_gpu_candidates_dev,
     .read_index = kv_pariskv_gpu_read_index,

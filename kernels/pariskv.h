@@ -54,6 +54,9 @@ typedef struct {
     /* One search step of s (above) for q [Hq][D] host; cand may be NULL (then only out is copied back). */
     kv_status (*search)(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s, int32_t *out,
         int32_t *cand, int cand_ld);
+    /* The same in halves (kvbench run, kv_gpu_mark): launch queues the search, fetch waits for it and copies. */
+    kv_status (*launch)(kv_pariskv_gpu *p, const float *q, const kv_pariskv_gpu_step *s, kv_gpu_mark *mark);
+    kv_status (*fetch)(kv_pariskv_gpu *p, int32_t *out, int32_t *cand, int cand_ld);
     /* The last search's candidates, as search's cand (kvbench run copies them after the timed search). */
     kv_status (*candidates)(kv_pariskv_gpu *p, int32_t *cand, int cand_ld);
     /* The same lists where they are: row r at *cand + r * *ld on the device, until the next search. */

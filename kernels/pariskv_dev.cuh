@@ -37,6 +37,7 @@ struct kv_pariskv_gpu {
     kv_topk_ws tk;
     size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
     int last_lo, last_n, last_C; /* of the last search, for read_last */
+    int last_k;                  /* the last launched search's k, for fetch (0: nothing launched) */
     int fused;           /* the search in 3-4 launches (pk_stage) with KVBENCH_PK_FUSED=1 at create; default six */
     int score8;          /* fused, KVBENCH_PK_SCORE8=1 and every score <= 254: collision scores stored as uint8 */
     int pdl;             /* the launches after the tier kernel programmatic dependent ones (KVBENCH_PK_PDL=0: plain;

@@ -935,19 +935,45 @@ static kv_status kv_pq_gpu_create(int Hq, int Hkv, int T, int D, int M, int C, k
     return KV_OK;
 }
 
-static kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
-                                      int ld, int *count, float *agg, float *raw) {
+/* Queues one search (kv_gpu_mark: `kvbench run`); its lists come back into idx (the caller's, page-locked in
+ * the run) behind it; fetch waits and writes the counts. */
+static kv_status kv_pq_gpu_launch_agg(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
+                                      int ld, int want_agg, kv_gpu_mark *mark) {
     const int n = hi - lo;
+    p->last_kk = -1;
     if (n <= 0) return KV_OK;
     const int kk = k < n ? k : n;
     if (kk > KV_GPU_TOPK_MAX)
         return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above the GPU top-k's limit %d", k, KV_GPU_TOPK_MAX);
     if (kk > ld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection capacity %d < %d", ld, kk);
     KV_CUDA_TRY(cudaMemcpyAsync(p->q, q, (size_t)p->Hq * p->D * sizeof(float), cudaMemcpyHostToDevice, p->st));
-    KV_TRY(pq_search_graph(p, scale, lo, hi, kk > 0 ? kk : 1, agg != NULL));
+    KV_TRY(kv_gpu_mark_start(mark, p->st));
+    KV_TRY(pq_search_graph(p, scale, lo, hi, kk > 0 ? kk : 1, want_agg));
+    KV_TRY(kv_gpu_mark_end(mark, p->st));
     if (kk > 0)
         KV_CUDA_TRY(cudaMemcpy2DAsync(idx, (size_t)ld * sizeof(int32_t), p->idx, (size_t)kk * sizeof(int32_t),
                                       (size_t)kk * sizeof(int32_t), p->Hkv, cudaMemcpyDeviceToHost, p->st));
+    p->last_kk = kk;
+    return KV_OK;
+}
+
+static kv_status kv_pq_gpu_launch(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
+                                  int ld, kv_gpu_mark *mark) {
+    return kv_pq_gpu_launch_agg(p, q, scale, lo, hi, k, idx, ld, 0, mark);
+}
+
+static kv_status kv_pq_gpu_fetch(kv_pq_gpu *p, int *count) {
+    if (p->last_kk < 0) return KV_OK;
+    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
+    for (int g = 0; g < p->Hkv; g++) count[g] = p->last_kk;
+    return KV_OK;
+}
+
+static kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx,
+                                      int ld, int *count, float *agg, float *raw) {
+    const int n = hi - lo;
+    KV_TRY(kv_pq_gpu_launch_agg(p, q, scale, lo, hi, k, idx, ld, agg != NULL, NULL));
+    if (n <= 0) return KV_OK;
     if (agg)
         KV_CUDA_TRY(cudaMemcpy2DAsync(agg, (size_t)n * sizeof(float), p->agg, (size_t)p->T * sizeof(float),
                                       (size_t)n * sizeof(float), p->Hkv, cudaMemcpyDeviceToHost, p->st));
@@ -964,9 +990,7 @@ static kv_status kv_pq_gpu_search(kv_pq_gpu *p, const float *q, float scale, int
         cudaFree(draw);
         if (st != KV_OK) return kv_fail(st, "pqcache GPU: raw scores failed");
     }
-    KV_CUDA_TRY(cudaStreamSynchronize(p->st));
-    for (int g = 0; g < p->Hkv; g++) count[g] = kk;
-    return KV_OK;
+    return kv_pq_gpu_fetch(p, count);
 }
 
 /* ---- kvbench bench --method pqcache ---- */
@@ -1076,6 +1100,8 @@ extern "C" const kv_pqcache_cuda_ops kv_pqcache_cuda = {
     .encode = pq_gpu_encode,
     .upload = pq_gpu_upload,
     .search = kv_pq_gpu_search,
+    .launch = kv_pq_gpu_launch,
+    .fetch = kv_pq_gpu_fetch,
     .destroy = kv_pq_gpu_destroy,
     .bench = kv_pq_gpu_bench,
 };

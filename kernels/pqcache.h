@@ -49,6 +49,11 @@ typedef struct {
      * k <= KV_GPU_TOPK_MAX. */
     kv_status (*search)(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx, int ld,
         int *count, float *agg, float *raw);
+    /* The same without the test outputs, in halves (kvbench run, kv_gpu_mark): launch queues the search and the
+     * copy of its lists into idx (read them after fetch), fetch waits for it and writes count. */
+    kv_status (*launch)(kv_pq_gpu *p, const float *q, float scale, int lo, int hi, int k, int32_t *idx, int ld,
+        kv_gpu_mark *mark);
+    kv_status (*fetch)(kv_pq_gpu *p, int *count);
     void (*destroy)(kv_pq_gpu *p);
     /* kvbench bench --method pqcache: k-means on the float16 keys K
      * [Hkv][>= n][D] (positions 0..n-1, picks as above), then per-stage

@@ -29,6 +29,7 @@ struct kv_pq_gpu {
     long long TM;
     kv_cuda_dev dev;
     cudaStream_t st;
+    int last_kk;      /* the launched search's list length, for fetch (-1: nothing launched) */
     cublasHandle_t blas;
     float *cent, *q, *lut, *agg, *pm, *mz, *key1, *tab;
     double *pz;

@@ -265,7 +265,9 @@ struct kv_quest_gpu {
     float *cmin, *cmax; /* [Hkv][D] */
     float *q, *bound, *pooled, *mz, *key1;
     int32_t *pages;     /* [Hq][kcap] */
+    int32_t *hpages;    /* [Hq][kcap] pinned host: the launched search's pages on their way back */
     int kcap;
+    int last_n;         /* the launched search's page ids (lists x kp), for fetch; 0: none */
     kv_topk_ws tk;
     float *bmax, *cv;   /* pool=mean fused (pages_mean.cu): [Hq][nba] block maxima, [Hkv][nbz*PM_KMAX] candidates */
     double *zpart, *tz; /* [Hq][nbz], [Hq][nba] */
@@ -292,6 +294,7 @@ kv_status quest_create_go(kv_quest_gpu *g) {
     KV_CUDA_ALLOC(g->key1, Hkv * D * sizeof(float), 0, "quest appended key");
     g->kcap = g->P < KV_GPU_TOPK_MAX ? g->P : KV_GPU_TOPK_MAX;
     KV_CUDA_ALLOC(g->pages, Hq * g->kcap * sizeof(int32_t), 0, "quest selected pages");
+    KV_CUDA_ALLOC(g->hpages, Hq * g->kcap * sizeof(int32_t), 1, "quest selected pages (pinned host)");
     KV_TRY(kv_topk_ws_create(&g->tk, g->Hq, g->P, &g->dev));
     int nba, nbz;
     pm_sizes(g->P, g->Hkv, &nba, &nbz);
@@ -388,6 +391,7 @@ static void kv_quest_gpu_destroy(kv_quest_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     cudaFree(g->kmin); cudaFree(g->kmax); cudaFree(g->cmin); cudaFree(g->cmax); cudaFree(g->q); cudaFree(g->bound);
     cudaFree(g->pooled); cudaFree(g->mz); cudaFree(g->key1); cudaFree(g->pages);
+    cudaFreeHost(g->hpages);
     cudaFree(g->bmax); cudaFree(g->zpart); cudaFree(g->tz); cudaFree(g->cv); cudaFree(g->cj); cudaFree(g->ctr);
     kv_topk_ws_destroy(&g->tk);
     if (g->st) cudaStreamDestroy(g->st);
@@ -514,20 +518,42 @@ static kv_status kv_quest_gpu_summaries(kv_quest_gpu *g, int npages, float *kmin
     return st;
 }
 
-static kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
-                                         int32_t *pages, float *bound) {
+/* Queues one search (kv_gpu_mark: `kvbench run`); its page ids come back into pinned memory, read by fetch. */
+static kv_status kv_quest_gpu_launch_b(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
+                                       int write_bound, kv_gpu_mark *mark) {
+    g->last_n = 0;
     if (ncand <= 0 || kp <= 0) return KV_OK;
     if (kp > ncand || kp > g->kcap || ncand > g->P)
         return kv_fail(KV_ERR_INPUT, "quest GPU: %d pages of %d candidates (at most %d)", kp, ncand, g->kcap);
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, q, (size_t)g->Hq * g->D * sizeof(float), cudaMemcpyHostToDevice, g->st));
-    KV_TRY(quest_search_launch(g, scale, pool, ncand, kp, bound != NULL, -1));
+    KV_TRY(kv_gpu_mark_start(mark, g->st));
+    KV_TRY(quest_search_launch(g, scale, pool, ncand, kp, write_bound, -1));
+    KV_TRY(kv_gpu_mark_end(mark, g->st));
     const int R = pool ? g->Hkv : g->Hq;
-    KV_CUDA_TRY(cudaMemcpyAsync(pages, g->pages, (size_t)R * kp * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
-    if (bound)
+    KV_CUDA_TRY(cudaMemcpyAsync(g->hpages, g->pages, (size_t)R * kp * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
+    g->last_n = R * kp;
+    return KV_OK;
+}
+
+static kv_status kv_quest_gpu_launch(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
+                                     kv_gpu_mark *mark) {
+    return kv_quest_gpu_launch_b(g, q, scale, pool, ncand, kp, 0, mark);
+}
+
+static kv_status kv_quest_gpu_fetch(kv_quest_gpu *g, int32_t *pages) {
+    if (g->last_n <= 0) return KV_OK;
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    memcpy(pages, g->hpages, (size_t)g->last_n * sizeof(int32_t));
+    return KV_OK;
+}
+
+static kv_status kv_quest_gpu_search(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
+                                         int32_t *pages, float *bound) {
+    KV_TRY(kv_quest_gpu_launch_b(g, q, scale, pool, ncand, kp, bound != NULL, NULL));
+    if (bound && g->last_n > 0)
         KV_CUDA_TRY(cudaMemcpy2DAsync(bound, (size_t)ncand * sizeof(float), g->bound, (size_t)g->PS * sizeof(float),
                                       (size_t)ncand * sizeof(float), g->Hq, cudaMemcpyDeviceToHost, g->st));
-    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    return KV_OK;
+    return kv_quest_gpu_fetch(g, pages);
 }
 
 /* ---- kvbench bench --method quest ---- */
@@ -639,6 +665,8 @@ extern "C" const kv_quest_cuda_ops kv_quest_cuda = {
     .append = kv_quest_gpu_append,
     .summaries = kv_quest_gpu_summaries,
     .search = kv_quest_gpu_search,
+    .launch = kv_quest_gpu_launch,
+    .fetch = kv_quest_gpu_fetch,
     .select_flagged = kv_quest_gpu_select_flagged,
     .flagged_ok = kv_quest_gpu_flagged_ok,
     .bench_with = kv_quest_gpu_bench_with,

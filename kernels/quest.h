@@ -41,6 +41,10 @@ typedef struct {
      * [Hq][ncand] of the raw bounds. 1 <= kp <= min(ncand, KV_GPU_TOPK_MAX). */
     kv_status (*search)(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp,
         int32_t *pages, float *bound);
+    /* The same without bounds, in halves (kvbench run, kv_gpu_mark): launch queues the search, fetch waits for
+     * it and writes pages. */
+    kv_status (*launch)(kv_quest_gpu *g, const float *q, float scale, int pool, int ncand, int kp, kv_gpu_mark *mark);
+    kv_status (*fetch)(kv_quest_gpu *g, int32_t *pages);
     /* pool=mean selection with device queries qd [Hq][D] of only the kv heads
      * whose device flag[g] != 0 (FreeKV's correction without a host round
      * trip), on stream st (NULL: the state's), no sync; pages (host, nullable)

@@ -101,9 +101,10 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
-    if (s->dsearch)
-        return kv_gpu_search_run(s->dsearch, exact_dkeys(s), q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap,
-                                 sel->count);
+    if (s->dsearch) {
+        KV_TRY(kv_gpu_search_launch(s->dsearch, exact_dkeys(s), q, sh->softmax_scale, lo, hi, k, NULL));
+        return kv_gpu_search_fetch(s->dsearch, sel->idx, sel->cap, sel->count);
+    }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int h = 0; h < sh->num_q_heads; h++) {
@@ -115,6 +116,20 @@ static kv_status exact_search(void *st, int t, const float *q, int k, kv_selecti
         sel->count[h] = c < 0 ? 0 : c;
     }
     return failed ? kv_fail(KV_ERR_NOMEM, "exact: out of host memory for top-k scratch") : KV_OK;
+}
+
+/* The GPU search in halves (kv_method.search_launch): an empty region launches nothing and fetches nothing. */
+static kv_status exact_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    exact_state *s = st;
+    (void)sel;
+    int lo = s->sh.sink, hi = t + 1 - s->sh.local;
+    return kv_gpu_search_launch(s->dsearch, exact_dkeys(s), q, s->sh.softmax_scale, lo, hi > lo ? hi : lo, k, mark);
+}
+
+static kv_status exact_finish(void *st, int t, int k, kv_selection *sel) {
+    exact_state *s = st;
+    (void)t; (void)k;
+    return kv_gpu_search_fetch(s->dsearch, sel->idx, sel->cap, sel->count);
 }
 
 static size_t exact_memory(const void *st) {
@@ -177,4 +192,6 @@ const kv_method kv_method_exact = {
     .memory_bytes = exact_memory,
     .destroy = exact_destroy,
     .bench_gpu = exact_bench_gpu,
+    .search_launch = exact_launch,
+    .search_finish = exact_finish,
 };

@@ -187,6 +187,14 @@ typedef struct kv_method {
      * device evaluation, so they never cross to the host (issue 12 goal 1); `kvbench run` calls it in place
      * of candidates() there. *out->idx NULL: none this search. */
     kv_status (*candidates_dev)(void *state, kv_dev_cands *out);
+    /* Optional, GPU path: search() in two halves, so that `kvbench run` queues every method's search of a step
+     * on the device before it waits for any (issue 12 goal 1). search_launch queues the search of step t (q read
+     * before it returns), its device work between kv_gpu_mark_start and kv_gpu_mark_end of mark (NULL: not
+     * queued, nothing to mark), and returns without waiting; search_finish waits for it and completes sel (reset
+     * before the launch). Between the two the caller touches neither the state nor sel. On a state created
+     * with shape->use_gpu only; search() there is search_launch with no mark, then search_finish. */
+    kv_status (*search_launch)(void *state, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark);
+    kv_status (*search_finish)(void *state, int t, int k, kv_selection *sel);
 } kv_method;
 /* search() and then, when the method has it, candidates(): a whole search as a caller outside the run's
  * timed loop wants it (tests, tools). */

@@ -292,7 +292,10 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, L = s->L, lo = sh->sink, hi = t + 1 - sh->local;
     (void)k; /* variable budget: every candidate is attended */
     if (hi <= lo) return KV_OK;
-    if (s->dev) return kv_magicpig_cuda.search(s->dev, q, lo, hi, s->minc, sel->idx, sel->logw, sel->cap, sel->count);
+    if (s->dev) {
+        KV_TRY(kv_magicpig_cuda.launch(s->dev, q, lo, hi, s->minc, NULL));
+        return kv_magicpig_cuda.fetch(s->dev, sel->idx, sel->logw, sel->cap, sel->count);
+    }
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < sh->num_q_heads; h++) {
         int g = h / sh->group;
@@ -317,6 +320,19 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
         sel->count[h] = c;
     }
     return KV_OK;
+}
+
+/* The GPU search in halves (kv_method.search_launch). */
+static kv_status mp_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    mp_state *s = st;
+    (void)k; (void)sel;
+    return kv_magicpig_cuda.launch(s->dev, q, s->sh.sink, t + 1 - s->sh.local, s->minc, mark);
+}
+
+static kv_status mp_finish(void *st, int t, int k, kv_selection *sel) {
+    mp_state *s = st;
+    (void)t; (void)k;
+    return kv_magicpig_cuda.fetch(s->dev, sel->idx, sel->logw, sel->cap, sel->count);
 }
 
 static size_t mp_memory(const void *st) {
@@ -373,4 +389,6 @@ const kv_method kv_method_magicpig = {
     .memory_bytes = mp_memory,
     .destroy = mp_destroy,
     .bench_gpu = mp_bench_gpu,
+    .search_launch = mp_launch,
+    .search_finish = mp_finish,
 };

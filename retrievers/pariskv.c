@@ -152,6 +152,7 @@ typedef struct {
     kv_pariskv_gpu *gpu; /* GPU path: the index lives on the device (kernels/pariskv.cu) */
     int32_t *gout;    /* GPU path: host [rows][k_cap] lists */
     int gk_cap;
+    int g_C;          /* GPU path: the launched search's candidates per row (0: none launched) */
     int last_C;      /* GPU: candidates per row of the last search (0: none), for pk_candidates */
     int nthreads;
     pk_scratch *scr;
@@ -560,32 +561,60 @@ static int search_one(pk_state *s, pk_scratch *c, int g, int t, int k, int *n_ca
     return got;
 }
 
-/* The GPU path's search: every row (kv head, or query head with pool=none)
- * on the device in one pass; lists and candidates copied into sel. */
-static kv_status search_gpu(pk_state *s, int t, const float *q, int k, kv_selection *sel) {
+/* The region's tokens not yet indexed (update buffer) are attended densely. */
+static void report_extra(const pk_state *s, int lo, int hi, kv_selection *sel) {
+    int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
+    if (ne > sel->extra_cap) ne = sel->extra_cap;
+    for (int g = 0; g < s->sh.num_kv_heads && ne > 0; g++) {
+        for (int j = 0; j < ne; j++) sel->extra[(size_t)g * sel->extra_cap + j] = e0 + j;
+        sel->n_extra[g] = ne;
+    }
+}
+
+/* The GPU path's search, in halves (kv_method.search_launch): every row (kv
+ * head, or query head with pool=none) on the device in one pass; the lists
+ * are copied into sel by pk_finish, the candidates by pk_candidates. */
+static kv_status pk_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    pk_state *s = st;
     const kv_shape *sh = &s->sh;
+    (void)sel;
+    s->last_C = s->g_C = 0; /* until a search is launched, and then fetched */
     int lo = sh->sink, hi = t + 1 - sh->local, end = s->n_idx < hi ? s->n_idx : hi, n = end - lo;
     if (n <= 0 || k <= 0) return KV_OK;
     double beta = s->beta, rho = s->rho, ab, ar;
     kv_pariskv_adaptive_ratios(n, &ab, &ar);
     kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = s->n_idx, .C = kv_pariskv_candidates(n, beta > 0 ? beta : ab, k, s->cand_floor),
                                 .k = k, .multi = s->multi, .rho = rho > 0 ? rho : ar};
-    int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
+    int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads;
     if (k > s->gk_cap) {
         free(s->gout);
         s->gk_cap = 0;
         if (!(s->gout = kv_malloc((size_t)rows * k * sizeof(int32_t), "pariskv GPU lists"))) return KV_ERR_NOMEM;
         s->gk_cap = k;
     }
-    KV_TRY(kv_pariskv_cuda.search(s->gpu, q, &step, s->gout, NULL, 0)); /* the candidates: pk_candidates */
-    int got = k < step.C ? k : step.C;
-    if (got > sel->cap) got = sel->cap;
-    for (int r = 0; r < rows; r++)
-        for (int h = r * nh; h < (r + 1) * nh; h++) {
-            memcpy(sel->idx + (size_t)h * sel->cap, s->gout + (size_t)r * k, (size_t)got * sizeof(int32_t));
-            sel->count[h] = got;
-        }
-    s->last_C = step.C;
+    KV_TRY(kv_pariskv_cuda.launch(s->gpu, q, &step, mark));
+    s->g_C = step.C;
+    return KV_OK;
+}
+
+static kv_status pk_finish(void *st, int t, int k, kv_selection *sel) {
+    pk_state *s = st;
+    const kv_shape *sh = &s->sh;
+    int lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    if (s->g_C > 0) {
+        KV_TRY(kv_pariskv_cuda.fetch(s->gpu, s->gout, NULL, 0)); /* the candidates: pk_candidates */
+        int rows = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, nh = s->pool_mean ? sh->group : 1;
+        int got = k < s->g_C ? k : s->g_C;
+        if (got > sel->cap) got = sel->cap;
+        for (int r = 0; r < rows; r++)
+            for (int h = r * nh; h < (r + 1) * nh; h++) {
+                memcpy(sel->idx + (size_t)h * sel->cap, s->gout + (size_t)r * k, (size_t)got * sizeof(int32_t));
+                sel->count[h] = got;
+            }
+        s->last_C = s->g_C;
+    }
+    report_extra(s, lo, hi, sel);
     return KV_OK;
 }
 
@@ -622,16 +651,6 @@ static kv_status pk_candidates_dev(void *st, kv_dev_cands *out) {
     return KV_OK;
 }
 
-/* The region's tokens not yet indexed (update buffer) are attended densely. */
-static void report_extra(const pk_state *s, int lo, int hi, kv_selection *sel) {
-    int e0 = s->n_idx > lo ? s->n_idx : lo, ne = hi - e0;
-    if (ne > sel->extra_cap) ne = sel->extra_cap;
-    for (int g = 0; g < s->sh.num_kv_heads && ne > 0; g++) {
-        for (int j = 0; j < ne; j++) sel->extra[(size_t)g * sel->extra_cap + j] = e0 + j;
-        sel->n_extra[g] = ne;
-    }
-}
-
 static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     pk_state *s = st;
     s->last_C = 0; /* until a GPU search sets it */
@@ -639,9 +658,8 @@ static kv_status pk_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, G = sh->group, lo = sh->sink, hi = t + 1 - sh->local;
     if (hi <= lo) return KV_OK;
     if (s->gpu) {
-        KV_TRY(search_gpu(s, t, q, k, sel));
-        report_extra(s, lo, hi, sel);
-        return KV_OK;
+        KV_TRY(pk_launch(s, t, q, k, sel, NULL));
+        return pk_finish(s, t, k, sel);
     }
     int jobs = s->pool_mean ? sh->num_kv_heads : sh->num_q_heads, failed = 0;
     /* threads only pay off on long regions (a parallel region costs more than a short search) */
@@ -740,6 +758,8 @@ const kv_method kv_method_pariskv = {
     .search = pk_search,
     .candidates = pk_candidates,
     .candidates_dev = pk_candidates_dev,
+    .search_launch = pk_launch,
+    .search_finish = pk_finish,
     .memory_bytes = pk_memory,
     .destroy = pk_destroy,
     .describe = pk_describe,

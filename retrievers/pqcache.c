@@ -315,7 +315,10 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
     int D = sh->head_dim, T = sh->max_tokens, M = s->M, C = s->C, G = sh->group;
     int lo = sh->sink, hi = t + 1 - sh->local, n = hi - lo;
     if (n <= 0) return KV_OK;
-    if (s->gpu) return kv_pqcache_cuda.search(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, sel->count, NULL, NULL);
+    if (s->gpu) {
+        KV_TRY(kv_pqcache_cuda.launch(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, NULL));
+        return kv_pqcache_cuda.fetch(s->gpu, sel->count);
+    }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -344,6 +347,19 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
         sel->count[g] = c < 0 ? 0 : c;
     }
     return failed ? kv_fail(KV_ERR_NOMEM, "pqcache: out of host memory for top-k scratch") : KV_OK;
+}
+
+/* The GPU search in halves (kv_method.search_launch). */
+static kv_status pq_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    pq_state *s = st;
+    int lo = s->sh.sink, hi = t + 1 - s->sh.local;
+    return kv_pqcache_cuda.launch(s->gpu, q, s->sh.softmax_scale, lo, hi, k, sel->idx, sel->cap, mark);
+}
+
+static kv_status pq_finish(void *st, int t, int k, kv_selection *sel) {
+    pq_state *s = st;
+    (void)t; (void)k;
+    return kv_pqcache_cuda.fetch(s->gpu, sel->count);
 }
 
 static size_t pq_memory(const void *st) {
@@ -397,4 +413,6 @@ const kv_method kv_method_pqcache = {
     .memory_bytes = pq_memory,
     .destroy = pq_destroy,
     .bench_gpu = pq_bench_gpu,
+    .search_launch = pq_launch,
+    .search_finish = pq_finish,
 };

@@ -69,6 +69,7 @@ typedef struct {
     float *pooled;      /* [Hkv][max_pages] scratch */
     int32_t *pages;     /* [Hq][max_pages] scratch: selected page ids */
     kv_quest_gpu *gpu;  /* the device path (use_gpu): summaries on the device */
+    int g_kp;           /* the launched GPU search's pages per list (0: none launched) */
 } quest_state;
 
 static const kv_param_spec quest_params[] = {
@@ -146,8 +147,45 @@ static kv_status quest_append(void *st, int t, const float *k, const float *v, c
     return KV_OK;
 }
 
+/* The GPU search in halves (kv_method.search_launch): the page ids from the
+ * device, expanded into tokens here by the CPU's code, and the extra tokens
+ * computed here as on the CPU. */
+static kv_status quest_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    quest_state *s = st;
+    int hi = t + 1 - s->sh.local;
+    (void)sel;
+    s->g_kp = 0;
+    if (hi <= s->sh.sink) return KV_OK;
+    int ncand = kv_pages_candidates(&s->pg, hi), kp = k / s->pg.page < ncand ? k / s->pg.page : ncand;
+    if (kp <= 0) return KV_OK;
+    KV_TRY(kv_quest_cuda.launch(s->gpu, q, s->sh.softmax_scale, s->pool, ncand, kp, mark));
+    s->g_kp = kp;
+    return KV_OK;
+}
+
+static kv_status quest_finish(void *st, int t, int k, kv_selection *sel) {
+    quest_state *s = st;
+    const kv_shape *sh = &s->sh;
+    int hi = t + 1 - sh->local, kp = s->g_kp;
+    (void)k;
+    if (hi <= sh->sink) return KV_OK;
+    for (int g = 0; g < sh->num_kv_heads; g++) /* region tokens in no full page: attended densely */
+        sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
+    if (kp <= 0) return KV_OK;
+    KV_TRY(kv_quest_cuda.fetch(s->gpu, s->pages));
+    for (int h = 0; h < sh->num_q_heads; h++) {
+        const int32_t *pg = s->pages + (size_t)(s->pool == QUEST_POOL_NONE ? h : h / sh->group) * kp;
+        sel->count[h] = kv_pages_expand(&s->pg, pg, kp, hi, sel->idx + (size_t)h * sel->cap);
+    }
+    return KV_OK;
+}
+
 static kv_status quest_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     quest_state *s = st;
+    if (s->gpu) {
+        KV_TRY(quest_launch(s, t, q, k, sel, NULL));
+        return quest_finish(s, t, k, sel);
+    }
     const kv_shape *sh = &s->sh;
     int G = sh->group, P = s->pg.max_pages, lo = sh->sink, hi = t + 1 - sh->local, page = s->pg.page;
     if (hi <= lo) return KV_OK;
@@ -157,14 +195,6 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
     for (int g = 0; g < sh->num_kv_heads; g++) /* region tokens in no full page: attended densely */
         sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
     if (kp <= 0) return KV_OK;
-    if (s->gpu) { /* page ids from the device, expanded here */
-        KV_TRY(kv_quest_cuda.search(s->gpu, q, sh->softmax_scale, s->pool, ncand, kp, s->pages, NULL));
-        for (int h = 0; h < sh->num_q_heads; h++) {
-            const int32_t *pg = s->pages + (size_t)(s->pool == QUEST_POOL_NONE ? h : h / G) * kp;
-            sel->count[h] = kv_pages_expand(&s->pg, pg, kp, hi, sel->idx + (size_t)h * sel->cap);
-        }
-        return KV_OK;
-    }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -227,6 +257,8 @@ const kv_method kv_method_quest = {
     .build = quest_build,
     .append = quest_append,
     .search = quest_search,
+    .search_launch = quest_launch,
+    .search_finish = quest_finish,
     .memory_bytes = quest_memory,
     .destroy = quest_destroy,
     .bench_gpu = quest_bench_gpu,

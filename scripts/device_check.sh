@@ -48,6 +48,9 @@ if [ "${RUNLOOP:-0}" != 0 ]; then
         echo "synth: $((SECONDS - t0)) s, $(du -m $TR128 | cut -f1) MB"
         /usr/bin/time -f "run: %e s wall, %U s user, %S s sys, %M KB max RSS" timeout 400 \
             ./kvbench run --trace $TR128 --method $RL_METHODS --device gpu --out /tmp/kvb-runloop --force --quiet --verbose
+        # the same with every search synchronous, as before the queued searches (session 20)
+        KVBENCH_RUN_QUEUE=0 /usr/bin/time -f "run, KVBENCH_RUN_QUEUE=0: %e s wall" timeout 400 \
+            ./kvbench run --trace $TR128 --method $RL_METHODS --device gpu --out /tmp/kvb-runloop-sync --force --quiet
         /usr/bin/time -f "load + 1 step: %e s wall, %M KB max RSS" timeout 120 \
             ./kvbench run --trace $TR128 --method exact --max-steps 1 --device gpu --out /tmp/kvb-runloop1 --force --quiet
         rm -f /tmp/kvb-runloop-bench.csv
@@ -56,27 +59,32 @@ if [ "${RUNLOOP:-0}" != 0 ]; then
             if [ -s /tmp/kvb-runloop-bench.csv ]; then tail -n +2 /tmp/kvb-rl-$m.csv; else cat /tmp/kvb-rl-$m.csv; fi \
                 >>/tmp/kvb-runloop-bench.csv
         done
-        python3 - /tmp/kvb-runloop/summary.json /tmp/kvb-runloop-bench.csv <<'EOF'
+        python3 - /tmp/kvb-runloop-bench.csv /tmp/kvb-runloop/summary.json /tmp/kvb-runloop-sync/summary.json <<'EOF'
 import csv, json, sys
-s = json.load(open(sys.argv[1]))
 bench = {}
 try:
-    for r in csv.DictReader(open(sys.argv[2])):
+    for r in csv.DictReader(open(sys.argv[1])):
         if r["stage"] in ("exact", "search") and int(r["tokens"]) == 131072:
             bench[r["method"]] = float(r["median_us"])
 except OSError:
     pass
-print(f"wall {s['wall_seconds']:.1f} s (goal <= 10); phases: " +
-      ", ".join(f"{k} {v:.2f}" for k, v in s.get("phase_seconds", {}).items() if not isinstance(v, bool)))
-print(f"{'method':<10} {'device':<6} {'append_s':>8} {'diag_s':>7} {'run_us_med':>10} {'run_total_s':>11} "
-      f"{'bench_us':>9} {'run/bench':>9}")
-for m in s["methods"]:
-    b = bench.get(m["method"])
-    r = m["search_us_median"]
-    ratio = (f"{r / b:>8.2f}x" + (" OVER 1.3" if r / b > 1.3 else "")) if b else ""
-    print(f"{m['method']:<10} {m['device']:<6} {m.get('append_seconds_total', float('nan')):>8.2f} "
-          f"{m.get('diagnostics_seconds_total', float('nan')):>7.2f} {r:>10.1f} "
-          f"{m.get('search_seconds_total', float('nan')):>11.2f} {(b or float('nan')):>9.1f} {ratio}")
+for path in sys.argv[2:]:
+    try:
+        s = json.load(open(path))
+    except OSError:
+        continue
+    print(f"{path}: wall {s['wall_seconds']:.1f} s (goal <= 10); phases: " +
+          ", ".join(f"{k} {v:.2f}" for k, v in s.get("phase_seconds", {}).items() if not isinstance(v, bool)))
+    print(f"{'method':<10} {'device':<6} {'timer':<6} {'append_s':>8} {'diag_s':>7} {'run_us_med':>10} "
+          f"{'run_total_s':>11} {'bench_us':>9} {'run/bench':>9}")
+    for m in s["methods"]:
+        b = bench.get(m["method"])
+        r = m["search_us_median"]
+        ratio = (f"{r / b:>8.2f}x" + (" OVER 1.3" if r / b > 1.3 else "")) if b else ""
+        print(f"{m['method']:<10} {m['device']:<6} {m.get('search_timer', '?'):<6} "
+              f"{m.get('append_seconds_total', float('nan')):>8.2f} "
+              f"{m.get('diagnostics_seconds_total', float('nan')):>7.2f} {r:>10.1f} "
+              f"{m.get('search_seconds_total', float('nan')):>11.2f} {(b or float('nan')):>9.1f} {ratio}")
 EOF
         # what a host-synchronous search costs beyond its kernels on this machine (the floor under goal 1's ratios)
         nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/kvb-roundtrip scripts/roundtrip.cu && /tmp/kvb-roundtrip
@@ -84,7 +92,8 @@ EOF
             python3 scripts/golden_run.py make "$BASE_BIN" tests/golden/run-gpu --device gpu &&
                 tar -C tests/golden -czf "$OUT/golden-run-gpu.tgz" run-gpu # to commit as tests/golden/run-gpu
         fi
-        KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_golden_gpu run_golden_cpu
+        KVBENCH_REQUIRE_GPU=1 KVBENCH_BIN=$PWD/kvbench ./tests/run_tests run_golden_gpu run_golden_cpu \
+            run_queued_equals_sync_gpu
         [ "${RUNLOOP}" = quick ] && exit 0 # the subshell: the section ends here
         # trace loading (issue 12 goal 2): the library path against the parallel one, uncompressed and gzip
         TRGZ=/tmp/kvb-runloop-128k-gz.h5

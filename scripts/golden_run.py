@@ -30,7 +30,7 @@ import gzip, json, os, subprocess, sys, tempfile
 
 METHODS = "exact,pariskv,csattention,ctkvr,freekv,racc,pqcache,quest,magicpig,streaming,random,sampled"
 TIMING = {"build_seconds", "append_seconds_total", "search_us_median", "search_us_p90", "search_seconds_total",
-          "diagnostics_seconds_total"}
+          "diagnostics_seconds_total", "search_timer"}
 DROP_TOP = {"kvbench_version", "git_sha", "command", "started", "wall_seconds", "host", "phase_seconds", "device"}
 
 

@@ -145,6 +145,7 @@ extern char kv_test_reason[512];
     X(sweep_script, KV_NEEDS_SUBPROCESS)                   \
     X(run_golden_cpu, KV_NEEDS_SUBPROCESS)                 \
     X(run_golden_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS)  \
+    X(run_queued_equals_sync_gpu, KV_NEEDS_GPU | KV_NEEDS_SUBPROCESS) \
     X(sweep_slurm_array, KV_NEEDS_SUBPROCESS)              \
     X(pareto_front_hand_case, KV_NEEDS_SUBPROCESS)         \
     X(gpu_oracle_nonfinite_scores, KV_NEEDS_GPU)           \

@@ -340,9 +340,49 @@ int test_run_golden_gpu(void) {
         kv_test_skip_reason("no GPU reference %s (scripts/golden_run.py make OLD_BIN %s --device gpu)", path, dir);
         return KV_TEST_SKIP;
     }
-    int rc = sh("python3 scripts/golden_run.py check %s %s --device gpu", kv_test_bin(), dir);
-    fputs(out, stdout);
-    CHECK(rc == 0, "scripts/golden_run.py check --device gpu exit %d:\n%s\n%s", rc, out, err);
+    /* the queued searches (the default, kv_method.search_launch) and the synchronous ones (KVBENCH_RUN_QUEUE=0) */
+    for (int q = 1; q >= 0; q--) {
+        int rc = sh("%spython3 scripts/golden_run.py check %s %s --device gpu", q ? "" : "KVBENCH_RUN_QUEUE=0 ",
+                    kv_test_bin(), dir);
+        fputs(out, stdout);
+        CHECK(rc == 0, "scripts/golden_run.py check --device gpu%s exit %d:\n%s\n%s", q ? "" : " (KVBENCH_RUN_QUEUE=0)",
+              rc, out, err);
+    }
+    return KV_TEST_PASS;
+}
+
+/* Issue 12 goal 1: with one budget every GPU method with search_launch is queued (summary.json "search_timer":
+ * "device"), and the run's files equal, byte for byte, those of the synchronous searches (KVBENCH_RUN_QUEUE=0,
+ * "host"); the methods off the GPU or without search_launch keep the host timer either way. */
+int test_run_queued_equals_sync_gpu(void) {
+    const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
+    const char *ms = "exact,pariskv,pqcache,quest,magicpig,csattention,streaming";
+    for (int q = 0; q < 2; q++) {
+        int rc = sh("%s%s run --trace " DEMO " --method %s --k 64 --stride 30 --max-steps 40 --device gpu --out %s/q%d "
+                    "--quiet", q ? "" : "KVBENCH_RUN_QUEUE=0 ", B, ms, tmp, q);
+        CHECK(rc == 0, "run (queue %d): exit %d: %s", q, rc, err);
+    }
+    CHECK(sh("cmp %s/q0/steps.csv %s/q1/steps.csv && cmp %s/q0/drift.csv %s/q1/drift.csv", tmp, tmp, tmp, tmp) == 0,
+          "queued and synchronous runs differ: %s%s", out, err);
+    const char *dev[] = {"exact", "pariskv", "pqcache", "quest", "magicpig"}, *host[] = {"csattention", "streaming"};
+    for (int q = 0; q < 2; q++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/q%d/summary.json", tmp, q);
+        FILE *f = fopen(path, "r");
+        CHECK(f, "%s missing", path);
+        static char buf[1 << 20];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        for (int i = 0; i < 7; i++) {
+            const char *m = i < 5 ? dev[i] : host[i - 5], *want = q && i < 5 ? "device" : "host";
+            char key[64];
+            snprintf(key, sizeof key, "\"method\": \"%s\"", m);
+            const char *at = strstr(buf, key), *tm = at ? strstr(at, "\"search_timer\": \"") : NULL;
+            CHECK(tm, "%s: no record of %s with a search_timer", path, m);
+            CHECK(!strncmp(tm + 17, want, strlen(want)), "%s: %s's search_timer is %.8s, want %s", path, m, tm + 17, want);
+        }
+    }
     return KV_TEST_PASS;
 }
 

@@ -80,6 +80,66 @@ void kv_gpu_host_unpin(void *p) {
     if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
+struct kv_gpu_mark {
+    cudaEvent_t start, end;
+    const kv_gpu_mark *after;
+    int recorded; /* end recorded since the last kv_gpu_mark_after */
+};
+
+kv_status kv_gpu_mark_create(kv_gpu_mark **out) {
+    kv_gpu_mark *m = (kv_gpu_mark *)kv_calloc(1, sizeof *m, "search marks");
+    *out = NULL;
+    if (!m) return KV_ERR_NOMEM;
+    cudaError_t e = cudaEventCreate(&m->start);
+    if (e == cudaSuccess) e = cudaEventCreate(&m->end);
+    if (e != cudaSuccess) {
+        kv_gpu_mark_destroy(m);
+        return kv_cuda_error(e, "cudaEventCreate (search marks)", __FILE__, __LINE__);
+    }
+    *out = m;
+    return KV_OK;
+}
+
+void kv_gpu_mark_destroy(kv_gpu_mark *m) {
+    if (!m) return;
+    if (m->start) cudaEventDestroy(m->start);
+    if (m->end) cudaEventDestroy(m->end);
+    free(m);
+}
+
+void kv_gpu_mark_after(kv_gpu_mark *m, const kv_gpu_mark *prev) {
+    if (!m) return;
+    m->after = prev;
+    m->recorded = 0;
+}
+
+kv_status kv_gpu_mark_start(kv_gpu_mark *m, void *stream) {
+    if (!m) return KV_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const kv_gpu_mark *a = m->after;
+    while (a && !a->recorded) a = a->after; /* a search that queued nothing is skipped */
+    if (a) KV_CUDA_TRY(cudaStreamWaitEvent(st, a->end, 0));
+    KV_CUDA_TRY(cudaEventRecord(m->start, st));
+    return KV_OK;
+}
+
+kv_status kv_gpu_mark_end(kv_gpu_mark *m, void *stream) {
+    if (!m) return KV_OK;
+    KV_CUDA_TRY(cudaEventRecord(m->end, (cudaStream_t)stream));
+    m->recorded = 1;
+    return KV_OK;
+}
+
+kv_status kv_gpu_mark_seconds(kv_gpu_mark *m, double *s) {
+    *s = 0;
+    if (!m || !m->recorded) return KV_OK; /* the search queued nothing */
+    float ms = 0;
+    KV_CUDA_TRY(cudaEventSynchronize(m->end));
+    KV_CUDA_TRY(cudaEventElapsedTime(&ms, m->start, m->end));
+    *s = 1e-3 * ms;
+    return KV_OK;
+}
+
 kv_status kv_cuda_error(cudaError_t e, const char *expr, const char *file, int line) {
     /* a non-sticky error (out of memory, an invalid argument) also stays the thread's last error until read:
        clear it here, so the next KV_LAUNCH_CHECK does not report it again (a sticky one persists anyway) */

@@ -128,9 +128,14 @@ kv_status kv_gpu_search_create(int Hq, int Hkv, int T, int D, kv_gpu_search **ou
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
-kv_status kv_gpu_search_run(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
-                            int k, int32_t *idx, int ld, int *count) {
-    (void)s; (void)K; (void)q; (void)scale; (void)lo; (void)hi; (void)k; (void)idx; (void)ld; (void)count;
+kv_status kv_gpu_search_launch(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
+                               int k, kv_gpu_mark *mark) {
+    (void)s; (void)K; (void)q; (void)scale; (void)lo; (void)hi; (void)k; (void)mark;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+kv_status kv_gpu_search_fetch(kv_gpu_search *s, int32_t *idx, int ld, int *count) {
+    (void)s; (void)idx; (void)ld; (void)count;
     return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
 }
 
@@ -181,3 +186,28 @@ int kv_gpu_host_pin(void *p, size_t bytes) {
 }
 
 void kv_gpu_host_unpin(void *p) { (void)p; }
+
+kv_status kv_gpu_mark_create(kv_gpu_mark **out) {
+    *out = NULL;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}
+
+void kv_gpu_mark_destroy(kv_gpu_mark *m) { (void)m; }
+
+void kv_gpu_mark_after(kv_gpu_mark *m, const kv_gpu_mark *prev) { (void)m; (void)prev; }
+
+kv_status kv_gpu_mark_start(kv_gpu_mark *m, void *stream) {
+    (void)stream;
+    return m ? kv_fail(KV_ERR_GPU, KV_NO_CUDA) : KV_OK;
+}
+
+kv_status kv_gpu_mark_end(kv_gpu_mark *m, void *stream) {
+    (void)stream;
+    return m ? kv_fail(KV_ERR_GPU, KV_NO_CUDA) : KV_OK;
+}
+
+kv_status kv_gpu_mark_seconds(kv_gpu_mark *m, double *s) {
+    (void)m;
+    *s = 0;
+    return kv_fail(KV_ERR_GPU, KV_NO_CUDA);
+}

@@ -52,6 +52,7 @@ int kv_gpu_compiled(void);
 /* ---- exact attention of one step over a device-resident layer (oracle) ---- */
 typedef struct kv_gpu_attn kv_gpu_attn;
 typedef struct kv_gpu_keys kv_gpu_keys; /* the device key/value store (below) */
+typedef struct kv_gpu_mark kv_gpu_mark; /* a queued search's events (below) */
 /* Uploads K (as float16 when half=1, exactly representable then; else
  * float32) and V ([Hkv][T][D]); V may be NULL. */
 kv_status kv_gpu_attn_create(int Hq, int Hkv, int T, int D, int half, const float *K, const float *V,
@@ -173,9 +174,11 @@ typedef struct kv_gpu_search kv_gpu_search;
 kv_status kv_gpu_search_create(int Hq, int Hkv, int T, int D, kv_gpu_search **out);
 /* For each query head h (kv head h/G), the top min(k, hi-lo) positions i in
  * [lo, hi) of scale * <q_h, K[i]> in kv_topk_ref order (scores bitwise equal
- * to kv_scores_ref): idx[h*ld + j], count[h]. q [Hq][D] on the host. */
-kv_status kv_gpu_search_run(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
-                            int k, int32_t *idx, int ld, int *count);
+ * to kv_scores_ref). q [Hq][D] on the host (read before launch returns). launch queues the search (mark: see
+ * kv_gpu_mark, NULL when not queued by the run); fetch waits for it and writes idx[h*ld + j], count[h]. */
+kv_status kv_gpu_search_launch(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo, int hi,
+                               int k, kv_gpu_mark *mark);
+kv_status kv_gpu_search_fetch(kv_gpu_search *s, int32_t *idx, int ld, int *count);
 void kv_gpu_search_destroy(kv_gpu_search *s);
 
 /* ---- host-array entry points (tests, tools) ---- */
@@ -243,6 +246,21 @@ kv_status kv_gpu_copy_bandwidth(size_t bytes, int reps, double *gbs);
  * the driver refused: copies then stay correct, only slower). kv_gpu_host_unpin undoes it. */
 int kv_gpu_host_pin(void *p, size_t bytes);
 void kv_gpu_host_unpin(void *p);
+/* ---- a search queued by `kvbench run` (issue 12 goal 1) ----
+ * The run queues every method's search of a step before it waits for any (kv_method.search_launch), one after
+ * another on the device: a mark's search uploads its query, waits for the previous mark's end
+ * (kv_gpu_mark_after), then records its start; its end is recorded after its last kernel, before its result
+ * is copied back. Its time is the device time between the two (CUDA events): its kernels over device-resident
+ * inputs, queued, as `kvbench bench` times a search (query uploaded before, kernels queued behind its L2
+ * flush). In a model the query is on the device already and the selection stays there.
+ * Every function takes a NULL mark as "not queued" and does nothing. */
+kv_status kv_gpu_mark_create(kv_gpu_mark **out);
+void kv_gpu_mark_destroy(kv_gpu_mark *m);
+void kv_gpu_mark_after(kv_gpu_mark *m, const kv_gpu_mark *prev);   /* prev NULL: waits for nothing */
+kv_status kv_gpu_mark_start(kv_gpu_mark *m, void *stream);         /* stream: the search's cudaStream_t */
+kv_status kv_gpu_mark_end(kv_gpu_mark *m, void *stream);
+/* Seconds from start to end (waits for the end); 0 when the search queued nothing. */
+kv_status kv_gpu_mark_seconds(kv_gpu_mark *m, double *s);
 /* A device copy of n ints (tests: a method's device candidate lists); kv_gpu_free releases it. */
 kv_status kv_gpu_upload_ints(const int32_t *x, size_t n, int32_t **out);
 void kv_gpu_free(void *p);

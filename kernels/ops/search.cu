@@ -23,6 +23,7 @@ kv_status kv_exact_launch(const kv_dev_kv *K, const float *q, int Hq, float scal
 
 struct kv_gpu_search {
     int Hq, Hkv, T, D;
+    int kk; /* the launched search's list length, for fetch */
     kv_cuda_dev dev;
     float *q, *S, *hq;
     int32_t *idx, *hidx;
@@ -57,22 +58,32 @@ extern "C" kv_status kv_gpu_search_create(int Hq, int Hkv, int T, int D, kv_gpu_
     return KV_OK;
 }
 
-extern "C" kv_status kv_gpu_search_run(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale, int lo,
-                                       int hi, int k, int32_t *idx, int ld, int *count) {
+extern "C" kv_status kv_gpu_search_launch(kv_gpu_search *s, const kv_gpu_keys *K, const float *q, float scale,
+                                          int lo, int hi, int k, kv_gpu_mark *mark) {
     const int Hq = s->Hq, n = hi - lo, kk = k < n ? k : n;
+    s->kk = 0;
     if (K->a.H != s->Hkv || K->a.D != s->D || hi > K->a.T || lo < 0)
         return kv_fail(KV_ERR_INTERNAL, "GPU exact search: keys [%d][%d][%d] vs search Hkv=%d D=%d, range [%d, %d)",
                        K->a.H, K->a.T, K->a.D, s->Hkv, s->D, lo, hi);
-    for (int h = 0; h < Hq; h++) count[h] = 0;
     if (kk <= 0) return KV_OK;
     if (kk > KV_GPU_TOPK_MAX)
         return kv_fail(KV_ERR_INPUT, "GPU exact search: k = %d exceeds the GPU top-k limit %d (use --device cpu)", kk,
                        KV_GPU_TOPK_MAX);
-    if (ld < kk) return kv_fail(KV_ERR_INTERNAL, "GPU exact search: list capacity %d < k %d", ld, kk);
     memcpy(s->hq, q, (size_t)Hq * s->D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(s->q, s->hq, (size_t)Hq * s->D * sizeof(float), cudaMemcpyHostToDevice, s->st));
+    KV_TRY(kv_gpu_mark_start(mark, s->st));
     KV_TRY(kv_exact_launch(&K->a, s->q, Hq, scale, lo, n, s->S, s->T, &s->tk, kk, s->idx, &s->dev, s->st));
+    KV_TRY(kv_gpu_mark_end(mark, s->st));
     KV_CUDA_TRY(cudaMemcpyAsync(s->hidx, s->idx, (size_t)Hq * kk * sizeof(int32_t), cudaMemcpyDeviceToHost, s->st));
+    s->kk = kk;
+    return KV_OK;
+}
+
+extern "C" kv_status kv_gpu_search_fetch(kv_gpu_search *s, int32_t *idx, int ld, int *count) {
+    const int Hq = s->Hq, kk = s->kk;
+    for (int h = 0; h < Hq; h++) count[h] = 0;
+    if (kk <= 0) return KV_OK;
+    if (ld < kk) return kv_fail(KV_ERR_INTERNAL, "GPU exact search: list capacity %d < k %d", ld, kk);
     KV_CUDA_TRY(cudaStreamSynchronize(s->st));
     for (int h = 0; h < Hq; h++) {
         memcpy(idx + (size_t)h * ld, s->hidx + (size_t)h * kk, (size_t)kk * sizeof(int32_t));
