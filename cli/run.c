@@ -11,7 +11,9 @@
  * single runs, tests/test_sweep.py; a method whose search changes its state
  * declares search_updates_state and gets one instance per budget). A method is seeded when it has a
  * `seed` parameter; with --seeds N it runs as N instances with shape seeds
- * seed .. seed+N-1, every other method once. */
+ * seed .. seed+N-1, every other method once. On the GPU a step's searches
+ * are queued on the device one behind the other and timed there
+ * (step_queued, kv_method.search_launch: issue 12 goal 1). */
 #define _POSIX_C_SOURCE 200809L
 #include <getopt.h>
 #include <math.h>
