@@ -430,8 +430,8 @@ static kv_status inst_finish(run_inst *in, kv_method_run *rec, int t, int b, con
 }
 
 /* One step of the GPU path with queued searches (issue 12 goal 1: a search
- * that waits for the device on its own costs a round trip, 15.8 us with no
- * work at all on the H200, session 18): every instance appends; the first
+ * that waits for the device on its own costs a round trip, 14.7 us with no
+ * work at all on the H200, session 20 call C): every instance appends; the first
  * budget of each queued instance (mark set: on the GPU, with
  * search_launch) is launched, one behind the other on the device; the
  * instances off the GPU search and are scored meanwhile; then each queued
@@ -592,34 +592,34 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
         if (mark) {
             st = step_queued(inst, n_inst, mark, t, score, k, L->v || L->v16 ? v : NULL, mq, keff, recs, orc, proto[0],
                              rows, L->Hq, &app, &srch, &diag);
-            for (int i = 0; i < n_inst; i++) ist[i] = KV_OK;
-        }
-        /* longest first (by the instance's previous step): the step's
-         * barrier then waits on short tails, not on one long method started
-         * last (issue 12, goal 5); the order changes no number */
-        for (int j = 1; par && j < n_inst; j++)
-            for (int x = order[j], y = j; y > 0 && cost[order[y - 1]] < cost[x]; y--) {
-                order[y] = order[y - 1];
-                order[y - 1] = x;
-            }
+        } else {
+            /* longest first (by the instance's previous step): the step's
+             * barrier then waits on short tails, not on one long method started
+             * last (issue 12, goal 5); the order changes no number */
+            for (int j = 1; par && j < n_inst; j++)
+                for (int x = order[j], y = j; y > 0 && cost[order[y - 1]] < cost[x]; y--) {
+                    order[y] = order[y - 1];
+                    order[y - 1] = x;
+                }
 #pragma omp parallel for schedule(dynamic, 1) if (par) reduction(+ : app, srch, diag)
-        for (int j = 0; j < (mark ? 0 : n_inst); j++) {
-            int i = order[j], th = par ? omp_get_thread_num() : 0;
-            char *im = msg + (size_t)i * MSG;
-            double a0 = kv_now();
-            ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v || L->v16 ? v : NULL, mq, keff, recs, NULL, NULL, NULL, NULL, L->Hq,
-                               &srch, &diag, im, MSG);
-            app += kv_now() - a0;
-            for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
-                kv_oracle_out ov;
-                kv_oracle_view(orc, b, &ov);
-                ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
-                                   rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
+            for (int j = 0; j < n_inst; j++) {
+                int i = order[j], th = par ? omp_get_thread_num() : 0;
+                char *im = msg + (size_t)i * MSG;
+                double a0 = kv_now();
+                ist[i] = inst_work(&inst[i], 0, t, 0, k, L->v || L->v16 ? v : NULL, mq, keff, recs, NULL, NULL, NULL,
+                                   NULL, L->Hq, &srch, &diag, im, MSG);
+                app += kv_now() - a0;
+                for (int b = inst[i].b0; score && ist[i] == KV_OK && b < inst[i].b0 + inst[i].nb; b++) {
+                    kv_oracle_out ov;
+                    kv_oracle_view(orc, b, &ov);
+                    ist[i] = inst_work(&inst[i], 1, t, b, NULL, NULL, mq, keff, recs, orc, &ov, proto[th],
+                                       rows + (size_t)th * L->Hq, L->Hq, &srch, &diag, im, MSG);
+                }
+                cost[i] = kv_now() - a0;
             }
-            cost[i] = kv_now() - a0;
+            for (int i = 0; i < n_inst && st == KV_OK; i++)
+                if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
         }
-        for (int i = 0; i < n_inst && st == KV_OK; i++)
-            if (ist[i] != KV_OK) st = kv_fail(ist[i], "%s", msg + (size_t)i * MSG);
         if (st == KV_OK && dev && score) { /* the step's device scorings, after its searches */
             double f0 = kv_now();
             st = kv_oracle_diag_flush(orc);

@@ -147,16 +147,26 @@ static kv_status quest_append(void *st, int t, const float *k, const float *v, c
     return KV_OK;
 }
 
+/* What a search of step t selects from, on either path: the region's
+ * tokens in no full page go into sel's extra lists (attended densely); the
+ * candidates *ncand are the full pages starting inside the region; returns
+ * the pages to select per list (<= 0: none). */
+static int quest_plan(const quest_state *s, int t, int k, kv_selection *sel, int *ncand) {
+    int hi = t + 1 - s->sh.local;
+    *ncand = 0;
+    if (hi <= s->sh.sink) return 0;
+    for (int g = 0; g < s->sh.num_kv_heads; g++)
+        sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
+    *ncand = kv_pages_candidates(&s->pg, hi);
+    return k / s->pg.page < *ncand ? k / s->pg.page : *ncand;
+}
+
 /* The GPU search in halves (kv_method.search_launch): the page ids from the
- * device, expanded into tokens here by the CPU's code, and the extra tokens
- * computed here as on the CPU. */
+ * device, expanded into tokens by the CPU's code. */
 static kv_status quest_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
     quest_state *s = st;
-    int hi = t + 1 - s->sh.local;
-    (void)sel;
+    int ncand, kp = quest_plan(s, t, k, sel, &ncand);
     s->g_kp = 0;
-    if (hi <= s->sh.sink) return KV_OK;
-    int ncand = kv_pages_candidates(&s->pg, hi), kp = k / s->pg.page < ncand ? k / s->pg.page : ncand;
     if (kp <= 0) return KV_OK;
     KV_TRY(kv_quest_cuda.launch(s->gpu, q, s->sh.softmax_scale, s->pool, ncand, kp, mark));
     s->g_kp = kp;
@@ -168,9 +178,6 @@ static kv_status quest_finish(void *st, int t, int k, kv_selection *sel) {
     const kv_shape *sh = &s->sh;
     int hi = t + 1 - sh->local, kp = s->g_kp;
     (void)k;
-    if (hi <= sh->sink) return KV_OK;
-    for (int g = 0; g < sh->num_kv_heads; g++) /* region tokens in no full page: attended densely */
-        sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
     if (kp <= 0) return KV_OK;
     KV_TRY(kv_quest_cuda.fetch(s->gpu, s->pages));
     for (int h = 0; h < sh->num_q_heads; h++) {
@@ -187,13 +194,7 @@ static kv_status quest_search(void *st, int t, const float *q, int k, kv_selecti
         return quest_finish(s, t, k, sel);
     }
     const kv_shape *sh = &s->sh;
-    int G = sh->group, P = s->pg.max_pages, lo = sh->sink, hi = t + 1 - sh->local, page = s->pg.page;
-    if (hi <= lo) return KV_OK;
-    /* candidate pages: full pages starting inside the region */
-    int ncand = kv_pages_candidates(&s->pg, hi);
-    int kp = k / page < ncand ? k / page : ncand;
-    for (int g = 0; g < sh->num_kv_heads; g++) /* region tokens in no full page: attended densely */
-        sel->n_extra[g] = kv_pages_partial(&s->pg, hi, sel->extra + (size_t)g * sel->extra_cap);
+    int G = sh->group, P = s->pg.max_pages, hi = t + 1 - sh->local, ncand, kp = quest_plan(s, t, k, sel, &ncand);
     if (kp <= 0) return KV_OK;
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
