@@ -8,8 +8,11 @@
 // variants a method could use: pageable or page-locked host buffers, plain
 // launches, a CUDA graph, and an empty search (one tiny kernel: the floor);
 // plus a MagicPIG-sized result (16 rows of 5000 ints, a 2-D copy) into
-// pageable and page-locked memory. Medians of 2000 repetitions, host clock
-// (the kernels-only row: CUDA events). Built and run by
+// pageable and page-locked memory. Then what `kvbench run`'s queued searches
+// measure (session 20): the kernels bracketed by CUDA events while queued
+// behind a 40 us kernel on the same stream (the bench's case) or on another
+// stream the search's stream waits for (the run's: each method has its own).
+// Medians of 2000 repetitions, host clock (the event rows: CUDA events). Built and run by
 // scripts/device_check.sh (RUNLOOP=1); by hand:
 //   nvcc -O2 -arch=sm_90 -o /tmp/roundtrip scripts/roundtrip.cu && /tmp/roundtrip
 #include <cuda_runtime.h>
@@ -62,11 +65,13 @@ int main() {
     CK(cudaMemset(dr, 0, (size_t)ROWS * 131072 * 4));
     CK(cudaMemset(dx, 0, 1024 * 4));
     CK(cudaMemset(fb, 0, fn * 4));
-    cudaStream_t st;
+    cudaStream_t st, st2;
     CK(cudaStreamCreate(&st));
-    cudaEvent_t e0, e1;
+    CK(cudaStreamCreate(&st2));
+    cudaEvent_t e0, e1, ep;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&ep));
     auto kernels = [&]() {
         spin<<<132, 128, 0, st>>>(K1, dx);
         spin<<<16, 1024, 0, st>>>(K2, dx);
@@ -95,6 +100,8 @@ int main() {
         {"empty search: page-locked copies, one tiny kernel (the floor)", 4},
         {"16 x 5000-int result, 2-D copy into pageable memory", 5},
         {"16 x 5000-int result, 2-D copy into page-locked memory", 6},
+        {"kernels queued behind a 40 us kernel, same stream (CUDA events)", 7},
+        {"kernels queued behind a 40 us kernel, other stream + event wait (events)", 8},
     };
     printf("round trip of one synchronous search, H2D 8 KB + kernels (%lld + %lld us) + D2H, GPU idle and L2 flushed "
            "before each; medians of %d\n", K1 / 1000, K2 / 1000, N);
@@ -108,6 +115,24 @@ int main() {
             double t0 = now_s(), t;
             switch (v.what) {
             case 0: {
+                CK(cudaEventRecord(e0, st));
+                kernels();
+                CK(cudaEventRecord(e1, st));
+                CK(cudaStreamSynchronize(st));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                t = 1e-3 * ms;
+                break;
+            }
+            case 7:
+            case 8: { /* the predecessor on st (7) or st2 (8), then the marks and kernels on st, queued */
+                cudaStream_t sp = v.what == 7 ? st : st2;
+                spin<<<132, 128, 0, sp>>>(40000, dx);
+                CK(cudaGetLastError());
+                if (v.what == 8) {
+                    CK(cudaEventRecord(ep, st2));
+                    CK(cudaStreamWaitEvent(st, ep, 0));
+                }
                 CK(cudaEventRecord(e0, st));
                 kernels();
                 CK(cudaEventRecord(e1, st));
@@ -135,7 +160,7 @@ int main() {
                 CK(cudaStreamSynchronize(st));
             }
             }
-            if (v.what) t = now_s() - t0;
+            if (v.what > 0 && v.what < 7) t = now_s() - t0;
             w.push_back(1e6 * t);
         }
         std::sort(w.begin(), w.end());
