@@ -114,21 +114,14 @@ int main() {
             usleep(50);
             double t0 = now_s(), t;
             switch (v.what) {
-            case 0: {
-                CK(cudaEventRecord(e0, st));
-                kernels();
-                CK(cudaEventRecord(e1, st));
-                CK(cudaStreamSynchronize(st));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t = 1e-3 * ms;
-                break;
-            }
+            case 0:
             case 7:
-            case 8: { /* the predecessor on st (7) or st2 (8), then the marks and kernels on st, queued */
-                cudaStream_t sp = v.what == 7 ? st : st2;
-                spin<<<132, 128, 0, sp>>>(40000, dx);
-                CK(cudaGetLastError());
+            case 8: { /* the kernels between events: on the idle GPU (0), or queued behind a 40 us kernel on st (7)
+                       * or on st2, which st waits for (8) */
+                if (v.what) {
+                    spin<<<132, 128, 0, v.what == 7 ? st : st2>>>(40000, dx);
+                    CK(cudaGetLastError());
+                }
                 if (v.what == 8) {
                     CK(cudaEventRecord(ep, st2));
                     CK(cudaStreamWaitEvent(st, ep, 0));
