@@ -145,6 +145,29 @@ for m in ${METHODS//,/ }; do
     fi
 done
 
+# The flush before every timed repetition has to leave a stage's inputs out of L2 even when they fit there
+# (session 21: the evict-first loads it used until then did not). Evidence, not a timing: Nsight Compute reads
+# the DRAM bytes of Quest's bound scan at 128K (33.6 MB of float16 summaries, less than the L2), in one pass.
+step "L2 flush check: DRAM bytes of Quest's bound scan at 131072 tokens (its summaries: 33.6 MB)"
+if command -v ncu >/dev/null && [ "${FLUSHCHECK:-1}" != 0 ]; then
+    timeout 120 ncu --replay-mode application --cache-control none --clock-control none --kernel-name regex:quest_bounds \
+        --csv --page raw --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum \
+        ./kvbench bench --method quest --tokens 131072 --reps 10 --warmup 1 >/tmp/kvb-ncu-flush.csv 2>/dev/null
+    python3 - /tmp/kvb-ncu-flush.csv <<'EOF2'
+import csv, statistics, sys
+rows = list(csv.reader(open(sys.argv[1])))
+h = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if h is None:
+    sys.exit("ncu wrote no rows")
+hd, data = rows[h], rows[h + 2:]
+col = lambda m: statistics.median(float(r[hd.index(m)].replace(",", "")) for r in data)
+mb = col("dram__bytes_read.sum") / 1e6
+print(f"quest_bounds at 131072, {len(data)} launches: {mb:.1f} MB from DRAM (median), L2 hit "
+      f"{col('lts__t_sector_hit_rate.pct'):.1f}%, {col('gpu__time_duration.sum') / 1e3:.1f} us under ncu: "
+      + ("the flush evicts it" if mb > 30 else "IN L2: the flush does not evict it"))
+EOF2
+else echo "skipped (no ncu, or FLUSHCHECK=0)"; fi
+
 # Each method's selectable other paths, at the largest length, beside its default's row in bench_kvbench.csv
 # (what the defaults were chosen against; CTKVR's bench times its versions itself: search_v2, search_v1,
 # search_staged). VARIANTS=0 skips.
