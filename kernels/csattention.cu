@@ -331,6 +331,8 @@ struct kv_cs_gpu {
     int *lcnt, *stamp, *jl, *nu;
     int32_t *h_oidx;
     int *h_nu;
+    int last_kk, last_pool, last_u; /* the launched search (cs_launch): its kk (0: none), pool, union wanted, */
+    int last_bits, last_hi;         /* the bit view's (the union listed by cs_candidates), region end */
     float *h_q;
     kv_topk_ws tk, tkl;   /* search rows; list rows (CS_CHUNK x n) */
     int32_t *vidx;        /* the lists sorted by key, with tombstones (csattention_tile.cuh) */
@@ -762,33 +764,70 @@ bool cs_tiled(const kv_cs_gpu *g, int k) { return (g->reduce == 0 || g->reduce =
 /* The bit-view path serves this search. */
 bool cs_bits_ok(const kv_cs_gpu *g, int k) { return g->reduce == 4 && k <= g->kcap && g->c.m <= CS_MMAX; }
 
-kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx, int ld,
-                    int *count, int32_t *cand, int cand_ld, int *ncand) {
+kv_status cs_launch(void *p, const float *q, int pool, int missing, int weight, int hi, int k, int want_cand,
+                    kv_gpu_mark *mark) {
     kv_cs_gpu *g = (kv_cs_gpu *)p;
     const kv_cs_gpu_config &c = g->c;
-    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, G = g->G;
+    const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo;
+    g->last_kk = 0;
     if (n <= 0 || k <= 0) return KV_OK;
     if (k > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "csattention GPU: k=%d above %d", k, KV_GPU_TOPK_MAX);
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     const int kk = k < n ? k : n;
-    if (cs_bits_ok(g, k)) KV_TRY(cs_bits_launch(g, pool, missing, weight, hi, k, cand != NULL));
-    else if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, cand != NULL));
+    KV_TRY(kv_gpu_mark_start(mark, g->st));
+    const int bits = cs_bits_ok(g, k); /* the bit view lists its union after the search (cs_candidates) */
+    if (bits) KV_TRY(cs_bits_launch(g, pool, missing, weight, hi, k, 0));
+    else if (cs_tiled(g, k)) KV_TRY(cs_tile_launch(g, g->reduce, pool, missing, weight, hi, k, want_cand));
     else {
         if (g->reduce == 2) KV_TRY(cs_sort_launch(g, pool, missing, weight, hi));
         else KV_TRY(cs_reduce_launch(g, pool, missing, weight, hi));
         KV_TRY(kv_topk_launch(&g->tk, g->S, c.T, lo, n, R, kk, lo, NULL, 1, g->oidx, NULL, kk, NULL, g->st));
     }
+    KV_TRY(kv_gpu_mark_end(mark, g->st));
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_oidx, g->oidx, (size_t)R * kk * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_nu, g->nu, R * sizeof(int), cudaMemcpyDeviceToHost, g->st));
+    g->last_kk = kk;
+    g->last_pool = pool;
+    g->last_u = want_cand;
+    g->last_bits = bits;
+    g->last_hi = hi;
+    return KV_OK;
+}
+
+kv_status cs_fetch(void *p, int32_t *idx, int ld, int *count) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    const int kk = g->last_kk;
+    if (kk <= 0) return KV_OK;
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
-    for (int h = 0; h < c.Hq; h++) {
-        const int r = pool ? h / G : h, nu = g->h_nu[r], cnt = kk < nu ? kk : nu;
+    for (int h = 0; h < g->c.Hq; h++) {
+        const int r = g->last_pool ? h / g->G : h, nu = g->h_nu[r], cnt = kk < nu ? kk : nu;
         memcpy(idx + (size_t)h * ld, g->h_oidx + (size_t)r * kk, (size_t)cnt * sizeof(int32_t));
         count[h] = cnt;
+    }
+    return KV_OK;
+}
+
+/* After fetch: the fetched search's gathered keys (its union); a diagnostic (candidate recall), so `kvbench
+ * run` asks for it outside the timed search. The bit view's search only counted them: cs_blist lists them now
+ * (its cursor, bnu, is zero after cs_bsel and zeroed again here); the other paths listed them as they ran. */
+kv_status cs_candidates(void *p, int32_t *cand, int cand_ld, int *ncand) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    if (g->last_kk <= 0 || !g->last_u) return KV_OK;
+    const kv_cs_gpu_config &c = g->c;
+    if (g->last_bits) {
+        const int R = g->last_pool ? c.Hkv : c.Hq, nw = ((g->last_hi - 1) >> 5) - (c.sink >> 5) + 1;
+        cs_blist<<<dim3(R, (nw + 255) / 256), 256, 0, g->st>>>(g->bbits, g->BW, g->jl, c.m, c.sink, g->last_hi, g->bnu,
+                                                              g->u, c.T);
+        KV_LAUNCH_CHECK();
+        KV_CUDA_TRY(cudaMemsetAsync(g->bnu, 0, (size_t)R * sizeof(int), g->st));
+        KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    }
+    for (int h = 0; h < g->c.Hq; h++) {
+        const int r = g->last_pool ? h / g->G : h, nu = g->h_nu[r];
+        KV_CUDA_TRY(cudaMemcpy(cand + (size_t)h * cand_ld, g->u + (size_t)r * g->c.T, (size_t)nu * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost));
         ncand[h] = nu;
-        if (cand) KV_CUDA_TRY(cudaMemcpy(cand + (size_t)h * cand_ld, g->u + (size_t)r * c.T, (size_t)nu * sizeof(int32_t),
-                                         cudaMemcpyDeviceToHost));
     }
     return KV_OK;
 }
@@ -798,5 +837,6 @@ kv_status cs_search(void *p, const float *q, int pool, int missing, int weight, 
 }  // namespace
 
 extern "C" const kv_csattention_cuda_ops kv_csattention_cuda = {
-    cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_search, cs_destroy, cs_bench,
+    cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_launch, cs_fetch, cs_candidates,
+    cs_destroy, cs_bench,
 };

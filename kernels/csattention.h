@@ -56,12 +56,17 @@ typedef struct {
     kv_status (*read_index)(void *g, float *cent, int32_t *lidx, float *lval, int *lcnt);
     /* Try-insert key t (host [Hkv][D]) into every list. */
     kv_status (*append)(void *g, int t, const float *key);
-    /* Queries q [Hq][D] (host); region [sink, hi); pool 0 none / 1 mean;
-     * missing 0 zero / 1 min; weight 0 one / 1 qnorm. Per query head h: idx[h*ld ..] (count[h]
-     * entries, kv_topk_ref order of the sums), cand[h*cand_ld ..] (ncand[h]
-     * distinct gathered keys, any order; cand may be NULL). */
-    kv_status (*search)(void *g, const float *q, int pool, int missing, int weight, int hi, int k, int32_t *idx,
-                        int ld, int *count, int32_t *cand, int cand_ld, int *ncand);
+    /* One search, in three parts (`kvbench run` queues the launch behind the other methods', kv_gpu_mark; NULL:
+     * not queued): queries q [Hq][D] (host); region [sink, hi); pool 0 none / 1 mean; missing 0 zero / 1 min;
+     * weight 0 one / 1 qnorm; want_cand: list the gathered keys on the device. launch queues it and returns;
+     * fetch waits for it and writes, per query head h, idx[h*ld ..] (count[h] entries, kv_topk_ref order of
+     * the sums); candidates then copies the fetched search's distinct gathered keys to cand[h*cand_ld ..]
+     * (ncand[h], any order; nothing when they were not listed), a diagnostic the run copies outside the
+     * search's timed part. */
+    kv_status (*launch)(void *g, const float *q, int pool, int missing, int weight, int hi, int k, int want_cand,
+                        kv_gpu_mark *mark);
+    kv_status (*fetch)(void *g, int32_t *idx, int ld, int *count);
+    kv_status (*candidates)(void *g, int32_t *cand, int cand_ld, int *ncand);
     void (*destroy)(void *g);
     /* kvbench bench --method csattention: lists over the float16 keys K
      * [Hkv][>= n][D] with C centroids per subspace taken as normalised key

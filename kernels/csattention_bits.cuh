@@ -576,6 +576,30 @@ __global__ void __launch_bounds__(CS_BSEL) cs_bsel(const unsigned *bcv, const in
     }
 }
 
+/* The gathered keys of row r (the union of its m lists jl[r*m ..] within [lo, hi)) listed into u[r*uld ..], any
+ * order, from the view's words: cs_candidates runs it after the search (a diagnostic, candidate recall, kept out
+ * of the timed search; cs_bits then only counts them). Grid (R, ceil(words / 256)), 256 threads, a thread a
+ * word of 32 keys, in whole warps; cur[r] is the row's cursor (zero before; the caller zeroes it after). */
+__global__ void cs_blist(const uint32_t *bits, long long BW, const int *jl, int m, int lo, int hi, int *cur,
+                         int32_t *u, long long uld) {
+    const int r = blockIdx.x;
+    const long long w0 = lo >> 5, nw = ((hi - 1) >> 5) - w0 + 1,
+                    wi = w0 + (long long)blockIdx.y * blockDim.x + threadIdx.x, d0 = lo - wi * 32, d1 = hi - wi * 32;
+    unsigned g = 0;
+    if (wi - w0 < nw) {
+        for (int i = 0; i < m; i++) g |= bits[(size_t)jl[r * m + i] * BW + wi];
+        g &= (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
+             (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
+    }
+    int tot;
+    const int ex = cs_wscan(__popc(g), &tot);
+    if (!tot) return; /* warp-uniform */
+    int at = 0;
+    if ((threadIdx.x & 31) == 0) at = atomicAdd(cur + r, tot);
+    at = __shfl_sync(0xffffffffu, at, 0) + ex;
+    for (unsigned x = g; x; x &= x - 1) u[(size_t)r * uld + at++] = (int32_t)(wi * 32 + __ffs(x) - 1);
+}
+
 /* ---- the view's build and update ---- */
 
 /* A block per list: the view from the selection's position-ordered list (n entries, keys increasing; bits

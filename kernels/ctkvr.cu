@@ -234,6 +234,7 @@ struct kv_ct_gpu {
     size_t fused_smem_max;  /* dynamic shared memory the fused kernel may ask: opt-in max less its static arrays */
     size_t search_smem_max; /* the same for cts_search (ctkvr_search.cuh) */
     unsigned long long *ts; /* the bench's phase stamps of cts_search when tracing, else NULL */
+    int last_nmax, last_kk, last_dcu, last_oracle_hi; /* the launched search (ct_launch; nmax 0: none) */
 };
 
 namespace {
@@ -525,11 +526,12 @@ kv_status ct_staged_launch(kv_ct_gpu *g, int cp, int k, int hi, int gen_lo, int 
     return ct_back(g, k, 0, nmax);
 }
 
-kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi, int32_t *idx,
-                    int ld, int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list, int *dcu_cnt) {
+kv_status ct_launch(void *p, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi,
+                    kv_gpu_mark *mark) {
     kv_ct_gpu *g = (kv_ct_gpu *)p;
     const kv_ctkvr_gpu_config &c = g->c;
     const int Hkv = c.Hkv, lo = c.sink;
+    g->last_nmax = 0;
     if (gen_lo > hi) gen_lo = hi;
     if (gen_lo < lo) gen_lo = lo;
     if ((long long)cp * c.rho > CT_GATHER_CAP)
@@ -540,7 +542,9 @@ kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, 
     if (nmax > hi - lo) nmax = hi - lo;
     memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
     KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    KV_TRY(kv_gpu_mark_start(mark, g->st));
     KV_TRY(ct_search_launch(g, cp, k, hi, gen_lo, dcu, nmax, oracle_hi));
+    KV_TRY(kv_gpu_mark_end(mark, g->st));
     KV_CUDA_TRY(cudaMemcpyAsync(g->h_nset, g->nset, Hkv * sizeof(int), cudaMemcpyDeviceToHost, g->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(g->h_set, nmax * sizeof(int32_t), g->set, g->sld * sizeof(int32_t),
                                   nmax * sizeof(int32_t), Hkv, cudaMemcpyDeviceToHost, g->st));
@@ -551,6 +555,20 @@ kv_status ct_search(void *p, const float *q, int cp, int k, int hi, int gen_lo, 
     if (dcu)
         KV_CUDA_TRY(cudaMemcpyAsync(g->h_odcu, g->odcu, (size_t)Hkv * c.rho * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                     g->st));
+    g->last_nmax = nmax;
+    g->last_kk = kk;
+    g->last_dcu = dcu;
+    g->last_oracle_hi = oracle_hi;
+    return KV_OK;
+}
+
+kv_status ct_fetch(void *p, int32_t *idx, int ld, int *count, int32_t *cand, int cand_ld, int *ncand,
+                   int32_t *dcu_list, int *dcu_cnt) {
+    kv_ct_gpu *g = (kv_ct_gpu *)p;
+    const kv_ctkvr_gpu_config &c = g->c;
+    const int Hkv = c.Hkv, lo = c.sink, nmax = g->last_nmax, kk = g->last_kk, dcu = g->last_dcu,
+              oracle_hi = g->last_oracle_hi;
+    if (nmax <= 0) return KV_OK;
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     for (int r = 0; r < Hkv; r++) {
         const int n = g->h_nset[r];
@@ -780,5 +798,5 @@ kv_status ct_bench(const kv_gpu_bench_spec *s, const kv_ctkvr_bench_params *bp, 
 }  // namespace
 
 extern "C" const kv_ctkvr_cuda_ops kv_ctkvr_cuda = {
-    ct_create, ct_build, ct_read_lists, ct_append, ct_search, ct_dcu_commit, ct_destroy, ct_bench,
+    ct_create, ct_build, ct_read_lists, ct_append, ct_launch, ct_fetch, ct_dcu_commit, ct_destroy, ct_bench,
 };

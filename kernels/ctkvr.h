@@ -34,14 +34,15 @@ typedef struct {
     /* The lists to host lidx [Hkv][C][rho], lcnt [Hkv][C]. */
     kv_status (*read_lists)(void *g, int32_t *lidx, int *lcnt);
     kv_status (*append)(void *g, int t, const float *key);
-    /* One search for q [Hq][D] (host): top cp slots per kv head, their
-     * lists' union inside [sink, hi) plus every position in [gen_lo, hi),
-     * rerank, top k. Per kv head g: idx[g*ld ..] count[g], cand[g*cand_ld
-     * ..] ncand[g] (ascending positions). dcu 1: dcu_list[g*rho ..]
-     * dcu_cnt[g] = the top rho of the rerank; 2: of all of [sink, oracle_hi). */
-    kv_status (*search)(void *g, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi,
-                        int32_t *idx, int ld, int *count, int32_t *cand, int cand_ld, int *ncand, int32_t *dcu_list,
-                        int *dcu_cnt);
+    /* One search for q [Hq][D] (host), in halves (`kvbench run` queues the launch behind the other methods',
+     * kv_gpu_mark; NULL: not queued): top cp slots per kv head, their lists' union inside [sink, hi) plus every
+     * position in [gen_lo, hi), rerank, top k. launch queues it and returns; fetch waits for it and writes, per
+     * kv head g: idx[g*ld ..] count[g], cand[g*cand_ld ..] ncand[g] (ascending positions). dcu 1:
+     * dcu_list[g*rho ..] dcu_cnt[g] = the top rho of the rerank; 2: of all of [sink, oracle_hi). */
+    kv_status (*launch)(void *g, const float *q, int cp, int k, int hi, int gen_lo, int dcu, int oracle_hi,
+                        kv_gpu_mark *mark);
+    kv_status (*fetch)(void *g, int32_t *idx, int ld, int *count, int32_t *cand, int cand_ld, int *ncand,
+                       int32_t *dcu_list, int *dcu_cnt);
     /* Writes the last search's DCU lists and the queries q into slot `slot`. */
     kv_status (*dcu_commit)(void *g, int slot, const float *q);
     void (*destroy)(void *g);

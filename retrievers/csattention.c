@@ -461,14 +461,34 @@ static int cs_select(cs_state *s, int g, const float *qv, int hi, int k, int32_t
     return kv_topk_ref(sc, hi - lo, k < n ? k : n, lo, out, NULL);
 }
 
+/* The GPU search in halves (kv_method.search_launch); the union, a diagnostic, is copied by cs_candidates,
+ * outside the run's timed search (its 1-16 MB a step at 128K cost more than the search). */
+static kv_status cs_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    cs_state *s = st;
+    return kv_csattention_cuda.launch(s->gpu, q, s->pool, s->missing, s->weight, t + 1 - s->sh.local, k,
+                                      sel->cand != NULL, mark);
+}
+
+static kv_status cs_finish(void *st, int t, int k, kv_selection *sel) {
+    cs_state *s = st;
+    (void)t; (void)k;
+    return kv_csattention_cuda.fetch(s->gpu, sel->idx, sel->cap, sel->count);
+}
+
+static kv_status cs_candidates(void *st, kv_selection *sel) {
+    cs_state *s = st;
+    return s->gpu && sel->cand ? kv_csattention_cuda.candidates(s->gpu, sel->cand, sel->cand_cap, sel->n_cand) : KV_OK;
+}
+
 static kv_status cs_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     cs_state *s = st;
     const kv_shape *sh = &s->sh;
     int D = sh->head_dim, G = sh->group, hi = t + 1 - sh->local;
     if (hi <= sh->sink || k <= 0) return KV_OK;
-    if (s->gpu)
-        return kv_csattention_cuda.search(s->gpu, q, s->pool, s->missing, s->weight, hi, k, sel->idx, sel->cap,
-                                         sel->count, sel->cand, sel->cand_cap, sel->n_cand);
+    if (s->gpu) {
+        KV_TRY(cs_launch(s, t, q, k, sel, NULL));
+        return cs_finish(s, t, k, sel);
+    }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -549,6 +569,9 @@ const kv_method kv_method_csattention = {
     .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = cs_append,
     .search = cs_search,
+    .candidates = cs_candidates,
+    .search_launch = cs_launch,
+    .search_finish = cs_finish,
     .memory_bytes = cs_memory,
     .destroy = cs_destroy,
     .describe = cs_describe,

@@ -95,6 +95,8 @@ typedef struct {
     int32_t *dcu_list; /* [Hkv][rho] */
     int *dcu_cnt;      /* [Hkv] */
     void *gpu;
+    float *qlast;      /* GPU: the launched search's queries [Hq][D], for DCU's commit after the fetch */
+    int launched;      /* GPU: a search is launched and not fetched */
 } ct_state;
 
 static const kv_param_spec ct_params[] = {
@@ -142,7 +144,7 @@ static void ct_free(ct_state *s) {
     if (s->gpu) kv_ctkvr_cuda.destroy(s->gpu);
     free(s->keys); free(s->cq); free(s->cnorm); free(s->cpos); free(s->lidx); free(s->lcnt);
     free(s->cosv); free(s->top); free(s->set); free(s->rank); free(s->sc); free(s->sel);
-    free(s->stamp); free(s->epoch); free(s->dcu_list); free(s->dcu_cnt);
+    free(s->stamp); free(s->epoch); free(s->dcu_list); free(s->dcu_cnt); free(s->qlast);
     free(s);
 }
 
@@ -193,7 +195,8 @@ static kv_status ct_create(const kv_shape *sh, const kv_param_set *ps, void **ou
         kv_ctkvr_gpu_config cfg = {.Hq = sh->num_q_heads, .Hkv = sh->num_kv_heads, .T = sh->max_tokens,
                                    .D = sh->head_dim, .C = s->C, .rho = s->rho, .sink = sh->sink,
                                    .scale = sh->softmax_scale};
-        kv_status st = kv_ctkvr_cuda.create(&cfg, &s->gpu);
+        s->qlast = kv_malloc((size_t)sh->num_q_heads * sh->head_dim * sizeof(float), "ctkvr queries");
+        kv_status st = s->qlast ? kv_ctkvr_cuda.create(&cfg, &s->gpu) : KV_ERR_NOMEM;
         if (st != KV_OK) { ct_free(s); return st; }
     }
     *out = s;
@@ -300,34 +303,62 @@ static void ct_dcu_insert(ct_state *s, int t, const float *q) {
     s->next = (j + 1) % s->C;
 }
 
-static kv_status ct_search(void *st, int t, const float *q, int k, kv_selection *sel) {
-    ct_state *s = st;
+/* The search's plan for step t: the region [sink, hi), where the build lists end (gen_lo), C', the oracle's
+ * end for dcu=oracle; with gen=dense the generated keys go to sel's extra lists. 0: nothing to search. */
+static int ct_plan(ct_state *s, int t, int k, kv_selection *sel, int *hi, int *gen_lo, int *cp, int *oracle_hi) {
     const kv_shape *sh = &s->sh;
-    int D = sh->head_dim, G = sh->group, Hq = sh->num_q_heads, C = s->C, lo = sh->sink,
-        hi = t + 1 - sh->local;
-    size_t T = (size_t)sh->max_tokens;
-    if (hi <= lo || k <= 0) return KV_OK;
-    int gen_lo = s->idx_hi > lo ? s->idx_hi : lo; /* keys from here on are in no build list */
+    int lo = sh->sink;
+    *hi = t + 1 - sh->local;
+    if (*hi <= lo || k <= 0) return 0;
+    *gen_lo = s->idx_hi > lo ? s->idx_hi : lo; /* keys from here on are in no build list */
     if (s->gen == CT_GEN_DENSE)
         for (int g = 0; g < sh->num_kv_heads; g++) {
             int c = 0;
-            for (int i = gen_lo; i < hi; i++) sel->extra[(size_t)g * sel->extra_cap + c++] = i;
+            for (int i = *gen_lo; i < *hi; i++) sel->extra[(size_t)g * sel->extra_cap + c++] = i;
             sel->n_extra[g] = c;
         }
-    int cp = s->cp < C ? s->cp : C;
+    *cp = s->cp < s->C ? s->cp : s->C;
     /* the oracle ranks every key the method could index: with gen=dense the generated keys are attended
      * densely already, so only [sink, gen_lo) */
-    int oracle_hi = s->gen == CT_GEN_RERANK ? hi : (gen_lo < hi ? gen_lo : hi);
-    if (s->gpu) {
-        KV_TRY(kv_ctkvr_cuda.search(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, oracle_hi,
-                                   sel->idx, sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand,
-                                   s->dcu_list, s->dcu_cnt));
-        if (s->dcu != CT_DCU_OFF) {
-            KV_TRY(kv_ctkvr_cuda.dcu_commit(s->gpu, s->next, q));
-            ct_dcu_insert(s, t, q); /* host mirror of the slot queries and lists */
-        }
-        return KV_OK;
+    *oracle_hi = s->gen == CT_GEN_RERANK ? *hi : (*gen_lo < *hi ? *gen_lo : *hi);
+    return 1;
+}
+
+/* The GPU search in halves (kv_method.search_launch); DCU's commit of the step's query and lists, an update of
+ * the index, follows the fetch (it is not part of the timed search). */
+static kv_status ct_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    ct_state *s = st;
+    int hi, gen_lo, cp, oracle_hi;
+    s->launched = ct_plan(s, t, k, sel, &hi, &gen_lo, &cp, &oracle_hi);
+    if (!s->launched) return KV_OK;
+    memcpy(s->qlast, q, (size_t)s->sh.num_q_heads * s->sh.head_dim * sizeof(float));
+    return kv_ctkvr_cuda.launch(s->gpu, q, cp, k, hi, s->gen == CT_GEN_RERANK ? gen_lo : hi, s->dcu, oracle_hi, mark);
+}
+
+static kv_status ct_finish(void *st, int t, int k, kv_selection *sel) {
+    ct_state *s = st;
+    (void)k;
+    if (!s->launched) return KV_OK;
+    s->launched = 0;
+    KV_TRY(kv_ctkvr_cuda.fetch(s->gpu, sel->idx, sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand,
+                               s->dcu_list, s->dcu_cnt));
+    if (s->dcu != CT_DCU_OFF) {
+        KV_TRY(kv_ctkvr_cuda.dcu_commit(s->gpu, s->next, s->qlast));
+        ct_dcu_insert(s, t, s->qlast); /* host mirror of the slot queries and lists */
     }
+    return KV_OK;
+}
+
+static kv_status ct_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    ct_state *s = st;
+    const kv_shape *sh = &s->sh;
+    if (s->gpu) {
+        KV_TRY(ct_launch(s, t, q, k, sel, NULL));
+        return ct_finish(s, t, k, sel);
+    }
+    int D = sh->head_dim, G = sh->group, Hq = sh->num_q_heads, C = s->C, lo = sh->sink, hi, gen_lo, cp, oracle_hi;
+    size_t T = (size_t)sh->max_tokens;
+    if (!ct_plan(s, t, k, sel, &hi, &gen_lo, &cp, &oracle_hi)) return KV_OK;
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -432,6 +463,8 @@ const kv_method kv_method_ctkvr = {
     .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = ct_append,
     .search = ct_search,
+    .search_launch = ct_launch,
+    .search_finish = ct_finish,
     .memory_bytes = ct_memory,
     .destroy = ct_destroy,
     .describe = ct_describe,

@@ -356,7 +356,7 @@ int test_run_golden_gpu(void) {
  * "host"); the methods off the GPU or without search_launch keep the host timer either way. */
 int test_run_queued_equals_sync_gpu(void) {
     const char *B = kv_test_bin(), *tmp = kv_test_tmpdir();
-    const char *ms = "exact,pariskv,pqcache,quest,magicpig,csattention,streaming";
+    const char *ms = "exact,pariskv,pqcache,quest,magicpig,csattention,ctkvr,freekv,streaming";
     for (int q = 0; q < 2; q++) {
         int rc = sh("%s%s run --trace " DEMO " --method %s --k 64 --stride 30 --max-steps 40 --device gpu --out %s/q%d "
                     "--quiet", q ? "" : "KVBENCH_RUN_QUEUE=0 ", B, ms, tmp, q);
@@ -364,7 +364,8 @@ int test_run_queued_equals_sync_gpu(void) {
     }
     CHECK(sh("cmp %s/q0/steps.csv %s/q1/steps.csv && cmp %s/q0/drift.csv %s/q1/drift.csv", tmp, tmp, tmp, tmp) == 0,
           "queued and synchronous runs differ: %s%s", out, err);
-    const char *dev[] = {"exact", "pariskv", "pqcache", "quest", "magicpig"}, *host[] = {"csattention", "streaming"};
+    const char *dev[] = {"exact", "pariskv", "pqcache", "quest", "magicpig", "csattention", "ctkvr"},
+               *host[] = {"freekv", "streaming"};
     for (int q = 0; q < 2; q++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/q%d/summary.json", tmp, q);
@@ -374,8 +375,8 @@ int test_run_queued_equals_sync_gpu(void) {
         size_t n = fread(buf, 1, sizeof buf - 1, f);
         buf[n] = 0;
         fclose(f);
-        for (int i = 0; i < 7; i++) {
-            const char *m = i < 5 ? dev[i] : host[i - 5], *want = q && i < 5 ? "device" : "host";
+        for (int i = 0; i < 9; i++) {
+            const char *m = i < 7 ? dev[i] : host[i - 7], *want = q && i < 7 ? "device" : "host";
             char key[64];
             snprintf(key, sizeof key, "\"method\": \"%s\"", m);
             const char *at = strstr(buf, key), *tm = at ? strstr(at, "\"search_timer\": \"") : NULL;
