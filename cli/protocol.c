@@ -356,7 +356,7 @@ kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const k
                          .has_cand = any && kk > 0};
     if (dc && dc->idx) {
         in.has_cand = kk > 0;
-        in.dcidx = dc->idx; in.dld = dc->ld; in.drows = dc->rows; in.dcount = dc->count;
+        in.dcidx = dc->idx; in.dld = dc->ld; in.drows = dc->rows; in.dcount = dc->count; in.dcounts = dc->counts;
     } else if (in.has_cand) {
         int direct = !m->per_kv_head; /* list h is head h's: packed from sel as it is */
         KV_TRY(gather_cands(p, m, sel, need, t, !direct));

@@ -810,10 +810,9 @@ kv_status cs_fetch(void *p, int32_t *idx, int ld, int *count) {
 
 /* After fetch: the fetched search's gathered keys (its union); a diagnostic (candidate recall), so `kvbench
  * run` asks for it outside the timed search. The bit view's search only counted them: cs_blist lists them now
- * (its cursor, bnu, is zero after cs_bsel and zeroed again here); the other paths listed them as they ran. */
-kv_status cs_candidates(void *p, int32_t *cand, int cand_ld, int *ncand) {
-    kv_cs_gpu *g = (kv_cs_gpu *)p;
-    if (g->last_kk <= 0 || !g->last_u) return KV_OK;
+ * (its cursor, bnu, is zero after cs_bsel and zeroed again here); the other paths listed them as they ran.
+ * cs_union lists them on the device, cs_candidates copies them to the host. */
+kv_status cs_union(kv_cs_gpu *g) {
     const kv_cs_gpu_config &c = g->c;
     if (g->last_bits) {
         const int R = g->last_pool ? c.Hkv : c.Hq, nw = ((g->last_hi - 1) >> 5) - (c.sink >> 5) + 1;
@@ -821,8 +820,15 @@ kv_status cs_candidates(void *p, int32_t *cand, int cand_ld, int *ncand) {
                                                               g->u, c.T);
         KV_LAUNCH_CHECK();
         KV_CUDA_TRY(cudaMemsetAsync(g->bnu, 0, (size_t)R * sizeof(int), g->st));
-        KV_CUDA_TRY(cudaStreamSynchronize(g->st));
     }
+    KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    return KV_OK;
+}
+
+kv_status cs_candidates(void *p, int32_t *cand, int cand_ld, int *ncand) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    if (g->last_kk <= 0 || !g->last_u) return KV_OK;
+    KV_TRY(cs_union(g));
     for (int h = 0; h < g->c.Hq; h++) {
         const int r = g->last_pool ? h / g->G : h, nu = g->h_nu[r];
         KV_CUDA_TRY(cudaMemcpy(cand + (size_t)h * cand_ld, g->u + (size_t)r * g->c.T, (size_t)nu * sizeof(int32_t),
@@ -832,11 +838,25 @@ kv_status cs_candidates(void *p, int32_t *cand, int cand_ld, int *ncand) {
     return KV_OK;
 }
 
+/* The same union left on the device (the run's device evaluation reads it there): R rows of u, T apart, row r
+ * nu[r] long; *u NULL when the fetched search did not gather. */
+kv_status cs_candidates_dev(void *p, const int32_t **u, long long *ld, int *rows, const int **counts) {
+    kv_cs_gpu *g = (kv_cs_gpu *)p;
+    *u = NULL;
+    if (g->last_kk <= 0 || !g->last_u) return KV_OK;
+    KV_TRY(cs_union(g));
+    *u = g->u;
+    *ld = g->c.T;
+    *rows = g->last_pool ? g->c.Hkv : g->c.Hq;
+    *counts = g->h_nu;
+    return KV_OK;
+}
+
 #include "csattention_bench.cuh"
 
 }  // namespace
 
 extern "C" const kv_csattention_cuda_ops kv_csattention_cuda = {
     cs_create, cs_kmeans, cs_build, cs_read_index, cs_append, cs_launch, cs_fetch, cs_candidates,
-    cs_destroy, cs_bench,
+    cs_candidates_dev, cs_destroy, cs_bench,
 };

@@ -67,6 +67,9 @@ typedef struct {
                         kv_gpu_mark *mark);
     kv_status (*fetch)(void *g, int32_t *idx, int ld, int *count);
     kv_status (*candidates)(void *g, int32_t *cand, int cand_ld, int *ncand);
+    /* Or leaves them on the device: *rows lists (Hq, or Hkv with pool), list r at *u + r * *ld, (*counts)[r]
+     * long (host; valid until the next search); *u NULL when they were not listed. */
+    kv_status (*candidates_dev)(void *g, const int32_t **u, long long *ld, int *rows, const int **counts);
     void (*destroy)(void *g);
     /* kvbench bench --method csattention: lists over the float16 keys K
      * [Hkv][>= n][D] with C centroids per subspace taken as normalised key

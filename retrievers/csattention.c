@@ -480,6 +480,14 @@ static kv_status cs_candidates(void *st, kv_selection *sel) {
     return s->gpu && sel->cand ? kv_csattention_cuda.candidates(s->gpu, sel->cand, sel->cand_cap, sel->n_cand) : KV_OK;
 }
 
+/* The same union where it is, for the run's device evaluation (at 1M tokens about 3.6 MB a row, each way). */
+static kv_status cs_candidates_dev(void *st, kv_dev_cands *out) {
+    cs_state *s = st;
+    *out = (kv_dev_cands){0};
+    if (!s->gpu) return KV_OK;
+    return kv_csattention_cuda.candidates_dev(s->gpu, &out->idx, &out->ld, &out->rows, &out->counts);
+}
+
 static kv_status cs_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     cs_state *s = st;
     const kv_shape *sh = &s->sh;
@@ -570,6 +578,7 @@ const kv_method kv_method_csattention = {
     .append = cs_append,
     .search = cs_search,
     .candidates = cs_candidates,
+    .candidates_dev = cs_candidates_dev,
     .search_launch = cs_launch,
     .search_finish = cs_finish,
     .memory_bytes = cs_memory,

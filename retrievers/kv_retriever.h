@@ -87,12 +87,14 @@ typedef struct {
 } kv_selection;
 
 /* A search's coarse candidates on the device (kv_method.candidates_dev): rows lists of count key
- * positions, list r at idx + r*ld (device memory, valid until the method's next search or append); one
- * list per query head (rows = Hq) or per kv head (rows = Hkv, shared by the group). */
+ * positions, or counts[r] (host, nullable) when they differ, list r at idx + r*ld (device memory, valid
+ * until the method's next search or append); one list per query head (rows = Hq) or per kv head (rows =
+ * Hkv, shared by the group). */
 typedef struct {
     const int32_t *idx;
     long long ld;
     int rows, count;
+    const int *counts;
 } kv_dev_cands;
 
 kv_status kv_selection_alloc(kv_selection *s, int n_lists, int n_kv, int cap, int extra_cap, int cand_cap);

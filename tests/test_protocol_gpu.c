@@ -5,7 +5,8 @@
  * selections per query head and per kv head, with and without log-weights,
  * extra indices (some already attended), candidate lists (some lists
  * without, and lists handed over on the device as a method's
- * candidates_dev does, with a row stride above their length), several
+ * candidates_dev does, with a row stride above their length, one length
+ * for every list or a length a list), several
  * budgets and the one-budget oracle, with and without values, lists longer
  * than the kernel's shared-memory tile; and a device candidate outside
  * [0, t] is the method's error. */
@@ -39,7 +40,7 @@ static void random_sel(kv_rng *r, kv_selection *sel, int t, int sink, int local,
             c++;
         }
         sel->count[l] = c;
-        if (with_cand == 2 || (with_cand && l % 3 != 2)) { /* 2, the device form: one length for every list */
+        if (with_cand >= 2 || (with_cand && l % 3 != 2)) { /* the device forms: 2 one length for every list, 3 any */
             int most = sel->cand_cap < 3 * k ? sel->cand_cap : 3 * k;
             int nc = with_cand == 2 && l ? sel->n_cand[0] : (int)(kv_rng_u64(r) % (uint64_t)most);
             for (int j = 0; j < nc; j++)
@@ -84,9 +85,10 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &ph));
     CHECK_OK(kv_protocol_create(&L, sink, local, kmax, split, &pg));
     CHECK_OK(kv_selection_alloc(&sel, lists, Hkv, kmax, T, T));
-    /* every budget x (without candidates, with, on the device) is one slot: one flush launches them together */
-    int ns = 3 * nk, dld = 0;
-    int32_t *dc[2] = {NULL, NULL}, *hc = NULL;
+    /* every budget x (without candidates, with, on the device with one length, with a length a list) is one slot:
+     * one flush launches them together */
+    int ns = 4 * nk, dld = 0, dn[64];
+    int32_t *dc[2][2] = {{NULL, NULL}, {NULL, NULL}}, *hc = NULL; /* per budget and device form: all read at the flush */
     CHECK_OK(kv_oracle_diag_slots(o, ns));
     kv_step_metric *a = malloc(sizeof *a * Hq * ns), *b = malloc(sizeof *b * Hq);
     for (int t = T / 2; t < T; t += T / 7) {
@@ -95,28 +97,34 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
         CHECK_OK(kv_oracle_step(o, t, q, &res));
         last_t = t;
         for (int bi = 0; bi < nk; bi++)
-            for (int with_cand = 0; with_cand < 3; with_cand++) {
-                int slot = 3 * bi + with_cand;
+            for (int with_cand = 0; with_cand < 4; with_cand++) {
+                int slot = 4 * bi + with_cand;
                 random_sel(r, &sel, t, sink, local, ks[bi], with_cand);
                 kv_oracle_out ov;
                 kv_oracle_view(o, bi, &ov);
                 CHECK_OK(kv_protocol_score(ph, o, &ov, t, &m, &sel, ks[bi], a + (size_t)slot * Hq));
                 kv_dev_cands d = {0};
-                if (with_cand == 2) { /* the lists on the device, rows dld apart, as a method leaves them */
+                if (with_cand >= 2) { /* the lists on the device, rows dld apart, as a method leaves them */
                     int nc = sel.n_cand[0];
+                    for (int l = 0; l < lists; l++) {
+                        dn[l] = sel.n_cand[l];
+                        nc = dn[l] > nc ? dn[l] : nc;
+                    }
                     dld = nc + 5;
                     free(hc);
                     hc = malloc(sizeof *hc * (size_t)lists * dld);
                     for (int l = 0; l < lists; l++)
                         for (int j = 0; j < dld; j++)
-                            hc[(size_t)l * dld + j] = j < nc ? sel.cand[(size_t)l * sel.cand_cap + j] : -7;
-                    kv_gpu_free(dc[bi]);
-                    CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * dld, &dc[bi]));
-                    d = (kv_dev_cands){.idx = dc[bi], .ld = dld, .rows = lists, .count = nc};
+                            hc[(size_t)l * dld + j] = j < dn[l] ? sel.cand[(size_t)l * sel.cand_cap + j] : -7;
+                    int32_t **dp = &dc[bi][with_cand - 2];
+                    kv_gpu_free(*dp);
+                    CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * dld, dp));
+                    d = (kv_dev_cands){.idx = *dp, .ld = dld, .rows = lists, .count = nc,
+                                       .counts = with_cand == 3 ? dn : NULL};
                     /* the host's lists withdrawn: read from sel, the row's cand_recall would be NaN, not the host's */
                     for (int l = 0; l < lists; l++) sel.n_cand[l] = -1;
                 }
-                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot, with_cand == 2 ? &d : NULL));
+                CHECK_OK(kv_protocol_submit(pg, o, bi, t, &m, &sel, ks[bi], slot, with_cand >= 2 ? &d : NULL));
             }
         CHECK_OK(kv_oracle_diag_wait(o));
         for (int slot = 0; slot < ns; slot++) {
@@ -134,7 +142,7 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
                       "Hq %d Hkv %d T %d D %d v %d nk %d per_kv %d logw %d, step %d head %d slot %d (budget %d, cand "
                       "%d): host recall %.9g sel %.9g cand %.9g pre %.9g gen %.9g share %.9g mass %.9g outerr %.9g "
                       "n %d/%d; device %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g n %d/%d",
-                      Hq, Hkv, T, D, with_v, nk, per_kv, logw, t, h, slot, ks[slot / 3], slot % 3, x->recall,
+                      Hq, Hkv, T, D, with_v, nk, per_kv, logw, t, h, slot, ks[slot / 4], slot % 4, x->recall,
                       x->recall_sel, x->cand_recall, x->recall_pre, x->recall_gen, x->gen_share, x->mass, x->outerr,
                       x->n_sel, x->n_extra, y->recall, y->recall_sel, y->cand_recall, y->recall_pre, y->recall_gen,
                       y->gen_share, y->mass, y->outerr, y->n_sel, y->n_extra);
@@ -147,10 +155,10 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
         free(hc);
         hc = malloc(sizeof *hc * (size_t)lists * nc);
         for (int l = 0; l < lists; l++) memcpy(hc + (size_t)l * nc, bad, sizeof bad);
-        kv_gpu_free(dc[0]);
-        CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * nc, &dc[0]));
+        kv_gpu_free(dc[0][0]);
+        CHECK_OK(kv_gpu_upload_ints(hc, (size_t)lists * nc, &dc[0][0]));
         random_sel(r, &sel, t, sink, local, ks[0], 0);
-        kv_dev_cands d = {.idx = dc[0], .ld = nc, .rows = lists, .count = nc};
+        kv_dev_cands d = {.idx = dc[0][0], .ld = nc, .rows = lists, .count = nc};
         CHECK_OK(kv_protocol_submit(pg, o, 0, t, &m, &sel, ks[0], 0, &d));
         CHECK_OK(kv_oracle_diag_wait(o));
         CHECK(kv_protocol_collect(pg, o, 0, b, "fake") == -1, "a device candidate at %d (step %d) was not reported",
@@ -158,7 +166,8 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
         CHECK(strstr(kv_last_error(), "method fake") && strstr(kv_last_error(), "outside"),
               "the out-of-range candidate's message: %s", kv_last_error());
     }
-    kv_gpu_free(dc[0]); kv_gpu_free(dc[1]); free(hc);
+    for (int i = 0; i < 4; i++) kv_gpu_free(dc[i / 2][i % 2]);
+    free(hc);
     free(a); free(b);
     kv_selection_free(&sel);
     kv_protocol_destroy(ph);

@@ -243,8 +243,8 @@ __global__ void ev_count_kernel(const float *S, long long ld, const float *thr, 
 struct ev_diag_params {
     const uint32_t *in; /* [Hq+1] list offsets, [Hq+1] candidate offsets, att[N], flag[N], logw[N], cand[NC] */
     int Hq, G, N, kk, split, has_cand, t;
-    const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each; head h reads
-                         * list h / dmap (dmap = Hq / the lists) */
+    const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each (-1: head
+                         * h's length packed as a candidate offset); head h reads list h / dmap (dmap = Hq / lists) */
     long long dld;
     int dmap, dcount;
     unsigned *chits;    /* [Hq + 1]: ev_cand_kernel's hits per head, then 1 for a position outside [0, t] */
@@ -261,11 +261,11 @@ struct ev_diag_params {
 
 /* Head h's candidate list and its length. */
 __device__ __forceinline__ const int32_t *ev_cands(const ev_diag_params &p, int h, int *n) {
+    const uint32_t *coff = p.in + p.Hq + 1;
     if (p.dc) {
-        *n = p.dcount;
+        *n = p.dcount >= 0 ? p.dcount : (int)(coff[h + 1] - coff[h]);
         return p.dc + (long long)(h / p.dmap) * p.dld;
     }
-    const uint32_t *coff = p.in + p.Hq + 1;
     *n = (int)(coff[h + 1] - coff[h]);
     return (const int32_t *)(p.in + 2 * p.Hq + 2 + 3 * (size_t)p.N) + coff[h];
 }
@@ -568,14 +568,22 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     }
     s->dc = NULL;
     if (devc) {
-        if (in->dcount < 0 || in->drows < 1 || Hq % in->drows || (in->dcount > 0 && in->dld < in->dcount))
+        int cmax = in->dcount;
+        for (int r = 0; in->dcounts && r < in->drows; r++) {
+            if (in->dcounts[r] < 0 || in->dcounts[r] > in->dld)
+                return kv_fail(KV_ERR_INTERNAL, "GPU oracle: device candidate list %d of %d (stride %lld)", r,
+                               in->dcounts[r], in->dld);
+            cmax = r == 0 || in->dcounts[r] > cmax ? in->dcounts[r] : cmax;
+        }
+        if (cmax < 0 || in->drows < 1 || Hq % in->drows || (cmax > 0 && in->dld < cmax))
             return kv_fail(KV_ERR_INTERNAL, "GPU oracle: device candidates of %d rows x %d (stride %lld) for %d heads",
-                           in->drows, in->dcount, in->dld, Hq);
-        s->dc = in->dcidx; s->dld = in->dld; s->dmap = Hq / in->drows; s->dcount = in->dcount;
-        if (a->ev_nk > 1 && in->dcount > 0) {
+                           in->drows, cmax, in->dld, Hq);
+        s->dc = in->dcidx; s->dld = in->dld; s->dmap = Hq / in->drows; s->dcount = in->dcounts ? -1 : in->dcount;
+        s->dcmax = cmax;
+        if (a->ev_nk > 1 && cmax > 0) {
             /* several budgets: the method's next search of this step rewrites its lists before the flush, so
              * they are copied now (its searches are synchronous, so the lists are complete) */
-            const size_t need = (size_t)in->drows * in->dcount;
+            const size_t need = (size_t)in->drows * cmax;
             if (need > s->dcopy_cap) {
                 const size_t cap = need + need / 2 + 1024;
                 KV_CUDA_TRY(cudaStreamSynchronize(a->st));
@@ -584,24 +592,25 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
                 KV_CUDA_ALLOC(s->dcopy, cap * sizeof(int32_t), 0, "diagnostics candidates");
                 s->dcopy_cap = cap;
             }
-            KV_CUDA_TRY(cudaMemcpy2DAsync(s->dcopy, (size_t)in->dcount * 4, in->dcidx, (size_t)in->dld * 4,
-                                          (size_t)in->dcount * 4, (size_t)in->drows, cudaMemcpyDeviceToDevice, a->st));
+            KV_CUDA_TRY(cudaMemcpy2DAsync(s->dcopy, (size_t)cmax * 4, in->dcidx, (size_t)in->dld * 4, (size_t)cmax * 4,
+                                          (size_t)in->drows, cudaMemcpyDeviceToDevice, a->st));
             KV_CUDA_TRY(cudaStreamSynchronize(a->st));
-            s->dc = s->dcopy; s->dld = in->dcount;
+            s->dc = s->dcopy; s->dld = cmax;
         }
     }
     uint32_t *w = s->hin, *off = w, *coff = w + Hq + 1, *att = w + 2 * Hq + 2, *flg = att + N, *lw = flg + N,
              *cand = lw + N;
     off[0] = coff[0] = 0;
     for (int h = 0; h < Hq; h++) {
-        const int c = in->count[h], cc = in->has_cand && !devc ? in->ccount[h] : 0;
+        const int c = in->count[h], cc = in->has_cand && !devc ? in->ccount[h] : 0,
+                  dn = devc && in->dcounts ? in->dcounts[h / (Hq / in->drows)] : 0; /* a length, no words */
         const size_t r = (size_t)h * in->cap;
         memcpy(att + off[h], in->att + r, (size_t)c * sizeof(uint32_t));
         memcpy(lw + off[h], in->logw + r, (size_t)c * sizeof(float));
         for (int j = 0; j < c; j++) flg[off[h] + j] = in->flag[r + j];
         if (cc && !devc) memcpy(cand + coff[h], in->cidx + (size_t)h * in->ccap, (size_t)cc * sizeof(uint32_t));
         off[h + 1] = off[h] + (uint32_t)c;
-        coff[h + 1] = coff[h] + (uint32_t)cc;
+        coff[h + 1] = coff[h] + (uint32_t)(devc ? dn : cc);
     }
     s->pending = 1;
     s->held = 1;
@@ -644,7 +653,7 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         p.dc = s->dc; p.dld = s->dld; p.dmap = s->dmap; p.dcount = s->dcount; p.chits = s->chits;
         anyc |= s->has_cand;
         const uint32_t *coff = s->hin + Hq + 1; /* the longest candidate list, for the hit count's grid */
-        if (s->has_cand && s->dc) cmax = s->dcount > cmax ? s->dcount : cmax;
+        if (s->has_cand && s->dc) cmax = s->dcmax > cmax ? s->dcmax : cmax;
         for (int h = 0; s->has_cand && !s->dc && h < Hq; h++)
             cmax = (int)(coff[h + 1] - coff[h]) > cmax ? (int)(coff[h + 1] - coff[h]) : cmax;
         p.S = a->S; p.ld = a->T;

@@ -20,7 +20,8 @@ typedef struct {
     size_t words;
     const int32_t *dc;     /* device candidates (kv_gpu_diag_in.dcidx), or NULL: packed in hin */
     long long dld;
-    int dmap, dcount;
+    int dmap, dcount;      /* dcount -1: list lengths from the packed candidate offsets (dcounts) */
+    int dcmax;             /* the longest list */
     int32_t *dcopy;        /* device: their copy when several budgets search in a step */
     size_t dcopy_cap;      /* ints */
     unsigned *chits;       /* device [Hq + 1]: candidate hits per head, then a position out of range */

@@ -126,11 +126,13 @@ typedef struct {
     const int *ccount;
     const int32_t *cidx;
     /* or the candidates on the device (dcidx not NULL; ccount, cidx unused): drows lists (Hq: one per query
-     * head; Hkv: one per kv head, shared by its group), list r at dcidx + r*dld, dcount positions each; read
-     * where they are, copied first (on the oracle's stream) only when several budgets search in a step */
+     * head; Hkv: one per kv head, shared by its group), list r at dcidx + r*dld, dcount positions each, or
+     * dcounts[r] (host, nullable) when the lists differ in length; read where they are, copied first (on the
+     * oracle's stream) only when several budgets search in a step */
     const int32_t *dcidx;
     long long dld;
     int drows, dcount;
+    const int *dcounts;
 } kv_gpu_diag_in;
 kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots);
 /* Packs one method-step into `slot` (host only); kv_gpu_attn_diag_flush
