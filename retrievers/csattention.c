@@ -59,7 +59,12 @@
  *   centroid sums add in another order: a coordinate may differ in its last
  *   bit), kmeans=host runs the C code above (both paths then share the
  *   centroids bitwise); the lists are built, searched and try-inserted on
- *   the device (see its header).
+ *   the device (see its header). The search comes in halves
+ *   (search_launch/search_finish: `kvbench run` queues it behind the other
+ *   methods'); its union (the candidate set, a diagnostic) is listed after
+ *   the search and copied by `candidates` or left on the device by
+ *   `candidates_dev` (the run's device evaluation), outside the timed
+ *   search: at 128K tokens it is about 114K keys a row.
  * - memory_bytes: centroids (float32) + lists (int32 index + float32 score
  *   per entry: 8 B; the paper stores fp16 scores, 6 B). */
 #include <math.h>

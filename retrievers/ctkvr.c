@@ -56,6 +56,10 @@
  *   what DCU inserts when dcu is on.
  * - Candidate set: the rerank set (union, plus the generated keys with
  *   gen=rerank), per kv head.
+ * - GPU path (kernels/ctkvr.cu): the search comes in halves
+ *   (search_launch/search_finish: `kvbench run` queues it behind the other
+ *   methods'); DCU's commit of the step's queries and lists follows the
+ *   fetch, an update of the index outside the timed search.
  * - memory_bytes: slot queries (Hq x D float32 per slot) + lists (int32).
  *   The exact keys the rerank reads are the KV cache itself (a copy is kept
  *   here, not counted). */
