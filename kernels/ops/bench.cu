@@ -13,10 +13,10 @@
  * read 0.5 of its 33.6 MB from DRAM (11.9 us under ncu), 33.6 MB with plain
  * loads (22.3 us), as in `kvbench run` (32.7 MB, 24.0 us; session 21 call
  * A), so every bench time of data smaller than the L2 was optimistic until
- * session 21 (scripts/device_check.sh checks the flush). Every timer of a `kvbench bench` process
- * launches on one stream the command makes once (kv_gpu_bench_stream_create),
- * as a decode loop launches on one long-lived stream: with a stream made and
- * destroyed per length, the lengths after the first lost the overlap of
+ * session 21 (scripts/device_check.sh checks the flush). Every timer of a
+ * `kvbench bench` process launches on one stream the command makes once
+ * (kv_gpu_bench_stream_create), as a decode loop launches on one long-lived
+ * stream: with a stream made and destroyed per length, the lengths after the first lost the overlap of
  * programmatic dependent launches (FreeKV's select_spec at 1M, 63.4 against
  * 64.8-65.8 us; session 9). The copy bandwidth the report compares
  * against is a device-to-device cudaMemcpy, bytes read plus written. */
@@ -30,7 +30,8 @@ __global__ void kv_flush_kernel(const uint4 *p, size_t n, unsigned *sink) {
     unsigned x = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint4 v; /* a plain load: see the header */
-        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
+        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p + i));
         x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (x == 0x9e3779b9u) *sink = x; /* keeps the loads; practically never taken */
