@@ -64,7 +64,8 @@
  *   methods'); its union (the candidate set, a diagnostic) is listed after
  *   the search and copied by `candidates` or left on the device by
  *   `candidates_dev` (the run's device evaluation), outside the timed
- *   search: at 128K tokens it is about 114K keys a row.
+ *   search: at the defaults it is about 90% of the region a row (943,467
+ *   keys at 1M tokens in `kvbench bench`, session 21).
  * - memory_bytes: centroids (float32) + lists (int32 index + float32 score
  *   per entry: 8 B; the paper stores fp16 scores, 6 B). */
 #include <math.h>
@@ -467,8 +468,8 @@ static int cs_select(cs_state *s, int g, const float *qv, int hi, int k, int32_t
 }
 
 /* The GPU search in halves (kv_method.search_launch); the union, a diagnostic, is listed and copied by
- * cs_candidates, outside the run's timed search (about 7 MB a step at 128K tokens and 16 rows: copied inside it,
- * the in-run search took 897 us against 42 after, session 21). */
+ * cs_candidates, outside the run's timed search (about 90% of the region a row: copied inside it, the in-run search
+ * took 897 us at 128K tokens against 42 after, session 21). */
 static kv_status cs_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
     cs_state *s = st;
     return kv_csattention_cuda.launch(s->gpu, q, s->pool, s->missing, s->weight, t + 1 - s->sh.local, k,
@@ -487,7 +488,7 @@ static kv_status cs_candidates(void *st, kv_selection *sel) {
 }
 
 /* The same union where it is, for the run's device evaluation: not copied down and packed back up (at 1M
- * tokens about 3.6 MB a row each way). */
+ * tokens about 3.8 MB a row each way). */
 static kv_status cs_candidates_dev(void *st, kv_dev_cands *out) {
     cs_state *s = st;
     *out = (kv_dev_cands){0};
