@@ -226,7 +226,7 @@ kv_status kv_gpu_bench_run(const kv_gpu_bench_spec *s, const kv_gpu_keys *K, con
  * retriever's bench_gpu hook): each stage timed like the exact stages above
  * (kv_bench_timer in kv_cuda.h: L2 flushed before every repetition, CUDA
  * events, median and p90), with the bytes it must move at least. */
-#define KV_GPU_MAX_STAGES 8
+#define KV_GPU_MAX_STAGES 9
 typedef struct {
     const char *name;  /* static string, e.g. "collision" */
     kv_gpu_timing t;
