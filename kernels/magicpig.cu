@@ -637,12 +637,6 @@ static kv_status kv_mp_gpu_fetch(kv_mp_gpu *m, int32_t *idx, float *logw, int ca
     return KV_OK;
 }
 
-static kv_status kv_mp_gpu_search(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx,
-                                      float *logw, int cap, int *count) {
-    KV_TRY(kv_mp_gpu_launch(m, q, lo, hi, minc, NULL));
-    return kv_mp_gpu_fetch(m, idx, logw, cap, count);
-}
-
 static kv_status kv_mp_gpu_read_index(const kv_mp_gpu *m, int lo, int hi, uint16_t *codes, float *knorm) {
     if (lo < 0 || hi > m->T || hi <= lo) return kv_fail(KV_ERR_INTERNAL, "magicpig GPU: read of [%d, %d)", lo, hi);
     size_t n = (size_t)(hi - lo);
@@ -768,7 +762,6 @@ extern "C" const kv_magicpig_cuda_ops kv_magicpig_cuda = {
     .create = kv_mp_gpu_create,
     .set_mean = kv_mp_gpu_set_mean,
     .index = kv_mp_gpu_index,
-    .search = kv_mp_gpu_search,
     .launch = kv_mp_gpu_launch,
     .fetch = kv_mp_gpu_fetch,
     .read_index = kv_mp_gpu_read_index,

@@ -31,14 +31,12 @@ typedef struct {
     /* Centres, measures and hashes positions [t0, t0+n) of every kv head from
      * host keys x[(g*ld + i)*D + j], i in [0, n) (ld: tokens per head in x). */
     kv_status (*index)(kv_mp_gpu *m, int t0, int n, const float *x, int ld);
-    /* One search: queries q [Hq][D] (host); per query head h the positions i
-     * in [lo, hi) whose code equals the query's in >= minc tables, ascending,
-     * at most cap of them: idx[h*cap + j], logw[h*cap + j] (the reference's
-     * kv_mp_logw of the cosine of q_h and the centred key), count[h] (host); entries past count[h] may be
-     * overwritten (one copy per array, as wide as the longest list). */
-    kv_status (*search)(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, int32_t *idx, float *logw, int cap,
-        int *count);
-    /* The same in halves (kvbench run, kv_gpu_mark): launch queues the search, fetch waits for it and copies. */
+    /* One search, in halves (`kvbench run` queues the launch behind the other methods', kv_gpu_mark; NULL: not
+     * queued): queries q [Hq][D] (host); per query head h the positions i in [lo, hi) whose code equals the
+     * query's in >= minc tables, ascending. launch queues it and returns; fetch waits for it and writes at most
+     * cap of them: idx[h*cap + j], logw[h*cap + j] (the reference's kv_mp_logw of the cosine of q_h and the
+     * centred key), count[h] (host); entries past count[h] may be overwritten (one copy per array, as wide as
+     * the longest list). */
     kv_status (*launch)(kv_mp_gpu *m, const float *q, int lo, int hi, int minc, kv_gpu_mark *mark);
     kv_status (*fetch)(kv_mp_gpu *m, int32_t *idx, float *logw, int cap, int *count);
     /* For tests: codes of positions [lo, hi) to codes[(g*L + l)*(hi-lo) + i - lo]

@@ -96,28 +96,6 @@ static kv_status exact_append(void *st, int t, const float *k, const float *v, c
     return KV_OK;
 }
 
-static kv_status exact_search(void *st, int t, const float *q, int k, kv_selection *sel) {
-    exact_state *s = st;
-    const kv_shape *sh = &s->sh;
-    int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
-    if (hi <= lo) return KV_OK;
-    if (s->dsearch) {
-        KV_TRY(kv_gpu_search_launch(s->dsearch, exact_dkeys(s), q, sh->softmax_scale, lo, hi, k, NULL));
-        return kv_gpu_search_fetch(s->dsearch, sel->idx, sel->cap, sel->count);
-    }
-    int failed = 0;
-#pragma omp parallel for schedule(static) reduction(| : failed)
-    for (int h = 0; h < sh->num_q_heads; h++) {
-        const float *K = s->keys + ((size_t)(h / sh->group) * sh->max_tokens + lo) * D;
-        float *row = s->scores + (size_t)h * sh->max_tokens;
-        kv_scores_ref(q + (size_t)h * D, K, hi - lo, D, sh->softmax_scale, row);
-        int c = kv_topk_ref(row, hi - lo, k, lo, sel->idx + (size_t)h * sel->cap, NULL);
-        failed |= c < 0;
-        sel->count[h] = c < 0 ? 0 : c;
-    }
-    return failed ? kv_fail(KV_ERR_NOMEM, "exact: out of host memory for top-k scratch") : KV_OK;
-}
-
 /* The GPU search in halves (kv_method.search_launch): an empty region launches nothing and fetches nothing. */
 static kv_status exact_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
     exact_state *s = st;
@@ -130,6 +108,28 @@ static kv_status exact_finish(void *st, int t, int k, kv_selection *sel) {
     exact_state *s = st;
     (void)t; (void)k;
     return kv_gpu_search_fetch(s->dsearch, sel->idx, sel->cap, sel->count);
+}
+
+static kv_status exact_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    exact_state *s = st;
+    const kv_shape *sh = &s->sh;
+    int D = sh->head_dim, lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    if (s->dsearch) {
+        KV_TRY(exact_launch(s, t, q, k, sel, NULL));
+        return exact_finish(s, t, k, sel);
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int h = 0; h < sh->num_q_heads; h++) {
+        const float *K = s->keys + ((size_t)(h / sh->group) * sh->max_tokens + lo) * D;
+        float *row = s->scores + (size_t)h * sh->max_tokens;
+        kv_scores_ref(q + (size_t)h * D, K, hi - lo, D, sh->softmax_scale, row);
+        int c = kv_topk_ref(row, hi - lo, k, lo, sel->idx + (size_t)h * sel->cap, NULL);
+        failed |= c < 0;
+        sel->count[h] = c < 0 ? 0 : c;
+    }
+    return failed ? kv_fail(KV_ERR_NOMEM, "exact: out of host memory for top-k scratch") : KV_OK;
 }
 
 static size_t exact_memory(const void *st) {

@@ -286,6 +286,19 @@ static kv_status mp_append(void *st, int t, const float *k, const float *v, cons
     return KV_OK;
 }
 
+/* The GPU search in halves (kv_method.search_launch). */
+static kv_status mp_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    mp_state *s = st;
+    (void)k; (void)sel;
+    return kv_magicpig_cuda.launch(s->dev, q, s->sh.sink, t + 1 - s->sh.local, s->minc, mark);
+}
+
+static kv_status mp_finish(void *st, int t, int k, kv_selection *sel) {
+    mp_state *s = st;
+    (void)t; (void)k;
+    return kv_magicpig_cuda.fetch(s->dev, sel->idx, sel->logw, sel->cap, sel->count);
+}
+
 static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     mp_state *s = st;
     const kv_shape *sh = &s->sh;
@@ -293,8 +306,8 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
     (void)k; /* variable budget: every candidate is attended */
     if (hi <= lo) return KV_OK;
     if (s->dev) {
-        KV_TRY(kv_magicpig_cuda.launch(s->dev, q, lo, hi, s->minc, NULL));
-        return kv_magicpig_cuda.fetch(s->dev, sel->idx, sel->logw, sel->cap, sel->count);
+        KV_TRY(mp_launch(s, t, q, k, sel, NULL));
+        return mp_finish(s, t, k, sel);
     }
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < sh->num_q_heads; h++) {
@@ -320,19 +333,6 @@ static kv_status mp_search(void *st, int t, const float *q, int k, kv_selection 
         sel->count[h] = c;
     }
     return KV_OK;
-}
-
-/* The GPU search in halves (kv_method.search_launch). */
-static kv_status mp_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
-    mp_state *s = st;
-    (void)k; (void)sel;
-    return kv_magicpig_cuda.launch(s->dev, q, s->sh.sink, t + 1 - s->sh.local, s->minc, mark);
-}
-
-static kv_status mp_finish(void *st, int t, int k, kv_selection *sel) {
-    mp_state *s = st;
-    (void)t; (void)k;
-    return kv_magicpig_cuda.fetch(s->dev, sel->idx, sel->logw, sel->cap, sel->count);
 }
 
 static size_t mp_memory(const void *st) {

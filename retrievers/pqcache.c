@@ -309,6 +309,19 @@ static kv_status pq_append(void *st, int t, const float *k, const float *v, cons
     return KV_OK;
 }
 
+/* The GPU search in halves (kv_method.search_launch). */
+static kv_status pq_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    pq_state *s = st;
+    int lo = s->sh.sink, hi = t + 1 - s->sh.local;
+    return kv_pqcache_cuda.launch(s->gpu, q, s->sh.softmax_scale, lo, hi, k, sel->idx, sel->cap, mark);
+}
+
+static kv_status pq_finish(void *st, int t, int k, kv_selection *sel) {
+    pq_state *s = st;
+    (void)t; (void)k;
+    return kv_pqcache_cuda.fetch(s->gpu, sel->count);
+}
+
 static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection *sel) {
     pq_state *s = st;
     const kv_shape *sh = &s->sh;
@@ -316,8 +329,8 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
     int lo = sh->sink, hi = t + 1 - sh->local, n = hi - lo;
     if (n <= 0) return KV_OK;
     if (s->gpu) {
-        KV_TRY(kv_pqcache_cuda.launch(s->gpu, q, sh->softmax_scale, lo, hi, k, sel->idx, sel->cap, NULL));
-        return kv_pqcache_cuda.fetch(s->gpu, sel->count);
+        KV_TRY(pq_launch(s, t, q, k, sel, NULL));
+        return pq_finish(s, t, k, sel);
     }
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
@@ -347,19 +360,6 @@ static kv_status pq_search(void *st, int t, const float *q, int k, kv_selection 
         sel->count[g] = c < 0 ? 0 : c;
     }
     return failed ? kv_fail(KV_ERR_NOMEM, "pqcache: out of host memory for top-k scratch") : KV_OK;
-}
-
-/* The GPU search in halves (kv_method.search_launch). */
-static kv_status pq_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
-    pq_state *s = st;
-    int lo = s->sh.sink, hi = t + 1 - s->sh.local;
-    return kv_pqcache_cuda.launch(s->gpu, q, s->sh.softmax_scale, lo, hi, k, sel->idx, sel->cap, mark);
-}
-
-static kv_status pq_finish(void *st, int t, int k, kv_selection *sel) {
-    pq_state *s = st;
-    (void)t; (void)k;
-    return kv_pqcache_cuda.fetch(s->gpu, sel->count);
 }
 
 static size_t pq_memory(const void *st) {

@@ -147,7 +147,8 @@ done
 
 # The flush before every timed repetition has to leave a stage's inputs out of L2 even when they fit there
 # (session 21: the evict-first loads it used until then did not). Evidence, not a timing: Nsight Compute reads
-# the DRAM bytes of Quest's bound scan at 128K (33.6 MB of float16 summaries, less than the L2), with application replay (no memory save and restore).
+# the DRAM bytes of Quest's bound scan at 128K (33.6 MB of float16 summaries, less than the L2), with
+# application replay (no memory save and restore).
 step "L2 flush check: DRAM bytes of Quest's bound scan at 131072 tokens (its summaries: 33.6 MB)"
 if command -v ncu >/dev/null && [ "${FLUSHCHECK:-1}" != 0 ]; then
     timeout 120 ncu --replay-mode application --cache-control none --clock-control none --kernel-name regex:quest_bounds \

@@ -16,8 +16,8 @@
  * session 21 (scripts/device_check.sh checks the flush). Every timer of a
  * `kvbench bench` process launches on one stream the command makes once
  * (kv_gpu_bench_stream_create), as a decode loop launches on one long-lived
- * stream: with a stream made and destroyed per length, the lengths after the first lost the overlap of
- * programmatic dependent launches (FreeKV's select_spec at 1M, 63.4 against
+ * stream: with a stream made and destroyed per length, the lengths after
+ * the first lost the overlap of programmatic dependent launches (FreeKV's select_spec at 1M, 63.4 against
  * 64.8-65.8 us; session 9). The copy bandwidth the report compares
  * against is a device-to-device cudaMemcpy, bytes read plus written. */
 #include <string.h>
