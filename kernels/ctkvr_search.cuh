@@ -54,6 +54,16 @@
  * without the prefetch 36.4-36.7 / 38.8-39.0 / 39.3-39.5; tried and
  * dropped: the top k by a bitonic sort in the tiles (the trace's top-k
  * step 10.3 us against kv_block_topk's 6.5).
+ * Session 22 (H200): the merge's binary searches issue the 4 lists' probes
+ * together (cts_place), and the tail's loops that run a few times are not
+ * unrolled (#pragma unroll 1: 7680 SASS instructions for the float16 kernel
+ * against 10712). The tail (27 us of the 37 at 128K) waits on shared-memory
+ * latency and barriers, not on code or data: without the bench's L2 flush
+ * only phase 1 got faster (arrival 9.6 -> 7.8 us, the tail as long), and a
+ * block that ran the tail's code ahead during phase 1 to bring it into L2
+ * gained nothing (not kept). Search 38.4-38.7 -> 35.6-35.9 us at 16K,
+ * 41.6-41.9 -> 38.2-38.7 at 128K, 41.3 -> 38.6 at 1M (call B); the trace's
+ * merge 5.7 -> 3.6 us.
  * Limits (else the staged path): D % 8 == 0, G <= 256, 16-byte aligned
  * keys, the shared memory (about (G + 4) x 4 B per entry of the set bound) within the
  * device's opt-in. KVBENCH_CTKVR_TRACE=1 makes the bench print where one
@@ -301,8 +311,10 @@ __device__ __forceinline__ void cts_rerank_tiled(const float *sq, const int *sse
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, sub = lane >> 3, cu = lane & 7;
     const int nu = D * (int)sizeof(TK) / 16;
     tl += (size_t)w * 32 * (CTS_PU + 1);
+#pragma unroll 1
     for (int i0 = w * 32; i0 < n; i0 += CTS_TH) { /* i0 is the same in the whole warp */
         const int i = i0 + lane;
+#pragma unroll 1
         for (int h0 = 0; h0 < G; h0 += CTS_GM) {
             const int gm = G - h0 < CTS_GM ? G - h0 : CTS_GM;
             float acc[CTS_GM][8];
@@ -310,6 +322,7 @@ __device__ __forceinline__ void cts_rerank_tiled(const float *sq, const int *sse
             for (int hh = 0; hh < CTS_GM; hh++)
 #pragma unroll
                 for (int j = 0; j < 8; j++) acc[hh][j] = 0.f;
+#pragma unroll 1
             for (int u0 = 0; u0 < nu; u0 += 2 * CTS_PU) {
                 uint4 v[2 * CTS_PU];
 #pragma unroll
@@ -327,7 +340,7 @@ __device__ __forceinline__ void cts_rerank_tiled(const float *sq, const int *sse
                     for (int s = 0; s < CTS_PU; s++) tl[((s * 4 + sub) * (CTS_PU + 1)) + cu] = v[p * CTS_PU + s];
                     __syncwarp();
                     if (i < n)
-#pragma unroll
+#pragma unroll 1
                         for (int uu = 0; uu < CTS_PU; uu++)
                             if (ub + uu < nu)
                                 cts_unit(acc, sq + h0 * D, D, gm, ub + uu, tl[lane * (CTS_PU + 1) + uu],
@@ -354,6 +367,7 @@ template <class F> __device__ __forceinline__ void cts_rank(const unsigned *key,
     const int bd = blockDim.x;
     int P = 1;
     while (P < 32 && 2 * P * n <= bd) P <<= 1;
+#pragma unroll 1
     for (int t0 = 0; t0 < n * P; t0 += bd) {
         const int t = t0 + threadIdx.x, i = t / P, part = t % P;
         int r = 0;
@@ -373,25 +387,34 @@ template <class F> __device__ __forceinline__ void cts_rank(const unsigned *key,
 
 /* The place of entry v of sorted list r among the entries of the other sorted lists j < cpe (list j at
  * L + j * rho, len[j] entries): those < v, and those == v in lists j < r (a stable merge). Binary lifting
- * from pw (the largest power of 2 <= rho), 4 lists in lockstep (independent shared loads in flight). */
+ * from pw (the largest power of 2 <= rho), 4 lists in lockstep: each step reads the 4 probes first (a
+ * probe past a list's end reads its first entry and is ignored), then decides, so the 4 shared loads are
+ * in flight together (a guarded load per list, as before session 22, waited for each load in turn: the
+ * merge took 5.6 us at 128K, session 21's trace). */
 __device__ __forceinline__ int cts_place(const int *L, const int *len, int cpe, int rho, int r, int v, int pw) {
     int total = 0;
     for (int j0 = 0; j0 < cpe; j0 += 4) {
-        int p[4] = {0, 0, 0, 0};
-        for (int step = pw; step > 0; step >>= 1)
+        int p[4], n[4];
+        const int *Lj[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int j = j0 + u;
-                if (j < cpe && j != r && p[u] + step <= len[j]) {
-                    const int x = L[j * rho + p[u] + step - 1];
-                    if (x < v || (j < r && x == v)) p[u] += step;
-                }
-            }
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u;
+            n[u] = j < cpe && j != r ? len[j] : 0; /* 0: no probe is taken */
+            Lj[u] = L + (size_t)(j < cpe ? j : 0) * rho - 1;
+            p[u] = 0;
+        }
+        for (int step = pw; step > 0; step >>= 1) {
+            int x[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) x[u] = Lj[u][p[u] + step <= n[u] ? p[u] + step : 1];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (p[u] + step <= n[u] && (x[u] < v || (j0 + u < r && x[u] == v))) p[u] += step;
+        }
         total += p[0] + p[1] + p[2] + p[3];
     }
     return total;
 }
-
 
 /* Slice bx of the set of n keys: positions [n bx / nb, n (bx + 1) / nb). */
 __device__ __forceinline__ int cts_cut(int n, int bx, int nb) { return (int)((long long)n * bx / nb); }
@@ -495,6 +518,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     float *sc = (float *)(sset + a.ncap), *f = sc + (size_t)G * a.ncap;
     int *sel = (int *)(f + a.ncap);
     unsigned *hist = (unsigned *)(sel + a.kmax);
+#pragma unroll 1
     for (int i = tid; i < nc; i += CTS_TH) {
         mk[i] = __ldcg(a.ckey + (size_t)g * nc + i);
         ms[i] = __ldcg(a.cslot + (size_t)g * nc + i);
@@ -506,6 +530,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     __syncthreads();
     cts_stamp(a.ts, CTS_T_TOPC, g);
     /* ---- gather: the C' sorted lists (one round of loads), their lengths ---- */
+#pragma unroll 1
     for (int e = tid; e < tcap; e += CTS_TH) {
         const int r = e / a.rho, x = e - r * a.rho;
         L[e] = __ldg(a.lsrt + ((size_t)g * a.C + sslot[r]) * a.rho + x);
@@ -528,6 +553,7 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     while (2 * pw <= a.rho) pw <<= 1;
     int total = 0;
     for (int r = 0; r < a.cpe; r++) total += slen[r];
+#pragma unroll 1
     for (int e = tid; e < tcap; e += CTS_TH) {
         const int r = e / a.rho, x = e - r * a.rho;
         if (x >= slen[r]) continue;
@@ -542,20 +568,24 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     const int per = (total + CTS_TH - 1) / CTS_TH, i0 = tid * per < total ? tid * per : total,
               i1 = i0 + per < total ? i0 + per : total;
     int mine = 0;
+#pragma unroll 1
     for (int i = i0; i < i1; i++) {
         const int v = M[i];
         mine += v >= a.lo && v < a.gen_lo && (i == 0 || M[i - 1] != v);
     }
     int base;
     int o = kv_block_scan(mine, &base, sw);
+#pragma unroll 1
     for (int i = i0; i < i1; i++) {
         const int v = M[i];
         if (v >= a.lo && v < a.gen_lo && (i == 0 || M[i - 1] != v)) sset[o++] = v;
     }
+#pragma unroll 1
     for (int i = a.gen_lo + tid; i < a.hi; i += CTS_TH) sset[base + i - a.gen_lo] = i;
     const int n = base + (a.hi > a.gen_lo ? a.hi - a.gen_lo : 0);
     __syncthreads();
     int32_t *out = a.set + (size_t)g * a.setld;
+#pragma unroll 1
     for (int i = tid; i < n; i += CTS_TH) out[i] = sset[i];
     if (tid == 0) a.nset[g] = n;
     if (a.dist) { /* the set is out: the kv head's other blocks score their slices of it */
@@ -576,7 +606,9 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
             a.ctr[2 * gridDim.y + g] = 0;
         }
         __syncthreads();
+#pragma unroll 1
         for (int hh = 0; hh < G; hh++)
+#pragma unroll 1
             for (int i = tid; i < n; i += CTS_TH)
                 if (i < i0 || i >= i1) sc[(size_t)hh * a.ncap + i] = __ldcg(a.gsc + (size_t)(g * G + hh) * a.gld + i);
     } else if (a.rr) { /* version 3 */
@@ -597,8 +629,10 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     __syncthreads();
     cts_stamp(a.ts, CTS_T_SCORES, g);
     const int lane = tid & 31, w = tid >> 5;
+#pragma unroll 1
     for (int hh = 0; hh < G; hh++) {
         float mx = -INFINITY;
+#pragma unroll 1
         for (int i = tid; i < n; i += CTS_TH) mx = fmaxf(mx, sc[(size_t)hh * a.ncap + i]);
         for (int o2 = 16; o2; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
         if (lane == 0) red[w * G + hh] = mx;
@@ -610,9 +644,11 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         smx[tid] = mx;
     }
     __syncthreads();
+#pragma unroll 1
     for (int hh = 0; hh < G; hh++) {
         const double mx = (double)smx[hh];
         double z = 0;
+#pragma unroll 1
         for (int i = tid; i < n; i += CTS_TH) z += exp((double)sc[(size_t)hh * a.ncap + i] - mx);
         for (int o2 = 16; o2; o2 >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o2);
         if (lane == 0) red[w * G + hh] = z;
@@ -624,8 +660,10 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
         slse[tid] = n > 0 ? (double)smx[tid] + log(z) : 0.0;
     }
     __syncthreads();
+#pragma unroll 1
     for (int i = tid; i < n; i += CTS_TH) {
         float best = -INFINITY;
+#pragma unroll 1
         for (int hh = 0; hh < G; hh++) {
             const float v = (float)((double)sc[(size_t)hh * a.ncap + i] - slse[hh]);
             best = v > best ? v : best;
