@@ -29,7 +29,8 @@
  *   flight) for two query heads at a time; the G maxima and the G double
  *   sums are each one block reduction (fixed order: the documented tie with
  *   the CPU's sequential sum stays, the result is deterministic).
- * - Top k and DCU's top rho: kv_block_topk (block_topk.cuh).
+ * - Top k and DCU's top rho: kv_block_topk (block_topk.cuh), one ranking of
+ *   the longer (session 22), the shorter copied as its prefix.
  * Version 3 (the default; KVBENCH_CTKVR_V2=1 keeps version 2): the rerank's
  * key reads. Version 2's thread-per-key 16-byte loads touch 32 rows (32
  * cache lines) per warp instruction, which the L1 serves about a line at a
@@ -672,10 +673,17 @@ template <typename TK> __global__ void __launch_bounds__(CTS_TH) cts_search(cts_
     }
     __syncthreads();
     cts_stamp(a.ts, CTS_T_LSE, g);
-    /* ---- top k (positions in the set), then DCU's top rho ---- */
-    kv_block_topk(f, n, a.k < n ? a.k : n, a.oidx + (size_t)g * KV_GPU_TOPK_MAX, sel, hist, sw);
+    /* ---- top k and DCU's top rho (positions in the set): one ranking of the longer, the shorter its prefix
+     * (the same strict order, larger first and ties to the smaller position; session 22: two selections
+     * until then, the second 13 us of the run's search at 128K) ---- */
+    const int kt = a.k < n ? a.k : n, kr = a.krho > 0 ? (a.krho < n ? a.krho : n) : 0;
+    int32_t *ot = a.oidx + (size_t)g * KV_GPU_TOPK_MAX, *od = a.odcu + (size_t)g * a.rho;
+    const bool rl = kr > kt; /* DCU's list is the longer */
+    int32_t *full = rl ? od : ot, *pre = rl ? ot : od;
+    const int npre = rl ? kt : kr;
+    kv_block_topk(f, n, rl ? kr : kt, full, sel, hist, sw); /* ends with a barrier: full is visible */
     cts_stamp(a.ts, CTS_T_TOPK, g);
-    if (a.krho > 0) kv_block_topk(f, n, a.krho < n ? a.krho : n, a.odcu + (size_t)g * a.rho, sel, hist, sw);
+    for (int j = tid; j < npre; j += CTS_TH) pre[j] = full[j];
     cts_stamp(a.ts, CTS_T_END, g);
 }
 
