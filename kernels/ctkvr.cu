@@ -594,11 +594,10 @@ kv_status ct_fetch(void *p, int32_t *idx, int ld, int *count, int32_t *cand, int
     return KV_OK;
 }
 
-kv_status ct_dcu_commit(void *p, int slot, const float *q) {
+/* The slot's queries from g->q, where ct_launch uploaded the fetched search's (nothing writes it between). */
+kv_status ct_dcu_commit(void *p, int slot) {
     kv_ct_gpu *g = (kv_ct_gpu *)p;
     const kv_ctkvr_gpu_config &c = g->c;
-    memcpy(g->h_q, q, (size_t)c.Hq * c.D * sizeof(float));
-    KV_CUDA_TRY(cudaMemcpyAsync(g->q, g->h_q, (size_t)c.Hq * c.D * sizeof(float), cudaMemcpyHostToDevice, g->st));
     ct_commit<<<1, 32, 0, g->st>>>(g->cq, g->cnorm, g->valid, slot, g->q, c.Hq, c.D);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaMemcpy2DAsync(g->lidx + (size_t)slot * c.rho, (size_t)c.C * c.rho * sizeof(int32_t), g->h_odcu,

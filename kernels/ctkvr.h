@@ -43,8 +43,8 @@ typedef struct {
                         kv_gpu_mark *mark);
     kv_status (*fetch)(void *g, int32_t *idx, int ld, int *count, int32_t *cand, int cand_ld, int *ncand,
                        int32_t *dcu_list, int *dcu_cnt);
-    /* Writes the last search's DCU lists and the queries q into slot `slot`. */
-    kv_status (*dcu_commit)(void *g, int slot, const float *q);
+    /* Writes the fetched search's DCU lists and its queries (already on the device) into slot `slot`. */
+    kv_status (*dcu_commit)(void *g, int slot);
     void (*destroy)(void *g);
     /* kvbench bench --method ctkvr: lists from C evenly spaced query
      * stand-ins (the bench hands no prefill queries: the keys at those

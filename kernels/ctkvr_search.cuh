@@ -57,7 +57,7 @@
  * step 10.3 us against kv_block_topk's 6.5).
  * Session 22 (H200): the merge's binary searches issue the 4 lists' probes
  * together (cts_place), and the tail's loops that run a few times are not
- * unrolled (#pragma unroll 1: 7680 SASS instructions for the float16 kernel
+ * unrolled (#pragma unroll 1: about 7700 SASS instructions for the float16 kernel
  * against 10712). The tail (27 us of the 37 at 128K) waits on shared-memory
  * latency and barriers, not on code or data: without the bench's L2 flush
  * only phase 1 got faster (arrival 9.6 -> 7.8 us, the tail as long), and a

@@ -99,7 +99,7 @@ typedef struct {
     int32_t *dcu_list; /* [Hkv][rho] */
     int *dcu_cnt;      /* [Hkv] */
     void *gpu;
-    float *qlast;      /* GPU: the launched search's queries [Hq][D], for DCU's commit after the fetch */
+    float *qlast;      /* GPU: the launched search's queries [Hq][D], for the host mirror of DCU's commit */
     int launched;      /* GPU: a search is launched and not fetched */
 } ct_state;
 
@@ -347,7 +347,7 @@ static kv_status ct_finish(void *st, int t, int k, kv_selection *sel) {
     KV_TRY(kv_ctkvr_cuda.fetch(s->gpu, sel->idx, sel->cap, sel->count, sel->cand, sel->cand_cap, sel->n_cand,
                                s->dcu_list, s->dcu_cnt));
     if (s->dcu != CT_DCU_OFF) {
-        KV_TRY(kv_ctkvr_cuda.dcu_commit(s->gpu, s->next, s->qlast));
+        KV_TRY(kv_ctkvr_cuda.dcu_commit(s->gpu, s->next));
         ct_dcu_insert(s, t, s->qlast); /* host mirror of the slot queries and lists */
     }
     return KV_OK;

@@ -375,8 +375,9 @@ int test_run_queued_equals_sync_gpu(void) {
         size_t n = fread(buf, 1, sizeof buf - 1, f);
         buf[n] = 0;
         fclose(f);
-        for (int i = 0; i < 9; i++) {
-            const char *m = i < 7 ? dev[i] : host[i - 7], *want = q && i < 7 ? "device" : "host";
+        const int nd = (int)(sizeof dev / sizeof *dev), nh = (int)(sizeof host / sizeof *host);
+        for (int i = 0; i < nd + nh; i++) {
+            const char *m = i < nd ? dev[i] : host[i - nd], *want = q && i < nd ? "device" : "host";
             char key[64];
             snprintf(key, sizeof key, "\"method\": \"%s\"", m);
             const char *at = strstr(buf, key), *tm = at ? strstr(at, "\"search_timer\": \"") : NULL;
