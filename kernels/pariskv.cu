@@ -229,13 +229,15 @@ __global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int
     }
 }
 
-/* acc (two 16-bit sums per word, keys 2e and 2e+1 of 16) += the bonuses t[id] of one subspace's 16 ids. */
+/* acc (two 16-bit sums per word, keys 2e and 2e+1 of 16) += the bonuses t[id] of one subspace's 16 ids; each
+ * id by one instruction (byte_perm for the middle bytes, where a shift and a mask took two). */
 __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const unsigned char *t) {
     const unsigned w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        acc[2 * q] += t[w4[q] & 255] | (unsigned)t[(w4[q] >> 8) & 255] << 16;
-        acc[2 * q + 1] += t[(w4[q] >> 16) & 255] | (unsigned)t[w4[q] >> 24] << 16;
+        const unsigned w = w4[q];
+        acc[2 * q] += t[w & 255] | (unsigned)t[__byte_perm(w, 0, 0x4441)] << 16;
+        acc[2 * q + 1] += t[__byte_perm(w, 0, 0x4442)] | (unsigned)t[w >> 24] << 16;
     }
 }
 
@@ -244,12 +246,12 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
  * byte table in shared memory. Also the tile's score histogram
  * (pk_tile_hist) for the bucket top-k. */
-template <class ST>
+template <class ST, int NC>
 __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
                                     int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
                                     int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
-    extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins] ints */
-    const int r = blockIdx.y, g = r * nh / G, nc = 1 << m, nwords = nb * nc / 4;
+    extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins + 1] ints (pk_hist_smem) */
+    const int r = blockIdx.y, g = r * nh / G, nc = NC ? NC : 1 << m, nwords = nb * nc / 4;
     const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
     kv_dep_wait(); /* the tier kernel's bonuses (PDL, pk_stage) */
     kv_dep_launch();
@@ -262,14 +264,17 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
         const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
         /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
          * thread: a short region has few blocks, and one load at a time left them latency-bound);
-         * integer sums, so the batching changes no result */
+         * integer sums, so the batching changes no result (ptxas issues them two at a time). With NC
+         * known (m = 8: 256), a subspace's table is an offset in the shared load's instruction: a vote
+         * is then about 3.2 SASS instructions a key and subspace, where it was 4.2 (session 23). */
         int b = 0;
         for (; b + 8 <= nb; b += 8) {
             uint4 v[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
+            const unsigned char *tb8 = tb + b * nc;
 #pragma unroll
-            for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb + (b + u) * nc);
+            for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb8 + u * nc);
         }
         for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
         ST *out = scores + (long long)r * Tp + i0;
@@ -286,9 +291,11 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
                 if (i0 + e >= lo && i0 + e < end) out[e] = (ST)(acc[e >> 1] >> (16 * (e & 1)));
     }
     uint16_t v[16];
+    /* the thread's keys in [lo, end) are e in [e0, e1): 32-bit compares a key (64-bit ones took six instructions) */
+    const int e0 = (int)max(min((long long)lo - i0, 16LL), 0LL), e1 = (int)max(min((long long)end - i0, 16LL), 0LL);
 #pragma unroll
     for (int e = 0; e < 16; e++)
-        v[e] = i0 + e >= lo && i0 + e < end ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
+        v[e] = e >= e0 && e < e1 ? (uint16_t)(acc[e >> 1] >> (16 * (e & 1))) : (uint16_t)0xffff;
     pk_tile_hist(v, (int *)(stab + nwords), nbins, r, blockIdx.x, ntiles, thist, ghist);
     /* fused (ctr): the row's last tile to finish runs the bucket top-k's scan (threshold, tile offsets) */
     if (!ctr || !kv_arrives_last(&ctr[r], ntiles)) return;
@@ -298,12 +305,22 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
 }
 
 /* The query's table: lut[c*16 + nibble] = (+-q~_c) * level[nibble & 7], the
- * CPU's products (D' = 32 CW coordinates). */
+ * CPU's products (D' = 32 CW coordinates), by a block of PK_TH threads: a
+ * thread's nibble and level are the same for its 2 CW entries, so the level
+ * is read once (a variable index into the parameter struct is a chain of 8
+ * compares and constant loads), and its coordinates are loaded together.
+ * Until session 23 each entry read both anew: the table was 36% of the
+ * rerank's instructions at 1M tokens (ncu). */
 template <int CW> __device__ __forceinline__ void pk_rsq_lut(float *lut, const float *q, const pk_lv lv) {
-    for (int e = threadIdx.x; e < 32 * CW * 16; e += blockDim.x) {
-        int cc = e >> 4, nib = e & 15;
-        lut[e] = __fmul_rn(nib & 8 ? q[cc] : -q[cc], lv.level[nib & 7]);
-    }
+    constexpr int RS = PK_TH / 16; /* coordinates a pass */
+    static_assert((32 * CW) % RS == 0, "pariskv rerank table: whole passes");
+    const int nib = threadIdx.x & 15, c0 = threadIdx.x >> 4;
+    const float lev = lv.level[nib & 7];
+    float x[32 * CW / RS];
+#pragma unroll
+    for (int i = 0; i < 32 * CW / RS; i++) x[i] = __ldg(q + c0 + RS * i);
+#pragma unroll
+    for (int i = 0; i < 32 * CW / RS; i++) lut[(c0 + RS * i) * 16 + nib] = __fmul_rn(nib & 8 ? x[i] : -x[i], lev);
 }
 
 /* The RSQ-IP sum of key i of kv head g (before the query norm), in the
@@ -352,7 +369,16 @@ __device__ __forceinline__ float pk_rsq(long long i, int g, const uint8_t *code,
     return acc;
 }
 
-/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r (the unfused path). */
+/* csc[r*ld + j] = RSQ-IP estimate of candidate j of row r (the unfused path).
+ * Tried in session 23 and not kept (H200, 1M tokens): the final top-k's
+ * first pass done here (the row's top-digit histogram of the scores by
+ * warp-aggregated global atomics, each tile's largest key, given to
+ * kv_topk_launch as a score kernel's kv_score_extras): the top-k took 15.8
+ * us instead of 23.4 (ncu) and this kernel about as much longer, the search
+ * 152.7-152.8 us against 152.9 without; and a grid capped at 8 blocks an
+ * SM, each reranking several tiles after building the table once: rerank
+ * 48.8 -> 57.8 us (a tile's blocks read nearby candidates together, the
+ * capped grid's spread over the row). */
 template <int M, int CW>
 __global__ void pk_rerank_kernel(const int32_t *cand, long long ld, int C, const uint8_t *code, const kv_bf16 *w,
                                  const float *qt, const float *qnorm, pk_lv lv, int G, int nh, long long Tp,
@@ -685,15 +711,18 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
                                                             p->counts, p->ids, p->Tp, s->end, s->n_idx, n, s->rho,
                                                             s->multi, p->wt, p->qt, p->qnorm, p->ghist, nbins);
         KV_LAUNCH_CHECK();
-        size_t cs = (size_t)c->nb * p->nc + (size_t)(PK_TH / 32) * nbins * 4;
-        if (p->score8)
-            return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<uint8_t>, dim3(ntiles, R), dim3(PK_TH), cs,
-                             st, p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end,
-                             (uint8_t *)p->scores, nbins, ntiles, p->thist, p->ghist, s->C, p->toff, p->teq, p->thr,
-                             p->ctr);
-        return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<uint16_t>, dim3(ntiles, R), dim3(PK_TH), cs, st,
-                         p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, p->scores, nbins, ntiles,
-                         p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, p->fused ? p->ctr : NULL);
+        size_t cs = (size_t)c->nb * p->nc + pk_hist_smem(nbins);
+#define PK_COLL(ST, NC, SP, CTR)                                                                               \
+    return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<ST, NC>, dim3(ntiles, R), dim3(PK_TH), cs, st,     \
+                     p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, SP, nbins, ntiles,       \
+                     p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, CTR)
+        if (p->score8) {
+            if (c->m == 8) PK_COLL(uint8_t, 256, (uint8_t *)p->scores, p->ctr);
+            PK_COLL(uint8_t, 0, (uint8_t *)p->scores, p->ctr);
+        }
+        if (c->m == 8) PK_COLL(uint16_t, 256, p->scores, p->fused ? p->ctr : NULL);
+        PK_COLL(uint16_t, 0, p->scores, p->fused ? p->ctr : NULL);
+#undef PK_COLL
     }
     case 1:
         if (p->fused) {

@@ -15,7 +15,7 @@ namespace {
  * its histogram (the bucket top-k on scores it did not compute itself). */
 __global__ void pk_hist_kernel(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles,
                                int *thist, int *ghist) {
-    extern __shared__ int sh[]; /* [warps][nbins] */
+    extern __shared__ int sh[]; /* [warps][nbins + 1] (pk_hist_smem) */
     kv_dep_wait();
     kv_dep_launch();
     uint16_t v[PK_PER_TH];
@@ -60,7 +60,7 @@ kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int 
                     int with_hist, int *pdl, cudaStream_t st) {
     if (with_hist)
         KV_TRY(kv_launch(pdl, "pariskv GPU", pk_hist_kernel, dim3(ntiles, R), dim3(PK_TH),
-                         (size_t)(PK_TH / 32) * nbins * 4, st, scores, ld, base, lo, end, nbins, ntiles, thist, ghist));
+                         pk_hist_smem(nbins), st, scores, ld, base, lo, end, nbins, ntiles, thist, ghist));
     KV_TRY(kv_launch(pdl, "pariskv GPU", pk_scan_kernel, dim3(R), dim3(1024), (size_t)nbins * 4, st,
                      (const int *)thist, (const int *)ghist, nbins, ntiles, C, toff, teq, thr));
     return kv_launch(pdl, "pariskv GPU", pk_compact_kernel, dim3(ntiles, R), dim3(PK_TH), 0, st, scores, ld, base, lo,

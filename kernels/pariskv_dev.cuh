@@ -73,24 +73,26 @@ __device__ __forceinline__ void pk_load16(const uint8_t *row, long long i0, int 
 }
 
 /* The block's tile histogram from each thread's 16 scores (0xffff: none):
- * per-warp shared histograms sh[warps][nbins], added to the row's
- * ghist[r][.] (atomics; zeroed by the tier kernel of the search, or by the
- * caller), and written to thist[r][t][.] as suffix sums (thist[s] = the
- * tile's keys scoring >= s), so the scan reads two counts per tile. */
+ * per-warp shared histograms sh[warps][nbins + 1] (pk_hist_smem bytes), added
+ * to the row's ghist[r][.] (atomics; zeroed by the tier kernel of the search,
+ * or by the caller), and written to thist[r][t][.] as suffix sums (thist[s] =
+ * the tile's keys scoring >= s), so the scan reads two counts per tile. A
+ * score of none adds to the warp's spare bin nbins, which nothing reads: no
+ * branch a score (branched, each add took a dozen instructions, session 23). */
+__host__ __device__ constexpr size_t pk_hist_smem(int nbins) { return (size_t)(PK_TH / 32) * (nbins + 1) * 4; }
 __device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, int t, int ntiles, int *thist,
                              int *ghist) {
     __shared__ int wsum[32];
-    const int nw = blockDim.x >> 5, nt = blockDim.x, tid = threadIdx.x;
-    for (int s = tid; s < nw * nbins; s += nt) sh[s] = 0;
+    const int nw = blockDim.x >> 5, nt = blockDim.x, tid = threadIdx.x, ws = nbins + 1;
+    for (int s = tid; s < nw * ws; s += nt) sh[s] = 0;
     __syncthreads();
-    int *wh = sh + (tid >> 5) * nbins;
+    int *wh = sh + (tid >> 5) * ws;
 #pragma unroll
-    for (int e = 0; e < 16; e++)
-        if (v[e] != 0xffff) atomicAdd(&wh[v[e]], 1);
+    for (int e = 0; e < 16; e++) atomicAdd(&wh[min((int)v[e], nbins)], 1);
     __syncthreads();
     for (int s = tid; s < nbins; s += nt) { /* column s is this thread's: its total into row 0 */
         int c = 0;
-        for (int w = 0; w < nw; w++) c += sh[w * nbins + s];
+        for (int w = 0; w < nw; w++) c += sh[w * ws + s];
         if (c) atomicAdd(&ghist[(long long)r * nbins + s], c);
         sh[s] = c;
     }
