@@ -692,7 +692,10 @@ __global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *
  * dependent launch costs a few microseconds even in a graph). Both: 4 the
  * selected positions mapped to key ids (one launch; none where stage 3 ran
  * pk_small_topk_kernel, which writes them), so a search downloads R k ids
- * and nothing else. */
+ * and nothing else. Tried in session 23 and not kept: the unfused chain with
+ * the bucket scan in the collision kernel's last tile per row, as fused
+ * (one launch fewer): 43.2-43.4 against 42.8-43.1 us at 16K, 152.0-152.3
+ * against 150.8-151.3 at 1M (H200, three rounds). */
 kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, cudaStream_t st) {
     const kv_pariskv_gpu_cfg *c = &p->c;
     const int R = c->rows, base = s->lo & ~15, ntiles = (s->end - base + PK_TILE - 1) / PK_TILE;
