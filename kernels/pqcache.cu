@@ -50,6 +50,19 @@
  * 76.8-80.1 -> 66.2-72.5 at 1M. Tried and not kept: pq_select_fused's pass
  * loading the codes of 8 chunks before using the first (topk at 1M
  * 40.7-41.2 against 38.2-41.7 us, 128K 21.0-21.2 against 18.6-18.9).
+ * Session 24 (issue 12.4, PQCache <= 40 us at 1M): Nsight Compute's
+ * source counters showed both launches waiting on their code loads, one
+ * 2-byte load at a time a warp, and %globaltimer stamps (a dev build) the
+ * phases. Now each thread takes a run of consecutive keys (pq_run: 16-B
+ * loads, several in flight; blocks start at lo rounded down to 8 keys,
+ * pq_blocks); pq_select_fused copies its block's codes into shared memory
+ * (cp.async) before its PDL wait, so the copies run while pq_hist_table's
+ * last blocks build the tables, then classes its keys through a byte table
+ * per tuple (above K, at K, below) two bits a key, and writes its ties with
+ * one block scan of the runs (the runs are in position order); the table
+ * loads its counts together, reduces two heads at a time by warp shuffles,
+ * and the LUT block stages its operands by cp.async. Session 24's numbers
+ * are in results/gpu-cost-h200.md.
  * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
@@ -149,27 +162,42 @@ __device__ __forceinline__ float pq_score(const float *L, const uint8_t *code, i
     return __fmul_rn(s, scale);
 }
 
+/* Block reductions: warp shuffles, then every warp reduces the warps' values the same way (a tree of
+ * five steps where a serial pass over 32 values had cost ~1000 cycles a call; the table runs a dozen). The
+ * double sum's order is a tree; Z is the CPU's up to double rounding either way. */
 template <class T, class Op>
-__device__ __forceinline__ T block_reduce(T v, T *sh, Op op) {
+__device__ __forceinline__ T block_reduce(T v, T *sh, Op op, T none) {
     for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = sh[0];
-    for (int i = 1; i < nw; i++) v = op(v, sh[i]);
+    v = lane < nw ? sh[lane] : none;
+    for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ double block_sum_d(double v, double *sh) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+/* Two values reduced at once (sh: 64 words). */
+template <class T, class Op>
+__device__ __forceinline__ void block_reduce2(T &a, T &b, T *sh, Op op, T none) {
+    for (int o = 16; o; o >>= 1) {
+        a = op(a, __shfl_xor_sync(0xffffffffu, a, o));
+        b = op(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
-    if (lane == 0) sh[w] = v;
+    if (lane == 0) { sh[w] = a; sh[32 + w] = b; }
     __syncthreads();
-    v = 0;
-    for (int i = 0; i < nw; i++) v += sh[i];
-    return v;
+    a = lane < nw ? sh[lane] : none;
+    b = lane < nw ? sh[32 + lane] : none;
+    for (int o = 16; o; o >>= 1) {
+        a = op(a, __shfl_xor_sync(0xffffffffu, a, o));
+        b = op(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double *sh) {
+    return block_reduce(v, sh, [](double a, double b) { return a + b; }, 0.0);
 }
 
 struct fmax_op { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
@@ -196,7 +224,7 @@ __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
         float mx = -INFINITY;
         for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x)
             mx = fmaxf(mx, pq_score(Lh, scode + a16 + (i - k0) * a.M, a.M, a.C, a.scale));
-        mx = block_reduce(mx, redf, fmax_op());
+        mx = block_reduce(mx, redf, fmax_op(), -INFINITY);
         float z = 0.f;
         for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x)
             z += expf(pq_score(Lh, scode + a16 + (i - k0) * a.M, a.M, a.C, a.scale) - mx);
@@ -213,7 +241,7 @@ __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
         int h = g * a.G + hh;
         float mx = -INFINITY;
         for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) mx = fmaxf(mx, __ldcg(a.pm + (long long)h * a.ld + b));
-        mx = block_reduce(mx, redf, fmax_op());
+        mx = block_reduce(mx, redf, fmax_op(), -INFINITY);
         double z = 0;
         for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
             z += __ldcg(a.pz + (long long)h * a.ld + b) * exp((double)__ldcg(a.pm + (long long)h * a.ld + b) - mx);
@@ -266,20 +294,81 @@ __device__ __forceinline__ int pq_tuple(const uint8_t *row, long long i, int M, 
     return t;
 }
 
+/* The tuple path's blocks of kpb keys (a multiple of 8 * blockDim.x, pq_tuple_kpb) start at lo rounded
+ * down to 8 keys, so that 2-byte codes are read 16 B at a time: block b covers [k0, k1) with
+ * k0 = (lo & ~7) + b * kpb, k1 = min(hi, k0 + kpb), and holds the keys of it from lo on. */
+__host__ __device__ __forceinline__ int pq_blocks(int lo, int hi, int kpb) { return (hi - (lo & ~7) + kpb - 1) / kpb; }
+
+/* This thread's run of per = kpb / blockDim.x consecutive keys of its block, [a, a + per), in batches of
+ * 8 NV keys: f(j, t, in) for key a + b + j of the batch at b (j < 8 NV, a constant where unrolled), its tuple t
+ * and whether it is one of the block's (lo <= key < k1; t = 0 when not), then done(b). Every thread of the
+ * block makes the same calls. M = 2: a batch is NV 16-B loads, ld(c, i0) for the run's c-th 8 keys from key
+ * i0 (from global memory, or where the caller staged them), issued before any is used, where one 2-byte
+ * load at a time had each warp wait on it (session 24: pq_hist_table and pq_select_fused at 1M were
+ * latency-bound on those loads); groups of 8 keys the whole warp holds skip the range checks. */
+template <bool M2, int NV, class LD, class F, class B>
+__device__ __forceinline__ void pq_run(const uint8_t *row, int k0, int k1, int lo, int per, int M, int C, LD ld, F f,
+                                       B done) {
+    const int a = k0 + (int)threadIdx.x * per;
+    for (int b = 0; b < per; b += 8 * NV) {
+        if (M2) {
+            uint4 v[NV];
+#pragma unroll
+            for (int r = 0; r < NV; r++) {
+                const int i0 = a + b + 8 * r;
+                v[r] = b + 8 * r < per && i0 < k1 ? ld(b / 8 + r, i0) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int r = 0; r < NV; r++) {
+                if (b + 8 * r >= per) break; /* uniform */
+                const int i0 = a + b + 8 * r;
+                const unsigned w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+                if (__all_sync(0xffffffffu, i0 >= lo && i0 + 8 <= k1))
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const unsigned c = (w[j >> 1] >> (16 * (j & 1))) & 0xffffu;
+                        f(8 * r + j, (int)(c & 0xffu) + (int)(c >> 8) * C, true);
+                    }
+                else
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const unsigned c = (w[j >> 1] >> (16 * (j & 1))) & 0xffffu;
+                        const bool in = i0 + j >= lo && i0 + j < k1;
+                        f(8 * r + j, in ? (int)(c & 0xffu) + (int)(c >> 8) * C : 0, in);
+                    }
+            }
+        } else
+            for (int j = 0; j < 8 * NV && b + j < per; j++) {
+                const int i = a + b + j;
+                const bool in = i >= lo && i < k1;
+                f(j, in ? pq_tuple<false>(row, i, M, C) : 0, in);
+            }
+        done(b);
+    }
+}
+
+/* Block b's tuple histogram (pq_blocks' keys) into sh[ntup], zeroed here, and added to gh. */
+template <bool M2>
+__device__ __forceinline__ void pq_hist_block(const uint8_t *row, int lo, int hi, int kpb, int M, int C, int ntup,
+                                              unsigned *sh, unsigned *gh) {
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x) sh[e] = 0;
+    __syncthreads();
+    const int k0 = (lo & ~7) + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+    pq_run<M2, 4>(row, k0, k1, lo, kpb / (int)blockDim.x, M, C,
+                  [&](int, int i0) { return __ldg((const uint4 *)row + (i0 >> 3)); }, [&](int, int t, bool in) {
+        if (in) atomicAdd(&sh[t], 1u);
+    }, [](int) {});
+    __syncthreads();
+    for (int e = threadIdx.x; e < ntup; e += blockDim.x)
+        if (sh[e]) atomicAdd(&gh[e], sh[e]);
+}
+
 template <bool M2>
 __global__ void __launch_bounds__(1024) pq_hist(const uint8_t *codes, long long TM, int M, int C, int lo, int hi,
                                                  int ntup, int kpb, unsigned *gh) {
     __shared__ unsigned sh[PQ_TUP_MAX];
     const int g = blockIdx.y;
-    for (int e = threadIdx.x; e < ntup; e += blockDim.x) sh[e] = 0;
-    __syncthreads();
-    const uint8_t *row = codes + g * TM;
-    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
-#pragma unroll 8
-    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) atomicAdd(&sh[pq_tuple<M2>(row, i, M, C)], 1u);
-    __syncthreads();
-    for (int e = threadIdx.x; e < ntup; e += blockDim.x)
-        if (sh[e]) atomicAdd(&gh[(long long)g * ntup + e], sh[e]);
+    pq_hist_block<M2>(codes + g * TM, lo, hi, kpb, M, C, ntup, sh, gh + (long long)g * ntup);
 }
 
 /* The top-kk threshold over the region's keys, found on the tuples: radix
@@ -306,12 +395,12 @@ __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, in
                 const unsigned long long u = (unsigned long long)kv_f2key(acc[t]) + 1;
                 if (cnt[t] && u < lim && u > best) best = u;
             }
-            best = block_reduce(best, r64, umax_op());
+            best = block_reduce(best, r64, umax_op(), 0ULL);
             if (!best) break;
             unsigned long long c = 0;
             for (int t = threadIdx.x; t < ntup; t += blockDim.x)
                 if (cnt[t] && (unsigned long long)kv_f2key(acc[t]) + 1 == best) c += cnt[t];
-            c = block_reduce(c, r64, usum_op());
+            c = block_reduce(c, r64, usum_op(), 0ULL);
             if (above + c >= (unsigned long long)kk) {
                 if (threadIdx.x == 0) { thr[0] = (unsigned)(best - 1); thr[1] = (unsigned)(kk - above); }
                 return;
@@ -354,12 +443,22 @@ constexpr int PQ_TUP_PT = PQ_TUP_MAX / 1024; /* tuples per thread of pq_table_bo
  * read through L2 (__ldcg). */
 __device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int M, int C, int ntup, int n, float scale,
                               int kk, float *mz, float *tab, unsigned *thr, unsigned *cnt, float *acc, float *sl) {
-    __shared__ float redf[32];
-    __shared__ double redd[32];
+    __shared__ float redf[64];
+    __shared__ double redd[64];
     __shared__ unsigned rh[256], sel[2];
     const int lut_sm = G * M * C <= 2048;
-    for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-        cnt[t] = __ldcg(gh + (long long)g * ntup + t);
+    unsigned c[PQ_TUP_PT]; /* every load issued before any store (a loop storing each had them in turn: 1.6 to
+                            * 5.3 us a head under the selection's copies, 1.0 to 3.1 since; session 24) */
+#pragma unroll
+    for (int j = 0; j < PQ_TUP_PT; j++) {
+        const int t = threadIdx.x + j * blockDim.x;
+        c[j] = t < ntup ? __ldcg(gh + (long long)g * ntup + t) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < PQ_TUP_PT; j++) {
+        const int t = threadIdx.x + j * blockDim.x;
+        if (t >= ntup) continue;
+        cnt[t] = c[j];
         gh[(long long)g * ntup + t] = 0;
         acc[t] = 0.f;
     }
@@ -367,41 +466,57 @@ __device__ void pq_table_body(int g, unsigned *gh, const float *lut, int G, int 
         for (int e = threadIdx.x; e < G * M * C; e += blockDim.x) sl[e] = __ldcg(lut + (long long)g * G * M * C + e);
     __syncthreads();
     /* each tuple's score computed once per head and kept in registers (PQ_TUP_PT a thread: the callers launch
-     * 1024 threads), its expf once; the max, the sum and the table in the order of three passes over t */
+     * 1024 threads), its expf once; the max, the sum and the table in the order of three passes over t; two
+     * heads a pass, their maxima and sums reduced together (half the block barriers) */
     const int csh = (C & (C - 1)) == 0 ? __ffs(C) - 1 : -1; /* C a power of two: shifts for the tuple's digits */
-    for (int hh = 0; hh < G; hh++) {
-        const int h = g * G + hh;
-        const float *L = lut_sm ? sl + hh * M * C : lut + (long long)h * M * C;
-        float e[PQ_TUP_PT];
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < PQ_TUP_PT; j++) {
-            const int t = threadIdx.x + j * blockDim.x;
-            e[j] = 0.f;
-            if (t >= ntup) continue;
-            float s = 0.f;
+    auto score = [&](const float *L, int t) {
+        float s = 0.f;
+        if (M == 2 && csh >= 0) /* the default shape, M = 2 and C a power of two: no loop */
+            s = __fadd_rn(__fadd_rn(s, L[t & (C - 1)]), L[C + (t >> csh)]);
+        else
             for (int m = 0, r = t; m < M; m++, r = csh >= 0 ? r >> csh : r / C)
                 s = __fadd_rn(s, L[m * C + (csh >= 0 ? r & (C - 1) : r % C)]);
-            e[j] = __fmul_rn(s, scale);
-            if (cnt[t]) mx = fmaxf(mx, e[j]);
+        return __fmul_rn(s, scale);
+    };
+    for (int h0 = 0; h0 < G; h0 += 2) {
+        const bool two = h0 + 1 < G;
+        const float *L0 = lut_sm ? sl + h0 * M * C : lut + (long long)(g * G + h0) * M * C, *L1 = L0 + M * C;
+        float e0[PQ_TUP_PT], e1[PQ_TUP_PT];
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) {
+            const int t = threadIdx.x + j * blockDim.x;
+            e0[j] = e1[j] = 0.f;
+            if (t >= ntup) continue;
+            e0[j] = score(L0, t);
+            if (two) e1[j] = score(L1, t);
+            if (cnt[t]) { mx0 = fmaxf(mx0, e0[j]); mx1 = fmaxf(mx1, e1[j]); }
         }
-        mx = block_reduce(mx, redf, fmax_op());
-        double z = 0;
+        block_reduce2(mx0, mx1, redf, fmax_op(), -INFINITY);
+        double z0 = 0, z1 = 0;
 #pragma unroll
         for (int j = 0; j < PQ_TUP_PT; j++) {
             const int t = threadIdx.x + j * blockDim.x;
             if (t >= ntup) continue;
-            e[j] = expf(e[j] - mx);
-            if (cnt[t]) z += (double)cnt[t] * (double)e[j];
+            e0[j] = expf(e0[j] - mx0);
+            if (two) e1[j] = expf(e1[j] - mx1);
+            if (cnt[t]) { z0 += (double)cnt[t] * (double)e0[j]; z1 += (double)cnt[t] * (double)e1[j]; }
         }
-        z = block_sum_d(z, redd);
-        const float inv = (float)(1.0 / z);
+        block_reduce2(z0, z1, redd, [](double a, double b) { return a + b; }, 0.0);
+        const float inv0 = (float)(1.0 / z0), inv1 = (float)(1.0 / z1);
 #pragma unroll
         for (int j = 0; j < PQ_TUP_PT; j++) {
             const int t = threadIdx.x + j * blockDim.x;
-            if (t < ntup) acc[t] = __fadd_rn(acc[t], __fmul_rn(e[j], inv));
+            if (t >= ntup) continue;
+            float v = __fadd_rn(acc[t], __fmul_rn(e0[j], inv0));
+            if (two) v = __fadd_rn(v, __fmul_rn(e1[j], inv1));
+            acc[t] = v;
         }
-        if (threadIdx.x == 0) { mz[2 * h] = mx; mz[2 * h + 1] = inv; }
+        if (threadIdx.x == 0) {
+            const int h = g * G + h0;
+            mz[2 * h] = mx0; mz[2 * h + 1] = inv0;
+            if (two) { mz[2 * h + 2] = mx1; mz[2 * h + 3] = inv1; }
+        }
     }
     __syncthreads();
     for (int t = threadIdx.x; t < ntup; t += blockDim.x) tab[(long long)g * ntup + t] = acc[t];
@@ -434,11 +549,11 @@ struct pq_fused_args {
 };
 
 template <bool M2>
-__global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
+__global__ void __launch_bounds__(1024, 2) pq_hist_table(pq_fused_args a) {
     /* [0, PQ_TUP_MAX): the block's histogram, in the last block the counts; then the per-tuple sums; in the
      * LUT block the whole 2 * PQ_TUP_MAX words hold the group's centroids and sl its queries, when they fit */
-    __shared__ unsigned sh[2 * PQ_TUP_MAX];
-    __shared__ float sl[2048];
+    __shared__ __align__(16) unsigned sh[2 * PQ_TUP_MAX];
+    __shared__ __align__(16) float sl[2048];
     kv_dep_launch(); /* pq_select_fused's blocks may be scheduled now (PDL) */
     float *acc = (float *)(sh + PQ_TUP_MAX);
     const int g = blockIdx.y, nbk = gridDim.x - 1;
@@ -447,8 +562,15 @@ __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
         if (DC <= 2 * PQ_TUP_MAX && GD <= 2048) { /* operands staged with every thread's loads in flight at once */
             float *sc = (float *)sh, *sq = sl;
             const float *cg = a.cent + (long long)g * DC, *qg = a.q + (long long)g * GD;
-            for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
-            for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
+            if ((DC | GD) % 4 == 0) { /* by cp.async: a load-then-store loop had one load in flight a thread */
+                for (int e = threadIdx.x; e < DC / 4; e += blockDim.x) kv_cp16(sc + 4 * e, cg + 4 * e);
+                for (int e = threadIdx.x; e < GD / 4; e += blockDim.x) kv_cp16(sq + 4 * e, qg + 4 * e);
+                kv_cp_commit();
+                kv_cp_wait_all();
+            } else {
+                for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
+                for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
+            }
             __syncthreads();
             for (int e = threadIdx.x; e < a.G * MC; e += blockDim.x) {
                 const int hh = e / MC;
@@ -460,15 +582,7 @@ __global__ void __launch_bounds__(1024) pq_hist_table(pq_fused_args a) {
                 a.lut[(long long)h * MC + e % MC] = pq_lut_entry(a.q, a.cent, h, g, a.D, a.M, a.dsub, a.C, e % MC);
             }
     } else {
-        for (int e = threadIdx.x; e < a.ntup; e += blockDim.x) sh[e] = 0;
-        __syncthreads();
-        const uint8_t *row = a.codes + g * a.TM;
-        const int k0 = a.lo + blockIdx.x * a.kpb, k1 = min(a.hi, k0 + a.kpb);
-#pragma unroll 8
-        for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) atomicAdd(&sh[pq_tuple<M2>(row, i, a.M, a.C)], 1u);
-        __syncthreads();
-        for (int e = threadIdx.x; e < a.ntup; e += blockDim.x)
-            if (sh[e]) atomicAdd(&a.gh[(long long)g * a.ntup + e], sh[e]);
+        pq_hist_block<M2>(a.codes + g * a.TM, a.lo, a.hi, a.kpb, a.M, a.C, a.ntup, sh, a.gh + (long long)g * a.ntup);
     }
     if (!kv_arrives_last(&a.ctr[g], gridDim.x)) return;
     pq_table_body(g, a.gh, a.lut, a.G, a.M, a.C, a.ntup, a.hi - a.lo, a.scale, a.kk, a.mz, a.tab, a.thr, sh, acc, sl);
@@ -501,6 +615,7 @@ __global__ void __launch_bounds__(1024) pq_apply(const uint8_t *codes, long long
  * counts), after the keys above K. pq_select_sort: the kk candidates ordered as
  * kv_topk_ref (larger score first, smaller position among equals). */
 constexpr int PQ_SEL_TH = 1024;
+static_assert(PQ_SEL_TH * PQ_TUP_PT >= PQ_TUP_MAX, "pq_select_fused: a thread classes at most PQ_TUP_PT tuples");
 
 __device__ __forceinline__ void pq_key_table(const float *tab, int ntup, unsigned *sk) {
     for (int e = threadIdx.x; e < ntup; e += blockDim.x) sk[e] = kv_f2key(tab[e]);
@@ -518,10 +633,11 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_a(const uint8_t *codes, l
     const unsigned K = thr[2 * g];
     __syncthreads();
     const uint8_t *row = codes + g * TM;
-    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+    const int k0 = (lo & ~7) + blockIdx.x * kpb, k1 = min(hi, k0 + kpb); /* pq_blocks */
     unsigned e = 0;
 #pragma unroll 4
-    for (int i = k0 + threadIdx.x; i < k1; i += blockDim.x) {
+    for (int i = k0 + (int)threadIdx.x; i < k1; i += blockDim.x) {
+        if (i < lo) continue;
         unsigned u = sk[pq_tuple<M2>(row, i, M, C)];
         if (u > K) {
             unsigned j = atomicAdd(&nab[g], 1u);
@@ -562,7 +678,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_b(const uint8_t *codes, l
     pq_key_table(tab + (long long)g * ntup, ntup, sk);
     __syncthreads();
     const uint8_t *row = codes + g * TM;
-    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb);
+    const int k0 = (lo & ~7) + blockIdx.x * kpb, k1 = min(hi, k0 + kpb); /* pq_blocks */
     /* each thread a run of <= 64 consecutive keys (kpb <= 64 * blockDim.x): a
      * bit mask of those equal to K, then a block scan of the counts in
      * thread order, which is position order */
@@ -570,7 +686,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH) pq_select_b(const uint8_t *codes, l
     const int i0 = k0 + (int)threadIdx.x * per, i1 = min(k1, i0 + per);
     unsigned long long bits = 0;
 #pragma unroll 8
-    for (int i = i0; i < i1; i++)
+    for (int i = max(lo, i0); i < i1; i++)
         bits |= (unsigned long long)(sk[pq_tuple<M2>(row, i, M, C)] == K) << (i - i0);
     const unsigned c = __popcll(bits);
     unsigned inc = c;
@@ -609,18 +725,20 @@ __global__ void __launch_bounds__(1024) pq_select_sort(const uint8_t *codes, lon
 }
 
 /* The fused selection (one launch, grid (nbk, Hkv), PQ_SEL_TH threads): per
- * block of kpb keys, the keys above K are appended to cand[g][..] (as
- * pq_select_a) and those equal to K are marked in a per-thread bit mask (key
- * k0 + c*blockDim + tid is bit c; kpb <= 64 * blockDim), with no barrier in
- * the pass over the codes; then, over the chunks holding ties only, block
- * scans write the block's first min(kk, its keys) ties in position order to
- * ties[g][k0 - lo ..] and their count to ecnt[g][block]. The last block of
+ * block of kpb keys (pq_blocks), each thread's run of per = kpb / blockDim
+ * <= 64 consecutive keys is classed (pq_run; M = 2: from the codes staged
+ * in shared memory before the PDL wait) into two bit masks, above K and at
+ * K; the keys above K are appended to cand[g][..] (one atomic a thread that
+ * holds any), and one block scan of the runs' tie counts writes the
+ * block's first min(kk, its keys) ties in position order to
+ * ties[g][b * kpb ..] and their count to ecnt[g][block]. The last block of
  * the kv head (threadfence reduction) takes the first `take` ties in block
  * order (exclusive prefix of ecnt), sorts the kk candidates by (score desc,
  * position asc) as pq_select_sort does, writes idx[g][..] and zeroes nab[g]
- * for the next search. Dynamic shared memory: max(8 P, 4 ntup) bytes (the key
- * table, then the sort keys) + 4 (nbk + 1) (the prefix). Exactly the
- * selection of pq_select_a/b + pq_select_sort. */
+ * for the next search. Dynamic shared memory: M = 2: 2 kpb bytes (the
+ * staged codes), then max(8 P, 4 ntup) bytes (the class table, then the sort
+ * keys) + 4 (nbk + 1) (the prefix). Exactly the selection of pq_select_a/b +
+ * pq_select_sort. */
 template <bool M2>
 __global__ void __launch_bounds__(PQ_SEL_TH, 2) pq_select_fused(const uint8_t *codes, long long TM, int M, int C, int lo,
                                                             int hi, int ntup, int kpb, const float *tab,
@@ -628,44 +746,64 @@ __global__ void __launch_bounds__(PQ_SEL_TH, 2) pq_select_fused(const uint8_t *c
                                                             unsigned *nab, int32_t *cand, int kmax, unsigned *ecnt,
                                                             int eld, int32_t *ties, long long tld, unsigned *ctr,
                                                             int32_t *idx) {
-    extern __shared__ unsigned long long sv[];
-    unsigned *sk = (unsigned *)sv, *pre = (unsigned *)(sv + sv_words);
+    extern __shared__ __align__(16) unsigned char sraw[];
+    uint4 *stg = (uint4 *)sraw; /* M = 2: the block's codes, 16 B a thread's run of 8 keys, interleaved */
+    unsigned long long *sv = (unsigned long long *)(sraw + (M2 ? 2 * kpb : 0));
+    uint8_t *cls = (uint8_t *)sv; /* per tuple: 2 scores above K, 1 scores K, 0 below */
+    unsigned *pre = (unsigned *)(sv + sv_words);
     __shared__ int wsum[32];
-    __shared__ unsigned long long s_or;
-    __shared__ unsigned s_eq;
-    kv_dep_wait(); /* pq_hist_table's tables and thresholds (PDL) */
     const int g = blockIdx.y, nbk = gridDim.x, tid = threadIdx.x, nt = blockDim.x;
-    const unsigned K = thr[2 * g], take = thr[2 * g + 1];
-    pq_key_table(tab + (long long)g * ntup, ntup, sk);
-    if (tid == 0) { s_or = 0; s_eq = 0; }
-    __syncthreads();
     const uint8_t *row = codes + g * TM;
-    const int k0 = lo + blockIdx.x * kpb, k1 = min(hi, k0 + kpb), nch = (k1 - k0 + nt - 1) / nt;
-    unsigned long long eqm = 0;
-#pragma unroll 4
-    for (int c = 0; c < nch; c++) {
-        const int i = k0 + c * nt + tid;
-        const bool in = i < k1;
-        const unsigned u = in ? sk[pq_tuple<M2>(row, i, M, C)] : 0u;
-        const bool ab = in && u > K;
-        const unsigned j = kv_warp_append(ab, &nab[g]);
-        if (ab && j < (unsigned)kmax) cand[(long long)g * kmax + j] = i;
-        eqm |= (unsigned long long)(in && u == K) << c;
+    const int k0 = (lo & ~7) + blockIdx.x * kpb, k1 = min(hi, k0 + kpb); /* pq_blocks */
+    const int per = kpb / nt, a = k0 + tid * per;
+    /* the codes do not come from pq_hist_table: copied in while its last blocks run the tables (PDL) */
+    if (M2) {
+        for (int c = 0; c < per / 8; c++)
+            if (a + 8 * c < k1) kv_cp16(stg + c * nt + tid, (const uint4 *)row + ((a >> 3) + c));
+        kv_cp_commit();
     }
-    if (eqm) { atomicOr(&s_or, eqm); atomicAdd(&s_eq, (unsigned)__popcll(eqm)); }
+    kv_dep_wait(); /* pq_hist_table's tables and thresholds (PDL) */
+    const unsigned K = thr[2 * g], take = thr[2 * g + 1];
+    {
+        float v[PQ_TUP_PT]; /* ntup <= PQ_TUP_PT * nt: the loads issued together */
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) v[j] = tid + j * nt < ntup ? tab[(long long)g * ntup + tid + j * nt] : 0.f;
+#pragma unroll
+        for (int j = 0; j < PQ_TUP_PT; j++) {
+            const unsigned u = kv_f2key(v[j]);
+            if (tid + j * nt < ntup) cls[tid + j * nt] = (uint8_t)(u > K ? 2 : u == K);
+        }
+    }
+    if (M2) kv_cp_wait_all(); /* this thread's copies: it alone reads them */
     __syncthreads();
-    const unsigned long long om = s_or;
-    const int cap = min(kk, k1 - k0);
-    int32_t *tb = ties + g * tld + (k0 - lo);
-    int carry = 0;
-    for (unsigned long long m = om; m && carry < cap; m &= m - 1) { /* uniform: om and carry are the block's */
-        const int c = __ffsll((long long)m) - 1, eq = (int)((eqm >> c) & 1);
-        int tot;
-        const int rk = kv_block_scan(eq, &tot, wsum);
-        if (eq && carry + rk < cap) tb[carry + rk] = k0 + c * nt + tid;
-        carry += tot;
+    /* bit j: key a + j of the thread's run scores above K (abm), or K (eqm). A batch gathers its keys'
+     * classes, two bits a key at constant shifts, and only a batch holding one of the few keys at or above
+     * K (fewer than kk + the ties at K in all) splits them (a warp vote and a 64-bit shift a key had cost
+     * ~40 instructions, two compares ~10) */
+    unsigned long long abm = 0, eqm = 0;
+    unsigned cb = 0;
+    pq_run<M2, 2>(row, k0, k1, lo, per, M, C, [&](int c, int) { return stg[c * nt + tid]; }, [&](int j, int t, bool in) {
+        cb |= (in ? (unsigned)cls[t] : 0u) << (2 * j);
+    }, [&](int b) {
+        if (cb)
+            for (int j = 0; j < 16; j++) {
+                abm |= (unsigned long long)((cb >> (2 * j + 1)) & 1u) << (b + j);
+                eqm |= (unsigned long long)((cb >> (2 * j)) & 1u) << (b + j);
+            }
+        cb = 0;
+    });
+    if (abm) { /* fewer than kk keys of the head: their order is the sort's */
+        unsigned p = atomicAdd(&nab[g], (unsigned)__popcll(abm));
+        for (; abm; abm &= abm - 1, p++)
+            if (p < (unsigned)kmax) cand[(long long)g * kmax + p] = a + __ffsll((long long)abm) - 1;
     }
-    if (tid == 0) ecnt[(long long)g * eld + blockIdx.x] = s_eq;
+    /* the block's first min(kk, its keys) ties in position order: the threads' runs are in position order */
+    int tot;
+    const int cap = min(kk, k1 - k0);
+    int32_t *tb = ties + g * tld + (long long)blockIdx.x * kpb;
+    for (int r = kv_block_scan(__popcll(eqm), &tot, wsum); eqm && r < cap; eqm &= eqm - 1, r++)
+        tb[r] = a + __ffsll((long long)eqm) - 1;
+    if (tid == 0) ecnt[(long long)g * eld + blockIdx.x] = (unsigned)tot;
     if (!kv_arrives_last(&ctr[g], nbk)) return;
     /* the last block: exclusive prefix of the blocks' tie counts */
     int base = 0;
@@ -695,10 +833,8 @@ __global__ void __launch_bounds__(PQ_SEL_TH, 2) pq_select_fused(const uint8_t *c
         if (ex >= take) continue;
         const int c = (int)min(pre[b + 1] - ex, take - ex);
         const int32_t *src = ties + g * tld + (long long)b * kpb;
-        for (int t = lane; t < c; t += 32) {
-            const int i = __ldcg(src + t);
-            sv[na + ex + t] = (unsigned long long)~kv_f2key(tg[pq_tuple<M2>(row, i, M, C)]) << 32 | (unsigned)i;
-        }
+        for (int t = lane; t < c; t += 32) /* a tie scores K: its sort key needs no lookup */
+            sv[na + ex + t] = (unsigned long long)(unsigned)~K << 32 | (unsigned)__ldcg(src + t);
     }
     __syncthreads();
     kv_sort_out(sv, kk, P, [&](int r, unsigned long long v) { idx[(long long)g * kk + r] = (int32_t)(unsigned)v; });
@@ -753,7 +889,7 @@ kv_status pq_create_go(kv_pq_gpu *p) {
         if (p->fused) { /* each block's first ties, at its keys' offset; the selection's shared memory */
             KV_CUDA_ALLOC(p->ties, Hkv * p->T * sizeof(int32_t), 0, "pqcache top-k ties");
             const size_t words = KV_GPU_TOPK_MAX > (p->ntup + 1) / 2 ? KV_GPU_TOPK_MAX : (p->ntup + 1) / 2;
-            size_t sm = words * 8 + (size_t)(p->eld + 1) * 4;
+            size_t sm = 2 * 65536 + words * 8 + (size_t)(p->eld + 1) * 4; /* staged codes: pq_tuple_kpb's most */
             if (sm > (size_t)p->dev.smem_optin) sm = (size_t)p->dev.smem_optin;
             p->sel_smem = (int)sm;
             KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_fused<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p->sel_smem));
@@ -769,7 +905,8 @@ kv_status pq_create_go(kv_pq_gpu *p) {
 
 int pq_tuple_kpb(const kv_pq_gpu *p, int n) {
     long long want = ((long long)n * p->Hkv + 2LL * p->dev.sm_count - 1) / (2LL * p->dev.sm_count);
-    return (int)(want < 4096 ? 4096 : want > 65536 ? 65536 : (want + 1023) / 1024 * 1024);
+    /* a multiple of 8 keys a thread of 1024 (pq_run's 16-B loads), at most 64 (pq_select_fused's tie masks) */
+    return (int)(want < 8192 ? 8192 : want > 65536 ? 65536 : (want + 8191) / 8192 * 8192);
 }
 
 /* Tuple path, scan: histogram of the tuples, then per kv head the tuple
@@ -777,7 +914,7 @@ int pq_tuple_kpb(const kv_pq_gpu *p, int n) {
  * launch, pq_hist_table; else pq_hist + pq_table after pq_lut); want_agg:
  * also agg per key (tests). */
 kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int want_agg) {
-    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
+    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = pq_blocks(lo, hi, kpb);
     const bool m2 = M == 2;
     if (p->fused) {
         pq_fused_args a = {p->codes, p->TM, M, C, lo, hi, p->ntup, kpb, p->G, p->D, p->dsub, kk, scale,
@@ -809,7 +946,7 @@ kv_status pq_tuple_scan(kv_pq_gpu *p, float scale, int lo, int hi, int kk, int w
 /* Tuple path, top-k: ordered compaction at the threshold, then the sort
  * (p->idx[g*kk + j]); fused: one launch (pq_select_fused), else three. */
 kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
-    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = (n + kpb - 1) / kpb;
+    const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = pq_blocks(lo, hi, kpb);
     const dim3 grid(nb, p->Hkv);
     if (kk > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above %d", kk, KV_GPU_TOPK_MAX);
     if (kpb > 64 * PQ_SEL_TH) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d keys per selection block", kpb);
@@ -818,7 +955,7 @@ kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
     while (P < kk) P <<= 1;
     if (p->fused) {
         const int sv_words = P > (p->ntup + 1) / 2 ? P : (p->ntup + 1) / 2;
-        const size_t sm = (size_t)sv_words * 8 + (size_t)(nb + 1) * 4;
+        const size_t sm = (M == 2 ? 2 * (size_t)kpb : 0) + (size_t)sv_words * 8 + (size_t)(nb + 1) * 4;
         if (sm > (size_t)p->sel_smem)
             return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: selection needs %zu bytes of shared memory", sm);
         /* a programmatic dependent launch: its blocks are resident while pq_hist_table's last blocks run the
