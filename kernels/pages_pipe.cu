@@ -206,15 +206,9 @@ template <typename TS, int PPT> struct p2_cfg {
     static_assert(CS >= 1 && (P2_SB / 16) % P2_TH == 0, "stage shape");
 };
 
-__device__ __forceinline__ void p2_cp16(void *dst, const void *src, int n) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void p2_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* The register scan's loads: streaming (evict-first in L2, where the bounds the pool reads back live; __ldg
  * made the scan ~3 us slower at 1M, session 10). */
 template <typename R> __device__ __forceinline__ R p2_ldr(const R *p) { return __ldcs(p); }
-template <int N> __device__ __forceinline__ void p2_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <typename TS, int PPT> __device__ __forceinline__ void p2_lds(const unsigned char *p, float *o);
 template <> __device__ __forceinline__ void p2_lds<__half, 1>(const unsigned char *p, float *o) {
@@ -291,14 +285,14 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const bool ok = colok[k] && s * C::CS + chk[k] < D;
-            p2_cp16(dstb + dst[k], ok ? (const void *)(src[k] + s * sstep) : (const void *)kmin, ok ? 16 : 0);
+            kv_cp16_n(dstb + dst[k], ok ? (const void *)(src[k] + s * sstep) : (const void *)kmin, ok ? 16 : 0);
         }
         ws = ws + 1 == P2_ST ? 0 : ws + 1;
     };
 #pragma unroll
     for (int s = 0; s < P2_ST - 1; s++) {
         if (s < nst) issue(s);
-        p2_commit();
+        kv_cp_commit();
     }
     /* q after the copies are under way: its load's latency hides behind theirs (sq is read after the
      * loop's first barrier) */
@@ -314,10 +308,10 @@ __global__ void __launch_bounds__(P2_TH) p2_scan(const TS *kmin, const TS *kmax,
     const int off = t * PPT * (int)sizeof(TS);
     int rs = 0; /* the ring slot stage s is in */
     for (int s = 0; s < nst; s++) {
-        p2_wait<P2_ST - 2>(); /* stage s has landed (this thread's copies) */
+        kv_cp_wait<P2_ST - 2>(); /* stage s has landed (this thread's copies) */
         __syncthreads();      /* everyone's copies of stage s, and everyone is done with stage s - 1 */
         if (s + P2_ST - 1 < nst) issue(s + P2_ST - 1); /* into stage s - 1's buffer */
-        p2_commit();
+        kv_cp_commit();
         const unsigned char *sb = p2_sm + rs * P2_SB + off;
         rs = rs + 1 == P2_ST ? 0 : rs + 1;
         const int i0 = s * C::CS;

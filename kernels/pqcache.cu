@@ -566,7 +566,7 @@ __global__ void __launch_bounds__(1024, 2) pq_hist_table(pq_fused_args a) {
                 for (int e = threadIdx.x; e < DC / 4; e += blockDim.x) kv_cp16(sc + 4 * e, cg + 4 * e);
                 for (int e = threadIdx.x; e < GD / 4; e += blockDim.x) kv_cp16(sq + 4 * e, qg + 4 * e);
                 kv_cp_commit();
-                kv_cp_wait_all();
+                kv_cp_wait<0>();
             } else {
                 for (int e = threadIdx.x; e < DC; e += blockDim.x) sc[e] = __ldg(cg + e);
                 for (int e = threadIdx.x; e < GD; e += blockDim.x) sq[e] = __ldg(qg + e);
@@ -774,7 +774,7 @@ __global__ void __launch_bounds__(PQ_SEL_TH, 2) pq_select_fused(const uint8_t *c
             if (tid + j * nt < ntup) cls[tid + j * nt] = (uint8_t)(u > K ? 2 : u == K);
         }
     }
-    if (M2) kv_cp_wait_all(); /* this thread's copies: it alone reads them */
+    if (M2) kv_cp_wait<0>(); /* this thread's copies: it alone reads them */
     __syncthreads();
     /* bit j: key a + j of the thread's run scores above K (abm), or K (eqm). A batch gathers its keys'
      * classes, two bits a key at constant shifts, and only a batch holding one of the few keys at or above

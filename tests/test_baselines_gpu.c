@@ -247,6 +247,10 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
         {6, 3, 48, 3, 16, 200000, 0, 200000, 500, 16, 0},        {4, 2, 32, 2, 64, 50, 0, 50, 100, 2, 0},
         {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 300, 64, 0},  /* ~256 keys a tuple: the second or third top value */
         {4, 2, 32, 2, 64, 1 << 20, 0, 1 << 20, 2000, 64, 0}, /* ~256 keys a tuple: the 4 top values hold < k, radix */
+        /* 8 kv heads: selection blocks of 32768 / 65536 keys on a GPU of ~100-144 SMs (pq_tuple_kpb), so a thread's
+         * run of keys takes 2 / 4 batches of pq_run (the cases above: one), an unaligned region in the first */
+        {16, 8, 32, 2, 64, 1 << 20, 5, (1 << 20) - 3, 100, 64, 0},
+        {16, 8, 32, 2, 64, 1 << 21, 0, 1 << 21, 300, 16, 0},
     };
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         int Hq = cs[ci].Hq, Hkv = cs[ci].Hkv, D = cs[ci].D, M = cs[ci].M, C = cs[ci].C, n = cs[ci].n, ds = D / M;

@@ -172,14 +172,19 @@ __device__ __forceinline__ unsigned kv_ld_acquire(const unsigned *p) {
     return v;
 }
 
-/* 16 B from global to shared memory by cp.async (sm_80+); kv_cp_commit closes the thread's group of copies,
- * kv_cp_wait_all waits for all of them (visible to the issuing thread). */
+/* cp.async (sm_80+), 16 B from global to shared memory: kv_cp16, or kv_cp16_n, which reads the first n bytes
+ * and zero-fills the rest (n = 0: zeros, nothing read); kv_cp_commit closes the thread's group of copies,
+ * kv_cp_wait<N> waits until at most N of its groups are in flight (their data visible to the issuing thread). */
 __device__ __forceinline__ void kv_cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
                  : "memory");
 }
+__device__ __forceinline__ void kv_cp16_n(void *dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void kv_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void kv_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kv_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Programmatic dependent launch (sm_90): the device side. kv_dep_launch lets the next kernel's blocks be
  * scheduled now; kv_dep_wait waits for the previous kernel's completion and memory. Both no-ops when the

@@ -47,15 +47,6 @@ struct kv_score_params {
     long long total;     /* tiles over all kv heads */
 };
 
-__device__ __forceinline__ void kv_cp_async16(void *smem, const void *gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void kv_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void kv_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __device__ __forceinline__ float kv_tof(__half h) { return __half2float(h); }
 __device__ __forceinline__ float kv_tof(float f) { return f; }
 
@@ -130,21 +121,21 @@ __global__ void __launch_bounds__(2 * kv_sc_cfg<T>::threads) kv_score_tile_kerne
 #pragma unroll
         for (int j = 0; j < NV / 2; j++) {
             const int v = tid + j * TH, r = v / NV, c = v % NV;
-            if (r < rows) kv_cp_async16(dst + r * ROWB + c * 16, src + (size_t)r * RB + c * 16);
+            if (r < rows) kv_cp16(dst + r * ROWB + c * 16, src + (size_t)r * RB + c * 16);
         }
     };
 
 #pragma unroll
     for (int s = 0; s < KV_SC_STAGES - 1; s++) {
         if (s < nt) issue(x0 + s, s);
-        kv_cp_async_commit();
+        kv_cp_commit();
     }
     int cur_g = -1;
     for (long long it = 0; it < nt; it++) {
         const long long nx = it + KV_SC_STAGES - 1;
         if (nx < nt) issue(x0 + nx, (int)(nx % KV_SC_STAGES));
-        kv_cp_async_commit();
-        kv_cp_async_wait<KV_SC_STAGES - 1>();
+        kv_cp_commit();
+        kv_cp_wait<KV_SC_STAGES - 1>();
         __syncthreads();
         const long long x = x0 + it;
         const int g = (int)(x / p.tph), i = (int)(x % p.tph) * TILE + (tid >> 1), hh = tid & 1;
