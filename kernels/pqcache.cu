@@ -196,17 +196,22 @@ __device__ __forceinline__ void block_reduce2(T &a, T &b, T *sh, Op op, T none) 
     }
 }
 
+/* Block max (sum: add) of 32-bit unsigned values by the warps' redux instructions (sh: 32 words). */
+__device__ __forceinline__ unsigned block_redux(unsigned v, unsigned *sh, bool add) {
+    v = add ? __reduce_add_sync(0xffffffffu, v) : __reduce_max_sync(0xffffffffu, v);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0u;
+    return add ? __reduce_add_sync(0xffffffffu, v) : __reduce_max_sync(0xffffffffu, v);
+}
+
 __device__ __forceinline__ double block_sum_d(double v, double *sh) {
     return block_reduce(v, sh, [](double a, double b) { return a + b; }, 0.0);
 }
 
 struct fmax_op { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
-struct umax_op {
-    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a > b ? a : b; }
-};
-struct usum_op {
-    __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a + b; }
-};
 
 __global__ void __launch_bounds__(PQ_TH) pq_scan_a(pq_scan_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -386,22 +391,25 @@ __global__ void __launch_bounds__(1024) pq_hist(const uint8_t *codes, long long 
  * select runs. */
 __device__ void pq_threshold(const unsigned *cnt, const float *acc, int ntup, int n, int kk, unsigned *rh,
                              unsigned *sel, unsigned *thr) {
-    __shared__ unsigned long long r64[32];
+    __shared__ unsigned r32[32];
     if (n >= 64 * ntup) {
-        unsigned long long lim = ~0ULL, above = 0; /* keys are compared + 1: 0 is "none" */
+        /* keys are compared + 1, 0 being "none": a table entry is a sum of probabilities, a finite float >= 0,
+         * whose key is below 0xff800000, so the + 1 stays in 32 bits; counts sum to n < 2^31. So the
+         * reductions are 32-bit, one redux instruction a warp where 64-bit shuffles took ten (session 25) */
+        unsigned lim = ~0u, above = 0;
         for (int r = 0; r < 4; r++) {
-            unsigned long long best = 0;
+            unsigned best = 0;
             for (int t = threadIdx.x; t < ntup; t += blockDim.x) {
-                const unsigned long long u = (unsigned long long)kv_f2key(acc[t]) + 1;
+                const unsigned u = kv_f2key(acc[t]) + 1;
                 if (cnt[t] && u < lim && u > best) best = u;
             }
-            best = block_reduce(best, r64, umax_op(), 0ULL);
+            best = block_redux(best, r32, false);
             if (!best) break;
-            unsigned long long c = 0;
+            unsigned c = 0;
             for (int t = threadIdx.x; t < ntup; t += blockDim.x)
-                if (cnt[t] && (unsigned long long)kv_f2key(acc[t]) + 1 == best) c += cnt[t];
-            c = block_reduce(c, r64, usum_op(), 0ULL);
-            if (above + c >= (unsigned long long)kk) {
+                if (cnt[t] && kv_f2key(acc[t]) + 1 == best) c += cnt[t];
+            c = block_redux(c, r32, true);
+            if (above + c >= (unsigned)kk) {
                 if (threadIdx.x == 0) { thr[0] = (unsigned)(best - 1); thr[1] = (unsigned)(kk - above); }
                 return;
             }

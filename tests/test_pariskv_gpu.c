@@ -119,9 +119,11 @@ int test_pariskv_gpu_encode_matches_cpu(void) {
 }
 
 /* One search on the fixture against the reference computed here from the
- * CPU index: collision scores, candidates, rerank scores, final list. */
-static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int end, int n_idx, double beta,
-                          double rho, int multi, int k) {
+ * CPU index: collision scores, candidates, rerank scores, final list. A
+ * zero query (qzero) scores every candidate 0 (and ties every centroid):
+ * the final top-k is then all ties, the smallest candidates in order. */
+static int pk_search_case_q(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int end, int n_idx, double beta,
+                            double rho, int multi, int k, int qzero) {
     const kv_pariskv_codec *cx = &f->cx;
     int D = f->D, nb = cx->nb, cb = cx->code_bytes, nc = 1 << cx->m, n = end - lo, R = f->rows;
     int nh = R == f->Hkv ? f->Hq / f->Hkv : 1, G = f->Hq / f->Hkv;
@@ -139,7 +141,7 @@ static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int e
     /* the GPU's counts are those of every key the fixture encoded, [0, f->n), less [end, n_idx); the reference
      * below counts [0, end): the two agree only when n_idx is what the fixture indexed */
     CHECK(n_idx == f->n, "pk_search_case: n_idx %d must be the fixture's indexed count %d", n_idx, f->n);
-    for (int i = 0; i < f->Hq * D; i++) q[i] = (float)kv_rng_normal(r);
+    for (int i = 0; i < f->Hq * D; i++) q[i] = qzero ? 0.f : (float)kv_rng_normal(r);
     kv_pariskv_gpu_step step = {.lo = lo, .end = end, .n_idx = n_idx, .C = C, .k = k, .multi = multi, .rho = rho};
     CHECK_OK(kv_pariskv_cuda.search(f->gpu, q, &step, out, cand, n));
     CHECK_OK(kv_pariskv_cuda.read_last(f->gpu, sc, csc));
@@ -220,6 +222,11 @@ static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int e
     return KV_TEST_PASS;
 }
 
+static int pk_search_case(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int end, int n_idx, double beta,
+                          double rho, int multi, int k) {
+    return pk_search_case_q(f, r, seed, lo, end, n_idx, beta, rho, multi, k, 0);
+}
+
 int test_pariskv_gpu_search_matches_cpu(void) {
     uint64_t seed = pk_seed();
     kv_rng r;
@@ -233,6 +240,9 @@ int test_pariskv_gpu_search_matches_cpu(void) {
     if (pk_search_case(&f, &r, seed, 3, 60, 20011, 0.5, 0.5, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL; /* C < k */
     /* C = 18010 > 16384: the final top-k on the cooperative kv_topk_launch, not the one-block-per-row kernel */
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 300) != KV_TEST_PASS) return KV_TEST_FAIL;
+    /* all ties: C = 3980 on the one-block top-k, C = 18010 on the cooperative kv_topk_launch */
+    if (pk_search_case_q(&f, &r, seed, 4, 19900, 20011, 0.2, 0.25, 1, 100, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (pk_search_case_q(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 300, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     pk_fixture_free(&f);
     CHECK_OK(pk_fixture_open(&f, &r, 6, 2, 64, 4, 9000, 0)); /* pool=none: one row per query head */
     if (pk_search_case(&f, &r, seed, 2, 8900, 9000, 0.25, 0.3, 1, 64) != KV_TEST_PASS) return KV_TEST_FAIL;
