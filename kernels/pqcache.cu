@@ -61,8 +61,12 @@
  * per tuple (above K, at K, below) two bits a key, and writes its ties with
  * one block scan of the runs (the runs are in position order); the table
  * loads its counts together, reduces two heads at a time by warp shuffles,
- * and the LUT block stages its operands by cp.async. Session 24's numbers
- * are in results/gpu-cost-h200.md.
+ * and the LUT block stages its operands by cp.async. Session 25: the
+ * threshold's top-value round reduces 32-bit keys and counts by redux
+ * (block_redux): 1M 41.0-41.2 -> 39.1-39.6 us. Tried and not kept there:
+ * the table's maxima by redux of their keys (40.2-40.4 against 39.3-39.6),
+ * fewer and larger selection blocks, the carveout at its maximum. The
+ * numbers are in results/gpu-cost-h200.md.
  * Otherwise (C^M > 4096), two launches over tiles of keys:
  * codes laid out [Hkv][T][M] (the CPU's layout, each head's row padded to 16
  * bytes) are loaded into shared memory with 16-byte coalesced loads, scored
