@@ -455,10 +455,93 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
     kv_sort_out(sv, kk, P, [&](int q, unsigned long long v) { out(q, (unsigned)v); });
 }
 
+/* pk_topk_row in two levels, for a row whose keys sit in shared memory
+ * (sk[j], j < C): one histogram of the keys' top PK_D1 bits finds the
+ * digit D where the count from the top reaches kk; the keys above D (fewer
+ * than kk) and the m keys at D are gathered as sort keys ~key << 32 | j
+ * (warp-aggregated slots), and the `need` = kk - above smallest of the m
+ * (each counts the smaller ones: m broadcast reads) join them; then
+ * kv_sort_out. The same list as pk_topk_row (the kk smallest sort keys of
+ * the row are the keys above D and the smallest `need` at D), in one pass
+ * over the row where the radix select made five and four histograms with
+ * their barriers: it was 11.1 of ParisKV's 39.3 us at 16K (session 25, call
+ * D's stamps). A bucket of more than PK_BKT keys (scores crowded into one
+ * digit) goes to pk_topk_row. bh: 1 << PK_D1 words of shared memory, reused
+ * for the bucket's sort keys. */
+constexpr int PK_D1 = 12, PK_BKT = (1 << PK_D1) / 2;
+template <class Out>
+__device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned long long *sv, unsigned *bh,
+                             Out out) {
+    __shared__ int wsum[32];
+    __shared__ unsigned s_d, s_above, s_na, s_nb;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, NB = 1 << PK_D1, sh = 32 - PK_D1;
+    for (int e = tid; e < NB; e += nt) bh[e] = 0;
+    if (tid == 0) { s_na = 0; s_nb = 0; }
+    __syncthreads();
+    for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
+        const int j = j0 + tid;
+        const unsigned d = j < C ? sk[j] >> sh : ~0u;
+        const unsigned peers = __match_any_sync(0xffffffffu, d);
+        if (j < C && lane == __ffs(peers) - 1) atomicAdd(&bh[d], (unsigned)__popc(peers));
+    }
+    __syncthreads();
+    { /* the digits in descending order, NB / nt a thread: the one where the count from the top reaches kk */
+        const int per = NB / nt, b0 = NB - 1 - tid * per;
+        unsigned v = 0;
+        for (int i = 0; i < per; i++) v += bh[b0 - i];
+        int tot;
+        unsigned c = (unsigned)kv_block_scan((int)v, &tot, wsum);
+        if (c < (unsigned)kk && c + v >= (unsigned)kk)
+            for (int i = 0; i < per; i++) {
+                const unsigned h = bh[b0 - i];
+                if (c + h >= (unsigned)kk) { s_d = (unsigned)(b0 - i); s_above = c; s_nb = h; break; }
+                c += h;
+            }
+    }
+    __syncthreads();
+    const unsigned D = s_d, above = s_above, m = s_nb;
+    if (m > (unsigned)PK_BKT) { /* crowded: the radix select (uniform) */
+        pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, out);
+        return;
+    }
+    unsigned long long *bk = (unsigned long long *)bh; /* the histogram is read: the bucket's sort keys */
+    __syncthreads();
+    if (tid == 0) s_nb = 0;
+    __syncthreads();
+    for (int j0 = 0; j0 < C; j0 += nt) {
+        const int j = j0 + tid;
+        const unsigned u = j < C ? sk[j] : 0u, d = u >> sh;
+        const bool hi = j < C && d > D, eq = j < C && d == D;
+        const unsigned bhi = __ballot_sync(0xffffffffu, hi), beq = __ballot_sync(0xffffffffu, eq);
+        const unsigned lt = (1u << lane) - 1;
+        unsigned ph = 0, pe = 0;
+        if (lane == 0) {
+            if (bhi) ph = atomicAdd(&s_na, (unsigned)__popc(bhi));
+            if (beq) pe = atomicAdd(&s_nb, (unsigned)__popc(beq));
+        }
+        ph = __shfl_sync(0xffffffffu, ph, 0) + __popc(bhi & lt);
+        pe = __shfl_sync(0xffffffffu, pe, 0) + __popc(beq & lt);
+        const unsigned long long x = (unsigned long long)~u << 32 | (unsigned)j;
+        if (hi) sv[ph] = x;
+        if (eq) bk[pe] = x;
+    }
+    __syncthreads();
+    const unsigned need = (unsigned)kk - above;
+    for (int e = tid; e < (int)m; e += nt) {
+        const unsigned long long x = bk[e];
+        unsigned rk = 0;
+        for (int i = 0; i < (int)m; i++) rk += bk[i] < x;
+        if (rk < need) sv[above + rk] = x;
+    }
+    __syncthreads();
+    kv_sort_out(sv, kk, P, [&](int q, unsigned long long v) { out(q, (unsigned)v); });
+}
+
 /* Also the selected key ids: ids[r][q] = cand[r][pos[r][q]] (pk_ids_kernel's work, one launch fewer). */
 __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
                                                               int32_t *pos, const int32_t *cand, int32_t *ids) {
     extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
+    __shared__ unsigned bh[1 << PK_D1];
     kv_dep_wait();
     kv_dep_launch();
     unsigned *sk = (unsigned *)(sv + P);
@@ -467,10 +550,14 @@ __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, l
     for (int j = threadIdx.x; j < C; j += blockDim.x) sk[j] = kv_f2key(row[j]);
     int32_t *o = pos + (long long)r * kk, *id = ids + (long long)r * kk;
     const int32_t *cr = cand + r * ld;
-    pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, [&](int q, unsigned j) {
+    auto put = [&](int q, unsigned j) {
         o[q] = (int32_t)j;
         id[q] = cr[j];
-    });
+    };
+    if (kk <= KV_RANK_MAX && blockDim.x * 4 == (1 << PK_D1)) /* its first barrier follows sk's writes */
+        pk_topk_row2(sk, C, kk, P, sv, bh, put);
+    else
+        pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, put);
 }
 
 /* The final top-k from the tiles' own top-kk lists (pk_select_rerank_kernel's
