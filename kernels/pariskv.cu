@@ -14,8 +14,9 @@
  *              become the per-centroid counts (one atomic per bin per block).
  *   tier       one block per (row, subspace): the row's query (group mean),
  *              its transform, the 2^m centroid scores <q~_b, c>, each
- *              centroid's rank and keys-before by direct counting (no sort),
- *              and the tier bonus; counts of the indexed keys in [end, n_idx)
+ *              centroid's rank (a bitonic sort of the nc sort keys) and
+ *              keys-before (a prefix sum of the counts in rank order), and
+ *              the tier bonus; counts of the indexed keys in [end, n_idx)
  *              (the local window) are taken out first, as the CPU does.
  *   collision  all rows (kv heads) in one launch; a block is a bucket tile
  *              of 4096 keys, 16 keys per thread, one uint4 of ids per
@@ -37,8 +38,10 @@
  *              bitwise the CPU's.
  *   final top-k  over the candidates' scores, larger first, smaller
  *              candidate (so smaller position) among equals: for C <= 16384
- *              and k <= 1024 one block per row (pk_small_topk_kernel: radix
- *              select + kv_sort_out in shared memory), else the cooperative
+ *              and k <= 1024 one block per row (pk_small_topk_kernel: for
+ *              k <= 256 one 12-bit histogram and the bucket at the k-th key
+ *              ranked, pk_topk_row2, else and for a crowded bucket a radix
+ *              select; kv_sort_out in shared memory), else the cooperative
  *              kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
