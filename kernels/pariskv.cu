@@ -476,10 +476,10 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
  * (warp-aggregated slots), and the `need` = kk - above smallest of the m
  * (each counts the smaller ones: m broadcast reads) join them; then
  * kv_sort_out. The same list as pk_topk_row (the kk smallest sort keys of
- * the row are the keys above D and the smallest `need` at D), in one pass
- * over the row where the radix select made five and four histograms with
- * their barriers: it was 11.1 of ParisKV's 39.3 us at 16K (session 25, call
- * D's stamps). A bucket of more than PK_BKT keys (scores crowded into one
+ * the row are the keys above D and the smallest `need` at D), with one
+ * histogram and two passes over the row where the radix select makes four
+ * histograms and five passes: that kernel was 11.1 of ParisKV's 39.3 us at
+ * 16K (session 25, call D's stamps). A bucket of more than PK_BKT keys (scores crowded into one
  * digit) goes to pk_topk_row. bh: 1 << PK_D1 words of shared memory, reused
  * for the bucket's sort keys. */
 constexpr int PK_D1 = 12, PK_BKT = (1 << PK_D1) / 2;
