@@ -169,16 +169,21 @@ __device__ __forceinline__ float pq_score(const float *L, const uint8_t *code, i
 /* Block reductions: warp shuffles, then every warp reduces the warps' values the same way (a tree of
  * five steps where a serial pass over 32 values had cost ~1000 cycles a call; the table runs a dozen). The
  * double sum's order is a tree; Z is the CPU's up to double rounding either way. */
-template <class T, class Op>
-__device__ __forceinline__ T block_reduce(T v, T *sh, Op op, T none) {
-    for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+template <class T, class W>
+__device__ __forceinline__ T block_reduce_w(T v, T *sh, W warp, T none) { /* warp: a warp's reduction */
+    v = warp(v);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : none;
-    for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return warp(lane < nw ? sh[lane] : none);
+}
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T *sh, Op op, T none) {
+    return block_reduce_w(v, sh, [&](T x) {
+        for (int o = 16; o; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+        return x;
+    }, none);
 }
 
 /* Two values reduced at once (sh: 64 words). */
@@ -202,13 +207,9 @@ __device__ __forceinline__ void block_reduce2(T &a, T &b, T *sh, Op op, T none) 
 
 /* Block max (sum: add) of 32-bit unsigned values by the warps' redux instructions (sh: 32 words). */
 __device__ __forceinline__ unsigned block_redux(unsigned v, unsigned *sh, bool add) {
-    v = add ? __reduce_add_sync(0xffffffffu, v) : __reduce_max_sync(0xffffffffu, v);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0u;
-    return add ? __reduce_add_sync(0xffffffffu, v) : __reduce_max_sync(0xffffffffu, v);
+    return block_reduce_w(v, sh, [&](unsigned x) {
+        return add ? __reduce_add_sync(0xffffffffu, x) : __reduce_max_sync(0xffffffffu, x);
+    }, 0u);
 }
 
 __device__ __forceinline__ double block_sum_d(double v, double *sh) {
@@ -627,6 +628,7 @@ __global__ void __launch_bounds__(1024) pq_apply(const uint8_t *codes, long long
  * counts), after the keys above K. pq_select_sort: the kk candidates ordered as
  * kv_topk_ref (larger score first, smaller position among equals). */
 constexpr int PQ_SEL_TH = 1024;
+constexpr int PQ_KPB_MAX = 64 * PQ_SEL_TH; /* keys a tuple-path block: a thread's run fits pq_select_fused's masks */
 static_assert(PQ_SEL_TH * PQ_TUP_PT >= PQ_TUP_MAX, "pq_select_fused: a thread classes at most PQ_TUP_PT tuples");
 
 __device__ __forceinline__ void pq_key_table(const float *tab, int ntup, unsigned *sk) {
@@ -901,7 +903,7 @@ kv_status pq_create_go(kv_pq_gpu *p) {
         if (p->fused) { /* each block's first ties, at its keys' offset; the selection's shared memory */
             KV_CUDA_ALLOC(p->ties, Hkv * p->T * sizeof(int32_t), 0, "pqcache top-k ties");
             const size_t words = KV_GPU_TOPK_MAX > (p->ntup + 1) / 2 ? KV_GPU_TOPK_MAX : (p->ntup + 1) / 2;
-            size_t sm = 2 * 65536 + words * 8 + (size_t)(p->eld + 1) * 4; /* staged codes: pq_tuple_kpb's most */
+            size_t sm = 2 * (size_t)PQ_KPB_MAX + words * 8 + (size_t)(p->eld + 1) * 4; /* the most staged codes */
             if (sm > (size_t)p->dev.smem_optin) sm = (size_t)p->dev.smem_optin;
             p->sel_smem = (int)sm;
             KV_CUDA_TRY(cudaFuncSetAttribute(pq_select_fused<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, p->sel_smem));
@@ -918,7 +920,7 @@ kv_status pq_create_go(kv_pq_gpu *p) {
 int pq_tuple_kpb(const kv_pq_gpu *p, int n) {
     long long want = ((long long)n * p->Hkv + 2LL * p->dev.sm_count - 1) / (2LL * p->dev.sm_count);
     /* a multiple of 8 keys a thread of 1024 (pq_run's 16-B loads), at most 64 (pq_select_fused's tie masks) */
-    return (int)(want < 8192 ? 8192 : want > 65536 ? 65536 : (want + 8191) / 8192 * 8192);
+    return (int)(want < 8192 ? 8192 : want > PQ_KPB_MAX ? PQ_KPB_MAX : (want + 8191) / 8192 * 8192);
 }
 
 /* Tuple path, scan: histogram of the tuples, then per kv head the tuple
@@ -961,7 +963,7 @@ kv_status pq_tuple_topk(kv_pq_gpu *p, int lo, int hi, int kk) {
     const int n = hi - lo, M = p->M, C = p->C, kpb = pq_tuple_kpb(p, n), nb = pq_blocks(lo, hi, kpb);
     const dim3 grid(nb, p->Hkv);
     if (kk > KV_GPU_TOPK_MAX) return kv_fail(KV_ERR_INPUT, "pqcache GPU: k = %d above %d", kk, KV_GPU_TOPK_MAX);
-    if (kpb > 64 * PQ_SEL_TH) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d keys per selection block", kpb);
+    if (kpb > PQ_KPB_MAX) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d keys per selection block", kpb);
     if (nb > p->eld) return kv_fail(KV_ERR_INTERNAL, "pqcache GPU: %d selection blocks > %d", nb, p->eld);
     int P = 1;
     while (P < kk) P <<= 1;
