@@ -13,24 +13,28 @@
  *              as the released code stores it); per-block shared histograms of the ids
  *              become the per-centroid counts (one atomic per bin per block).
  *   tier       one block per (row, subspace): the row's query (group mean),
- *              its transform, the 2^m centroid scores <q~_b, c>, each
- *              centroid's rank (a bitonic sort of the nc sort keys) and
- *              keys-before (a prefix sum of the counts in rank order), and
- *              the tier bonus; counts of the indexed keys in [end, n_idx)
- *              (the local window) are taken out first, as the CPU does.
+ *              its transform (one warp, in registers), the 2^m centroid
+ *              scores <q~_b, c>, each centroid's keys-before (the counts
+ *              of the centroids ranked above it: warp sorts and binary
+ *              searches) and the tier bonus; counts of the indexed keys in
+ *              [end, n_idx) (the local window) are taken out first, as the
+ *              CPU does.
  *   collision  all rows (kv heads) in one launch; a block is a bucket tile
  *              of 4096 keys, 16 keys per thread, one uint4 of ids per
- *              subspace, the bonuses a byte table in shared memory; scores
+ *              subspace (the first 8 loaded before the PDL wait), the
+ *              bonuses a byte table in shared memory; scores
  *              are uint16 [rows][Tp] by absolute position. It also writes
  *              the tile's score histogram as suffix sums (the bucket
  *              top-k's first pass, so the scores are read once less).
- *   bucket top-k  (pariskv_bucket.cu) multi-block and deterministic: one block per row sums the
- *              per-tile histograms, finds the threshold (as
- *              kv_pariskv_bucket_topk) and turns per-tile counts into each
- *              tile's output offset and its share of the threshold ties
- *              (ties go to the smallest positions: the first `take` ties in
- *              index order); then each tile compacts in index order with a
- *              block scan. The output equals the CPU's exactly.
+ *   bucket top-k  (pariskv_bucket.cu) multi-block and deterministic: the
+ *              row's threshold from the row histogram (as
+ *              kv_pariskv_bucket_topk), each tile's output offset and share
+ *              of the threshold ties (ties go to the smallest positions:
+ *              the first `take` ties in index order), then each tile
+ *              compacts in index order with a block scan. Where the tiles
+ *              are one wave (pk_fold: 16K, 128K) each tile's block finds its
+ *              offset itself, one launch; else a scan kernel (a block per
+ *              row) first. The output equals the CPU's exactly.
  *   rerank     one thread per candidate: 4-bit codes (uint4 loads) and
  *              bf16 weights (uint4 loads, widened exactly) gathered, the query's 16-entry-per-coordinate table in
  *              shared memory, accumulated in float in the CPU's order with
@@ -53,12 +57,13 @@
  * instead of the cooperative kv_topk_launch); the
  * "last tile" steps are threadfence reductions, and the results are the
  * unfused chain's exactly. KVBENCH_PK_FUSED=1 (read at create) selects it;
- * the default is the six launches, which the H100 ran faster at every
- * length (create's comment has the numbers). The whole search runs as one CUDA graph per
+ * the default is the unfused chain (five launches at 16K and 128K, seven at
+ * 1M), which the H100 ran faster at every length (create's comment has the
+ * numbers). The whole search runs as one CUDA graph per
  * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
  * the per-launch host cost.
  * Programmatic dependent launches (session 19; KVBENCH_PK_PDL=0 at create:
- * plain): every launch of the six-launch chain after the tier kernel (a
+ * plain): every launch of the unfused chain after the tier kernel (a
  * plain one; in the fused form the collision kernel and the id map) is a
  * PDL launch whose kernel waits (kv_dep_wait) before its first read and
  * write and then lets the next kernel's blocks be scheduled
@@ -70,8 +75,14 @@
  * / 42.4-42.6 / 44.0-44.6 us at 16K, 72.2-72.4 / 73.8-74.1 / 70.3-71.0 at
  * 128K (PDL loses there, for a reason not found), 159.5-159.7 / 156.8-157.2
  * / 158.9-159.5 at 1M. Tried and dropped (call B): the collision kernel
- * prefetching its ids into L2 before its wait: 165.0 us at 1M with PDL and
- * 168.6 without.
+ * prefetching all its ids into L2 before its wait: 165.0 us at 1M with PDL
+ * and 168.6 without (session 26 loads its first 8 subspaces into registers
+ * before the wait and prefetches the rest only where the region's ids are
+ * at most 4 MB). Session 26 (H200, calls A-D, interleaved with HEAD
+ * 60d5176): the tier kernel's warp query and rank, these early ids, the
+ * folded bucket scan and plain-atomic top-k histograms took the search from
+ * 41.0-41.1 to 32.4-33.0 us at 16K (exact 34.0-34.5), 60.8-61.0 to
+ * 49.5-49.8 at 128K and 150.6-150.8 to 147.2-147.9 at 1M (call D).
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -98,26 +109,21 @@
 
 namespace {
 
-/* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies; `step`
- * threads from `tid` take part: one warp (WARP) or the whole block. */
-template <bool WARP> __device__ __forceinline__ void pk_sync() {
-    if (WARP) __syncwarp();
-    else __syncthreads();
-}
-template <bool WARP> __device__ void pk_fwht(float *x, int n, int tid, int step) {
+/* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies, by one warp. */
+__device__ void pk_fwht(float *x, int n, int lane) {
     for (int h = 1; h < n; h *= 2) {
-        pk_sync<WARP>();
-        for (int p = tid; p < n / 2; p += step) {
+        __syncwarp();
+        for (int p = lane; p < n / 2; p += 32) {
             int i = (p / h) * 2 * h + p % h;
             float a = x[i], b = x[i + h];
             x[i] = __fadd_rn(a, b);
             x[i + h] = __fsub_rn(a, b);
         }
     }
-    pk_sync<WARP>();
+    __syncwarp();
     float s = 1.0f / sqrtf((float)n);
-    for (int j = tid; j < n; j += step) x[j] = __fmul_rn(x[j], s);
-    pk_sync<WARP>();
+    for (int j = lane; j < n; j += 32) x[j] = __fmul_rn(x[j], s);
+    __syncwarp();
 }
 
 /* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32). */
@@ -144,7 +150,7 @@ __global__ void pk_encode_kernel(const void *src, int half, long long gstride, i
         const float norm = (float)sqrt(ss), inv = 1.0f / fmaxf(norm, 1e-8f);
         __syncwarp();
         for (int d = lane; d < dp; d += 32) x[d] = __fmul_rn(d < D ? __fmul_rn(x[d], inv) : 0.0f, signs[d]);
-        pk_fwht<true>(x, dp, lane, 32);
+        pk_fwht(x, dp, lane);
         const long long i = a + j;
         for (int b = lane; b < nb; b += 32) {
             const float *xb = x + b * m;
@@ -173,73 +179,152 @@ __global__ void pk_encode_kernel(const void *src, int half, long long gstride, i
         if (scnt[e]) atomicAdd(&counts[(long long)g * nb * nc + e], scnt[e]);
 }
 
-/* Block (b, r): the tier bonus of every centroid of subspace b for row r. */
-__global__ void pk_tier_kernel(const float *q, int G, int nh, int D, int dp, int m, int nb, const float *signs,
-                               const int *counts, const uint8_t *ids, long long Tp, int end, int n_idx, int n,
-                               double rho, int multi, uint8_t *wt, float *qt_out, float *qnorm_out, int *ghist,
-                               int nbins) {
-    extern __shared__ float sm[];
+/* Named barrier `id` (1..15) of the block's first n threads (whole warps). */
+__device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+/* Block (b, r): the tier bonus of every centroid of subspace b for row r.
+ * Warp 0 makes the row's query in registers, E = D'/32 coordinates a lane
+ * (d = lane*E + e): the group mean; the norm, the CPU's sequential double
+ * sum with every lane adding the same broadcast products in the CPU's
+ * order; the normalising product; the FWHT, butterflies of span h < E in a
+ * lane, else with lane ^ h/E, the upper of a pair taking partner - own
+ * (the CPU's x[i] - x[i+h]). Meanwhile the other warps load the counts and
+ * take the window's keys out of them (a named barrier of their own). A
+ * block-wide shared-memory FWHT and a thread-0 norm loop took 3.1 of the
+ * kernel's 10.3 us at 16K (session 25, call F's stamps); the kernel ends
+ * at 6.6-6.9 us now (session 26, calls B-C). Then the centroids' scores
+ * <q~_b, c>, each one's keys-before (the counts of the centroids ranked
+ * above it) and its tier bonus. */
+template <int E>
+__global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, int nh, int D, int m, int nb,
+                                                        const float *signs, const int *counts, const uint8_t *ids,
+                                                        long long Tp, int end, int n_idx, int n, double rho,
+                                                        int multi, uint8_t *wt, float *qt_out, float *qnorm_out,
+                                                        int *ghist, int nbins) {
+    constexpr int DP = 32 * E;
+    __shared__ float qv[DP];
+    __shared__ int cnt[1 << 8]; /* m <= 8 */
+    __shared__ unsigned long long sk[1 << 8];
+    __shared__ int sp[1 << 8];
     kv_dep_launch(); /* the collision kernel's blocks may be scheduled now (pk_stage: PDL) */
     const int b = blockIdx.x, r = blockIdx.y, h0 = r * nh, g = h0 / G, nc = 1 << m, tid = threadIdx.x;
-    float *qv = sm, *csc = sm + dp;
-    int *cnt = (int *)(csc + nc);
-    __shared__ float s_norm;
-    for (int d = tid; d < dp; d += blockDim.x) {
-        float acc = 0;
-        if (d < D) /* padding coordinates (D < D') read nothing: the last head's row ends at D */
-            for (int h = h0; h < h0 + nh; h++) acc = __fadd_rn(acc, q[(long long)h * D + d]);
-        qv[d] = d < D ? __fdiv_rn(acc, (float)nh) : 0.0f;
-    }
-    for (int c = tid; c < nc; c += blockDim.x) cnt[c] = counts[((long long)g * nb + b) * nc + c];
-    __syncthreads();
-    if (tid == 0) { /* the CPU's sequential double sum */
-        double ss = 0;
-        for (int d = 0; d < D; d++) ss = __dadd_rn(ss, __dmul_rn((double)qv[d], (double)qv[d]));
-        s_norm = (float)sqrt(ss);
-    }
-    for (long long i = end + tid; i < n_idx; i += blockDim.x) atomicSub(&cnt[ids[((long long)g * nb + b) * Tp + i]], 1);
-    __syncthreads();
-    const float norm = s_norm, inv = 1.0f / fmaxf(norm, 1e-8f);
-    for (int d = tid; d < dp; d += blockDim.x) qv[d] = __fmul_rn(d < D ? __fmul_rn(qv[d], inv) : 0.0f, signs[d]);
-    pk_fwht<false>(qv, dp, tid, blockDim.x);
-    if (b == 0) { /* also: the row's score histogram starts from zero (the collision kernel adds to it) */
-        for (int s = tid; s < nbins; s += blockDim.x) ghist[(long long)r * nbins + s] = 0;
-        for (int d = tid; d < dp; d += blockDim.x) qt_out[(long long)r * dp + d] = qv[d];
-        if (tid == 0) qnorm_out[r] = norm;
-    }
-    const float *qb = qv + b * m;
-    for (int c = tid; c < nc; c += blockDim.x) {
-        float s = 0;
-        for (int j = 0; j < m; j++) s = __fadd_rn(s, (c >> j) & 1 ? qb[j] : -qb[j]);
-        csc[c] = s;
-    }
-    __syncthreads();
-    /* the centroids in rank order (score descending, the smaller id first among equal scores): a bitonic
-     * sort of the nc <= blockDim sort keys ~key << 32 | id, then each one's keys-before is the exclusive
-     * prefix of the counts in that order, where each centroid had counted the nc others (nc^2 shared reads
-     * a block). Search 41.2-41.6 -> 40.9 us at 16K, 61.1-61.3 -> 60.6-60.8 at 128K (session 25, call G) */
-    __shared__ unsigned long long srt[1 << 8]; /* m <= 8 */
-    __shared__ int wsum[32];
-    if (tid < nc) srt[tid] = (unsigned long long)~kv_f2key(csc[tid]) << 32 | (unsigned)tid;
-    __syncthreads();
-    for (int size = 2; size <= nc; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            const int l = tid ^ stride;
-            if (tid < nc && l > tid) {
-                const unsigned long long x = srt[tid], y = srt[l];
-                if ((x > y) == ((tid & size) == 0)) { srt[tid] = y; srt[l] = x; }
-            }
-            __syncthreads();
+    const int lane = tid & 31;
+    if (tid >= 32) { /* the counts, less the indexed keys in [end, n_idx) (the local window), as the CPU */
+        const int nt = blockDim.x - 32, t = tid - 32;
+        const int *cg = counts + ((long long)g * nb + b) * nc;
+        const uint8_t *ib = ids + ((long long)g * nb + b) * Tp;
+        long long i = end + t;
+        const int id0 = i < n_idx ? ib[i] : -1;
+        for (int c = t; c < nc; c += nt) cnt[c] = cg[c];
+        bar_sync_n(1, nt);
+        if (id0 >= 0) atomicSub(&cnt[id0], 1);
+        for (i += nt; i < n_idx; i += nt) atomicSub(&cnt[ib[i]], 1);
+    } else {
+        float x[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) x[e] = 0.0f;
+        for (int h = h0; h < h0 + nh; h++) /* padding coordinates (D < D') read nothing */
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (lane * E + e < D) x[e] = __fadd_rn(x[e], q[(long long)h * D + lane * E + e]);
+        double pr[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            x[e] = lane * E + e < D ? __fdiv_rn(x[e], (float)nh) : 0.0f;
+            pr[e] = __dmul_rn((double)x[e], (double)x[e]); /* exact; padding adds +0, which changes no sum */
         }
-    const int c = tid < nc ? (int)(unsigned)srt[tid] : 0;
-    int tot;
-    const long long before = kv_block_scan(tid < nc ? cnt[c] : 0, &tot, wsum); /* counts sum to < 2^31 keys */
-    const double frac[PK_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
-    const int nt = multi ? PK_TIERS : 1;
-    if (tid < nc) {
-        int wv = 0;
-        for (int t = 0; t < nt; t++) wv += (double)before < ceil(__dmul_rn(__dmul_rn((double)n, rho), multi ? frac[t] : 1.0));
-        wt[((long long)r * nb + b) * nc + c] = (uint8_t)wv;
+        double ss = 0;
+        for (int l = 0; l < 32; l++)
+#pragma unroll
+            for (int e = 0; e < E; e++) ss = __dadd_rn(ss, __shfl_sync(0xffffffffu, pr[e], l));
+        const float norm = (float)sqrt(ss), inv = 1.0f / fmaxf(norm, 1e-8f);
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            x[e] = __fmul_rn(lane * E + e < D ? __fmul_rn(x[e], inv) : 0.0f, signs[lane * E + e]);
+#pragma unroll
+        for (int h = 1; h < E; h *= 2)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (!(e & h)) {
+                    const float a = x[e], c = x[e + h];
+                    x[e] = __fadd_rn(a, c);
+                    x[e + h] = __fsub_rn(a, c);
+                }
+#pragma unroll
+        for (int h = E; h < DP; h *= 2) {
+            const bool up = lane & (h / E);
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const float y = __shfl_xor_sync(0xffffffffu, x[e], h / E);
+                x[e] = up ? __fsub_rn(y, x[e]) : __fadd_rn(x[e], y);
+            }
+        }
+        const float s = 1.0f / sqrtf((float)DP);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            x[e] = __fmul_rn(x[e], s);
+            qv[lane * E + e] = x[e];
+        }
+        if (b == 0) { /* also: the row's score histogram starts from zero (the collision kernel adds to it) */
+#pragma unroll
+            for (int e = 0; e < E; e++) qt_out[(long long)r * DP + lane * E + e] = x[e];
+            for (int k = lane; k < nbins; k += 32) ghist[(long long)r * nbins + k] = 0;
+            if (lane == 0) qnorm_out[r] = norm;
+        }
+    }
+    __syncthreads();
+    /* the rank: each warp sorts 32 of the sort keys ~key << 32 | id (score descending, the smaller id first
+     * among equal scores; ~0 pads past nc) by shuffles and takes its counts' prefix sums in that order; a
+     * centroid's keys-before is its own warp's prefix plus, from every other warp, the prefix below its key
+     * there (a binary search of that warp's sorted keys). A block-wide bitonic sort and a block scan took
+     * 3.1 us at 16K (session 26, call A's stamps). */
+    const int w = tid >> 5, nw = (nc + 31) >> 5;
+    if (w < nw) {
+        unsigned long long key = ~0ULL;
+        if (tid < nc) {
+            const float *qb = qv + b * m;
+            float sc = 0;
+            for (int j = 0; j < m; j++) sc = __fadd_rn(sc, (tid >> j) & 1 ? qb[j] : -qb[j]);
+            key = (unsigned long long)~kv_f2key(sc) << 32 | (unsigned)tid;
+        }
+#pragma unroll
+        for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                const unsigned long long y = __shfl_xor_sync(0xffffffffu, key, stride);
+                const bool lower = !(lane & stride), asc = size == 32 || !(lane & size);
+                if (lower == asc ? y < key : y > key) key = y;
+            }
+        const int cn = key == ~0ULL ? 0 : cnt[(unsigned)key];
+        int inc = cn; /* inclusive prefix of the counts in key order (counts sum to < 2^31 keys) */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        sk[tid] = key;
+        sp[tid] = inc;
+        bar_sync_n(1, nw * 32); /* the warps holding centroids */
+        if (key != ~0ULL) {
+            long long before = inc - cn;
+#pragma unroll
+            for (int v = 0; v < 8; v++) /* m <= 8: 8 warps at most */
+                if (v < nw && v != w) {
+                    const unsigned long long *kv = sk + 32 * v;
+                    int pos = 0; /* keys of warp v below this one */
+#pragma unroll
+                    for (int st = 32; st; st >>= 1)
+                        if (pos + st <= 32 && kv[pos + st - 1] < key) pos += st;
+                    before += pos ? sp[32 * v + pos - 1] : 0;
+                }
+            const double frac[PK_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
+            int wv = 0;
+#pragma unroll
+            for (int t = 0; t < PK_TIERS; t++)
+                if (multi || t == 0)
+                    wv += (double)before < ceil(__dmul_rn(__dmul_rn((double)n, rho), multi ? frac[t] : 1.0));
+            wt[((long long)r * nb + b) * nc + (unsigned)key] = (uint8_t)wv;
+        }
     }
 }
 
@@ -263,10 +348,23 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
 template <class ST, int NC>
 __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
                                     int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
-                                    int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr) {
+                                    int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr, int pf) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins + 1] ints (pk_hist_smem) */
     const int r = blockIdx.y, g = r * nh / G, nc = NC ? NC : 1 << m, nwords = nb * nc / 4;
     const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
+    const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
+    /* the ids are the index's (written before the tier kernel began): the first batch of 8 subspaces is
+     * loaded before the wait, so a block resident during the tier kernel (a short region's all) has it
+     * when the bonuses are ready; with pf, the rest is prefetched into L2 (pk_stage sets it where the
+     * region's ids fit the L2 many times over: prefetching all of 1M's took L2 from the bonuses' readers,
+     * session 19) */
+    uint4 v0[8];
+    const bool live = i0 < end, pre = live && nb >= 8;
+    if (pre)
+#pragma unroll
+        for (int u = 0; u < 8; u++) v0[u] = __ldg((const uint4 *)(ib + (long long)u * Tp));
+    if (live && pf)
+        for (int b = 8; b < nb; b++) asm volatile("prefetch.global.L2 [%0];" ::"l"(ib + (long long)b * Tp));
     kv_dep_wait(); /* the tier kernel's bonuses (PDL, pk_stage) */
     kv_dep_launch();
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
@@ -274,14 +372,18 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     __syncthreads();
     const unsigned char *tb = (const unsigned char *)stab;
     unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
-    if (i0 < end) {
-        const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
+    if (live) {
         /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
          * thread: a short region has few blocks, and one load at a time left them latency-bound);
          * integer sums, so the batching changes no result (ptxas issues them two at a time). With NC
          * known (m = 8: 256), a subspace's table is an offset in the shared load's instruction: a vote
          * is then about 3.2 SASS instructions a key and subspace, where it was 4.2 (session 23). */
         int b = 0;
+        if (pre) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) pk_vote(acc, v0[u], tb + u * nc);
+            b = 8;
+        }
         for (; b + 8 <= nb; b += 8) {
             uint4 v[8];
 #pragma unroll
@@ -436,12 +538,9 @@ __device__ void pk_topk_row(KeyAt key, int C, int kk, int P, unsigned long long 
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int e = tid; e < 256; e += nt) rh[e] = 0;
         __syncthreads();
-        for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
-            const int j = j0 + tid;
-            const unsigned u = j < C ? key(j) : 0u;
-            const unsigned d = j < C && (u & mask) == prefix ? (u >> shift) & 255u : 256u;
-            const unsigned peers = __match_any_sync(0xffffffffu, d);
-            if (d < 256u && (tid & 31) == __ffs(peers) - 1) atomicAdd(&rh[d], (unsigned)__popc(peers));
+        for (int j = tid; j < C; j += nt) { /* plain atomics, as pk_topk_row2's histogram */
+            const unsigned u = key(j);
+            if ((u & mask) == prefix) atomicAdd(&rh[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (tid < 32) kv_radix_pick_digit(rh, need, tid, sel);
@@ -488,16 +587,14 @@ __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned 
                              Out out) {
     __shared__ int wsum[32];
     __shared__ unsigned s_d, s_above, s_na, s_nb;
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, NB = 1 << PK_D1, sh = 32 - PK_D1;
+    const int tid = threadIdx.x, nt = blockDim.x, NB = 1 << PK_D1, sh = 32 - PK_D1;
     for (int e = tid; e < NB; e += nt) bh[e] = 0;
     if (tid == 0) { s_na = 0; s_nb = 0; }
     __syncthreads();
-    for (int j0 = 0; j0 < C; j0 += nt) { /* uniform trip count: whole warps reach the match */
-        const int j = j0 + tid;
-        const unsigned d = j < C ? sk[j] >> sh : ~0u;
-        const unsigned peers = __match_any_sync(0xffffffffu, d);
-        if (j < C && lane == __ffs(peers) - 1) atomicAdd(&bh[d], (unsigned)__popc(peers));
-    }
+    /* plain shared atomics: the scores' top bits spread, so same-address lanes are few; by __match_any_sync
+     * and one add a digit the search took 35.2-36.0 us at 16K and 65.2-65.5 at 128K, against 32.8-33.1 and
+     * 50.0-50.3 (session 26, call B) */
+    for (int j = tid; j < C; j += nt) atomicAdd(&bh[sk[j] >> sh], 1u);
     __syncthreads();
     { /* the digits in descending order, NB / nt a thread: the one where the count from the top reaches kk */
         const int per = NB / nt, b0 = NB - 1 - tid * per;
@@ -526,15 +623,7 @@ __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned 
         const int j = j0 + tid;
         const unsigned u = j < C ? sk[j] : 0u, d = u >> sh;
         const bool hi = j < C && d > D, eq = j < C && d == D;
-        const unsigned bhi = __ballot_sync(0xffffffffu, hi), beq = __ballot_sync(0xffffffffu, eq);
-        const unsigned lt = (1u << lane) - 1;
-        unsigned ph = 0, pe = 0;
-        if (lane == 0) {
-            if (bhi) ph = atomicAdd(&s_na, (unsigned)__popc(bhi));
-            if (beq) pe = atomicAdd(&s_nb, (unsigned)__popc(beq));
-        }
-        ph = __shfl_sync(0xffffffffu, ph, 0) + __popc(bhi & lt);
-        pe = __shfl_sync(0xffffffffu, pe, 0) + __popc(beq & lt);
+        const unsigned ph = kv_warp_append(hi, &s_na), pe = kv_warp_append(eq, &s_nb);
         const unsigned long long x = (unsigned long long)~u << 32 | (unsigned)j;
         if (hi) sv[ph] = x;
         if (eq) bk[pe] = x;
@@ -712,6 +801,10 @@ int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntil
     return 0;
 }
 
+/* The bucket compaction finds its offsets itself (pk_bucket's fold) where its grid is one wave of two
+ * blocks an SM; beyond, a scan kernel first (pk_compact_kernel's comment has why). */
+int pk_fold(const kv_pariskv_gpu *p, int ntiles) { return ntiles * p->c.rows <= 2 * p->dev.sm_count; }
+
 /* pk_select_rerank_kernel's dynamic shared memory (see there). */
 size_t pk_sr_smem(int dp, int mode, int C, int P) {
     size_t x = (size_t)PK_TILE * 4 + (mode == 2 ? (size_t)P * 8 : 0);
@@ -809,8 +902,9 @@ __global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *
 }
 
 /* Search stages on stream st (the query already in p->q). Unfused (the
- * default): 0 tier + collision, 1 bucket top-k (scan + compaction), 2
- * rerank, 3 final top-k: six launches. Fused (KVBENCH_PK_FUSED=1): 0 tier +
+ * default): 0 tier + collision, 1 bucket top-k (the compaction, after a
+ * scan kernel where pk_fold says so), 2 rerank, 3 final top-k: five to
+ * seven launches with stage 4. Fused (KVBENCH_PK_FUSED=1): 0 tier +
  * collision with the bucket scan in its last tile per row, 1 compaction +
  * rerank (+ the final top-k in its last tile per row when the candidate
  * list is short), 3 the final top-k otherwise: three or four launches (each
@@ -834,16 +928,22 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K && (!p->fused || mode == 0);
     switch (which) {
     case 0: {
-        size_t smem = (size_t)(c->dp + 2 * p->nc) * 4;
-        pk_tier_kernel<<<dim3(c->nb, R), PK_TH, smem, st>>>(p->q, p->G, p->nh, c->D, c->dp, c->m, c->nb, p->signs,
-                                                            p->counts, p->ids, p->Tp, s->end, s->n_idx, n, s->rho,
-                                                            s->multi, p->wt, p->qt, p->qnorm, p->ghist, nbins);
+#define PK_TIER(E)                                                                                              \
+    pk_tier_kernel<E><<<dim3(c->nb, R), PK_TH, 0, st>>>(p->q, p->G, p->nh, c->D, c->m, c->nb, p->signs, p->counts, \
+                                                        p->ids, p->Tp, s->end, s->n_idx, n, s->rho, s->multi, p->wt,  \
+                                                        p->qt, p->qnorm, p->ghist, nbins)
+        if (c->dp == 32) PK_TIER(1);
+        else if (c->dp == 64) PK_TIER(2);
+        else if (c->dp == 128) PK_TIER(4);
+        else PK_TIER(8);
+#undef PK_TIER
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + pk_hist_smem(nbins);
+        const int pf = (long long)R * c->nb * (s->end - base) <= (4LL << 20); /* L2 prefetch: 4 MB of ids at most */
 #define PK_COLL(ST, NC, SP, CTR)                                                                               \
     return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<ST, NC>, dim3(ntiles, R), dim3(PK_TH), cs, st,     \
                      p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, SP, nbins, ntiles,       \
-                     p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, CTR)
+                     p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, CTR, pf)
         if (p->score8) {
             if (c->m == 8) PK_COLL(uint8_t, 256, (uint8_t *)p->scores, p->ctr);
             PK_COLL(uint8_t, 0, (uint8_t *)p->scores, p->ctr);
@@ -880,7 +980,7 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             return KV_OK;
         }
         return pk_bucket(p->scores, p->Tp, base, s->lo, s->end, nbins, ntiles, R, s->C, p->thist, p->ghist, p->toff,
-                         p->teq, p->thr, p->cand, p->Tp, 0, &p->pdl, st);
+                         p->teq, p->thr, p->cand, p->Tp, 0, pk_fold(p, ntiles), &p->pdl, st);
     case 2: {
         if (p->fused) return KV_OK; /* reranked in stage 1 */
         dim3 grid((s->C + PK_TH - 1) / PK_TH, R);
@@ -1178,12 +1278,17 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
         out->stage[i] = kv_gpu_stage{st6[i].name, t, st6[i].bytes};
     }
     out->n = ns;
+    /* the unfused chain's launches: tier, collision, (scan), compaction, rerank, final top-k, (id map) */
+    const int ntl = (n + PK_TILE - 1) / PK_TILE, small = C <= PK_SMALL_C && kk <= PK_SMALL_K;
+    char unf[96];
+    snprintf(unf, sizeof unf, "unfused (the default, %d launches; KVBENCH_PK_FUSED=1 fuses)",
+             5 + !pk_fold(p, ntl) + !small);
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "pariskv %s, per key and row (R=%d, B=%d, D'/2=%d, C=%d/row): encode = K %dD + ids B + codes + weights "
              "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "
              "candidate; rerank = per candidate index 4 + codes + weights 2B + score 4; final_topk = 4 per "
              "candidate; search = ids B per key + codes + weights per candidate",
-             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : "unfused (the default; KVBENCH_PK_FUSED=1 fuses, 6 launches)",
+             p->fused ? (mode == 1 ? "fused (3 launches)" : "fused (4 launches)") : unf,
              R, c->nb, p->cb, C, (int)ke, out->stage[0].t.med_us / n);
     out->l2_bytes = tm->dev.l2_bytes;
     out->flush_bytes = tm->flush_n * sizeof(uint4);

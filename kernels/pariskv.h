@@ -71,8 +71,10 @@ typedef struct {
     kv_status (*read_last)(kv_pariskv_gpu *p, uint16_t *scores, float *csc);
 
     /* The bucket top-k alone on host arrays: rows of score[r*n + i] in
-     * [0, max_score], max_score < 4096, out[r*c + j] exactly kv_pariskv_bucket_topk's. */
-    kv_status (*bucket_topk_host)(const uint16_t *score, int R, int n, int max_score, int c, int32_t *out);
+     * [0, max_score], max_score < 4096, out[r*c + j] exactly kv_pariskv_bucket_topk's;
+     * fold 1: each tile's compaction finds its own offset, 0: a scan kernel first
+     * (the search folds where the compaction's grid is one wave). */
+    kv_status (*bucket_topk_host)(const uint16_t *score, int R, int n, int max_score, int c, int fold, int32_t *out);
 
     /* kvbench bench --method pariskv: builds the index of positions [0, n) from
      * K (device, [Hkv][>= n][D]), timing the encode, then each stage of one

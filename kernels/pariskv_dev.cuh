@@ -107,16 +107,13 @@ __device__ void pk_tile_hist(const uint16_t v[16], int *sh, int nbins, int r, in
     }
 }
 
-/* Row r (one block): the threshold from the row's histogram (as
- * kv_pariskv_bucket_topk: the highest score s with at least C keys scoring
- * >= s, from the histogram's suffix sums; take = C - keys above it), then
- * each tile's output offset and share of the threshold ties (a thread per
- * tile, in chunks of blockDim tiles, two counts each from the tiles' suffix
- * sums). The histograms may come from other blocks of the same launch (the
- * fused collision kernel): read through L2 (__ldcg). Shared: hs [nbins],
- * wsum [32]. */
-__device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff,
-                            int *teq, int *thr_out, int *hs, int *wsum) {
+/* Row r's bucket threshold from its histogram ghist[r][.] (one block; as
+ * kv_pariskv_bucket_topk: the highest score thr with at least C keys
+ * scoring >= thr, from the histogram's suffix sums; take = C - keys above
+ * it). Read through L2 (__ldcg): the histogram may come from other blocks
+ * of the same launch (the fused collision kernel). Shared: hs [nbins],
+ * wsum [32]. Has barriers. */
+__device__ void pk_row_thr(int r, const int *ghist, int nbins, int C, int *hs, int *wsum, int *thr, int *take) {
     __shared__ int s_thr, s_take;
     const int nt = blockDim.x, tid = threadIdx.x;
     for (int s = tid; s < nbins; s += nt) hs[s] = __ldcg(ghist + (long long)r * nbins + s);
@@ -136,7 +133,19 @@ __device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins
         if (hs[s] >= C && above < C) { s_thr = s; s_take = C - above; } /* one s at most */
     }
     __syncthreads();
-    const int thr = s_thr, take = s_take;
+    *thr = s_thr;
+    *take = s_take;
+}
+
+/* Row r (one block): the threshold (pk_row_thr), then each tile's output
+ * offset and share of the threshold ties (a thread per tile, in chunks of
+ * blockDim tiles, two counts each from the tiles' suffix sums, through L2
+ * as above). */
+__device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins, int ntiles, int C, int *toff,
+                            int *teq, int *thr_out, int *hs, int *wsum) {
+    const int nt = blockDim.x, tid = threadIdx.x;
+    int thr, take;
+    pk_row_thr(r, ghist, nbins, C, hs, wsum, &thr, &take);
     if (tid == 0) thr_out[r] = thr;
     int carry_eq = 0, carry_sel = 0;
     for (int t0 = 0; t0 < ntiles; t0 += nt) {
@@ -193,11 +202,12 @@ __device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int
 /* The bucket top-k of rows of scores[r*ld + i], i in [lo, end) (base = lo
  * rounded down to 16): C positions per row to cand[r*cand_ld + j]; the
  * tile histograms are built here when with_hist, else the collision kernel
- * built them. */
+ * built them; fold: each tile's compaction block finds its offset itself
+ * (else a scan kernel first, through toff, teq, thr). */
 kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
                     int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
-                    int with_hist, int *pdl, cudaStream_t st);
+                    int with_hist, int fold, int *pdl, cudaStream_t st);
 /* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
-kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int32_t *out);
+kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int fold, int32_t *out);
 
 #endif
