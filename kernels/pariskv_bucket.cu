@@ -1,12 +1,14 @@
 /* pariskv_bucket.cu: ParisKV's bucket top-k on the GPU (kernels/pariskv.cu
  * runs it between the collision vote and the rerank): multi-block and
  * deterministic. The tile histograms come from the collision kernel (fused)
- * or from pk_hist_kernel; then one launch compacts: each tile's block finds
- * the row's threshold score from the row histogram as kv_pariskv_bucket_topk
- * does (retrievers/pariskv_codec.c), its output offset and its share of the
- * threshold ties from the tiles before it (ties go to the smallest
- * positions: the first `take` ties in index order), and compacts in index
- * order with a block scan. The output equals the CPU's exactly. */
+ * or from pk_hist_kernel; the row's threshold score comes from the row
+ * histogram as kv_pariskv_bucket_topk finds it (retrievers/pariskv_codec.c),
+ * each tile's output offset and share of the threshold ties from the tiles
+ * before it (ties go to the smallest positions: the first `take` ties in
+ * index order), then each tile compacts in index order with a block scan.
+ * Either a scan kernel (one block per row) finds the threshold and offsets
+ * for the compaction, or (fold) each tile's compaction block finds them
+ * itself. The output equals the CPU's exactly. */
 #include "pariskv_dev.cuh"
 
 namespace {
@@ -133,6 +135,8 @@ kv_status pk_topk_host_go(pk_topk_host *h, const uint16_t *score, int R, int n, 
     KV_CUDA_TRY(cudaMemsetAsync(h->ghist, 0, (size_t)R * nbins * 4, h->st));
     KV_CUDA_TRY(cudaMemcpy2DAsync(h->s, (size_t)ld * 2, score, (size_t)n * 2, (size_t)n * 2, (size_t)R,
                                   cudaMemcpyHostToDevice, h->st));
+    /* -1 everywhere first: a form that wrote nothing must not pass on an earlier call's memory */
+    KV_CUDA_TRY(cudaMemsetAsync(h->cand, 0xff, (size_t)R * c * 4, h->st));
     int pdl = kv_env_on("KVBENCH_PK_PDL"); /* as the search launches them */
     KV_TRY(pk_bucket(h->s, ld, 0, 0, n, nbins, ntiles, R, c, h->thist, h->ghist, h->toff, h->teq, h->thr, h->cand, c,
                      1, fold, &pdl, h->st));

@@ -273,6 +273,7 @@ int test_pariskv_gpu_bucket_topk(void) {
             if (s[i] > maxs) s[i] = (uint16_t)maxs;
         }
         for (int fold = 0; fold < 2; fold++) { /* a scan kernel first, or each tile its own offsets */
+            memset(got, 0xff, (size_t)R * k * 4); /* -1: nothing left from the other form */
             CHECK_OK(kv_pariskv_cuda.bucket_topk_host(s, R, n, maxs, k, fold, got));
             for (int row = 0; row < R; row++) {
                 CHECK(kv_pariskv_bucket_topk(s + (size_t)row * n, n, maxs, k, want, hist) == k, "reference count");
