@@ -126,8 +126,8 @@ __device__ void kv_hist_chunk(const float *row, int a, int b, kv_rstate st, int 
     const int nb = 1 << (st.shift - nshift);
     for (int j = threadIdx.x; j < nb; j += TK_TH) shist[j] = 0;
     __syncthreads();
-    /* plain shared atomics: __match_any_sync and one add a digit was the slower (it issues at a low rate; in
-     * ParisKV's one-block top-k the search took 65.3 against 50.1 us at 128K, session 26 call B) */
+    /* plain shared atomics: __match_any_sync and one add a digit was the slower (in ParisKV's one-block top-k
+     * the search took 65.2-65.5 against 50.0-50.3 us at 128K, session 26 call B) */
     kv_row_scan(row, a, b, [&](float x, int i, bool valid) {
         const unsigned key = kv_f2key(x);
         if (valid && (st.shift == 32 || (key >> st.shift) == st.prefix))
