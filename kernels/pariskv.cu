@@ -31,7 +31,8 @@
  *              kv_pariskv_bucket_topk), each tile's output offset and share
  *              of the threshold ties (ties go to the smallest positions:
  *              the first `take` ties in index order), then each tile
- *              compacts in index order with a block scan. Where the tiles
+ *              compacts in index order with a block scan (a thread's 16
+ *              scores compared two a word, pk_tile_select). Where the tiles
  *              are one wave (pk_fold: 16K, 128K) each tile's block finds its
  *              offset itself, one launch; else a scan kernel (a block per
  *              row) first. The output equals the CPU's exactly.
@@ -45,8 +46,9 @@
  *              and k <= 1024 one block per row (pk_small_topk_kernel: for
  *              k <= 256 one 12-bit histogram and the bucket at the k-th key
  *              ranked, pk_topk_row2, else and for a crowded bucket a radix
- *              select; kv_sort_out in shared memory), else the cooperative
- *              kv_topk_launch (topk.cu).
+ *              select; kv_sort_out in shared memory); for longer lists and
+ *              k <= 256 a cluster of 8 blocks per row (pariskv_cluster.cu);
+ *              else the cooperative kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
  * launches for candidate lists up to 4096 (tier; collision, whose last
@@ -57,7 +59,7 @@
  * instead of the cooperative kv_topk_launch); the
  * "last tile" steps are threadfence reductions, and the results are the
  * unfused chain's exactly. KVBENCH_PK_FUSED=1 (read at create) selects it;
- * the default is the unfused chain (five launches at 16K and 128K, seven at
+ * the default is the unfused chain (five launches at 16K and 128K, six at
  * 1M), which the H100 ran faster at every length (create's comment has the
  * numbers). The whole search runs as one CUDA graph per
  * step shape (pk_search_launch, ops/kv_cuda.h kv_graph_run), which removes
@@ -83,6 +85,10 @@
  * folded bucket scan and plain-atomic top-k histograms took the search from
  * 41.0-41.1 to 32.4-33.0 us at 16K (exact 34.0-34.5), 60.8-61.0 to
  * 49.5-49.8 at 128K and 150.6-150.8 to 147.2-147.9 at 1M (call D).
+ * Session 27 (H200, call D, two rounds interleaved with HEAD 4a0fc64): the
+ * compaction's two-a-word compares and the cluster top-k took 1M from
+ * 147.2-147.3 to 142.6-142.8 us (compaction + scan stage 23.3 -> 17.0,
+ * final top-k 22.9 -> 19.2), 128K from 49.1-49.6 to 47.6-47.7.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -188,8 +194,8 @@ __device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sy
  * sum with every lane adding the same broadcast products in the CPU's
  * order; the normalising product; the FWHT, butterflies of span h < E in a
  * lane, else with lane ^ h/E, the upper of a pair taking partner - own
- * (the CPU's x[i] - x[i+h]). Meanwhile the other warps load the counts and
- * take the window's keys out of them (a named barrier of their own). A
+ * (the CPU's x[i] - x[i+h]). Meanwhile the other warps load the counts;
+ * after a block barrier every thread takes the window's keys out. A
  * block-wide shared-memory FWHT and a thread-0 norm loop took 3.1 of the
  * kernel's 10.3 us at 16K (session 25, call F's stamps); the kernel ends
  * at 6.6-6.9 us now (session 26, calls B-C). Then the centroids' scores
@@ -208,17 +214,12 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
     __shared__ int sp[1 << 8];
     kv_dep_launch(); /* the collision kernel's blocks may be scheduled now (pk_stage: PDL) */
     const int b = blockIdx.x, r = blockIdx.y, h0 = r * nh, g = h0 / G, nc = 1 << m, tid = threadIdx.x;
-    const int lane = tid & 31;
-    if (tid >= 32) { /* the counts, less the indexed keys in [end, n_idx) (the local window), as the CPU */
-        const int nt = blockDim.x - 32, t = tid - 32;
+    const int lane = tid & 31, nt = blockDim.x;
+    const uint8_t *ib = ids + ((long long)g * nb + b) * Tp;
+    const int id0 = end + tid < n_idx ? ib[end + tid] : -1; /* the local window's first ids, loaded early */
+    if (tid >= 32) { /* the counts */
         const int *cg = counts + ((long long)g * nb + b) * nc;
-        const uint8_t *ib = ids + ((long long)g * nb + b) * Tp;
-        long long i = end + t;
-        const int id0 = i < n_idx ? ib[i] : -1;
-        for (int c = t; c < nc; c += nt) cnt[c] = cg[c];
-        bar_sync_n(1, nt);
-        if (id0 >= 0) atomicSub(&cnt[id0], 1);
-        for (i += nt; i < n_idx; i += nt) atomicSub(&cnt[ib[i]], 1);
+        for (int c = tid - 32; c < nc; c += nt - 32) cnt[c] = cg[c];
     } else {
         float x[E];
 #pragma unroll
@@ -272,6 +273,12 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
             if (lane == 0) qnorm_out[r] = norm;
         }
     }
+    /* the counts less the indexed keys in [end, n_idx) (the local window), as the CPU, by every thread after a
+     * block barrier: session 26 took them out behind a barrier of warps 1-7 alone (bar.sync 1, 224) while warp
+     * 0 made the query, and racecheck then reported hazards across the rank's later barriers (calls F, G) */
+    __syncthreads();
+    if (id0 >= 0) atomicSub(&cnt[id0], 1);
+    for (long long i = end + tid + nt; i < n_idx; i += nt) atomicSub(&cnt[ib[i]], 1);
     __syncthreads();
     /* the rank: each warp sorts 32 of the sort keys ~key << 32 | id (score descending, the smaller id first
      * among equal scores; ~0 pads past nc) by shuffles and takes its counts' prefix sums in that order; a
@@ -742,8 +749,8 @@ __global__ void __launch_bounds__(PK_TH, 5) pk_select_rerank_kernel(const ST *sc
     pk_rsq_lut<CW>(lut, qt + (long long)r * 32 * CW, lv);
     const int thr = thr_arr[r], off = toff[(long long)r * ntiles + t], take = teq[(long long)r * ntiles + t];
     const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
-    uint16_t v[PK_PER_TH];
-    pk_load16(scores + r * ld, i0, lo, end, v);
+    unsigned v[PK_PER_TH / 2];
+    pk_load_w(scores + r * ld, i0, lo, end, v);
     int32_t *out = cand + r * ld + off;
     const int ns = pk_tile_select(v, thr, take, i0, wsum, [&](int l, long long i) {
         sel[l] = (int)i;
@@ -873,6 +880,7 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
 #undef PK_SR_ATTR_M
 #undef PK_SR_ATTR
     }
+    KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin));
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
@@ -903,14 +911,14 @@ __global__ void pk_ids_kernel(const int32_t *cand, long long ld, const int32_t *
 
 /* Search stages on stream st (the query already in p->q). Unfused (the
  * default): 0 tier + collision, 1 bucket top-k (the compaction, after a
- * scan kernel where pk_fold says so), 2 rerank, 3 final top-k: five to
- * seven launches with stage 4. Fused (KVBENCH_PK_FUSED=1): 0 tier +
+ * scan kernel where pk_fold says so), 2 rerank, 3 final top-k: five or
+ * six launches with stage 4. Fused (KVBENCH_PK_FUSED=1): 0 tier +
  * collision with the bucket scan in its last tile per row, 1 compaction +
  * rerank (+ the final top-k in its last tile per row when the candidate
  * list is short), 3 the final top-k otherwise: three or four launches (each
  * dependent launch costs a few microseconds even in a graph). Both: 4 the
  * selected positions mapped to key ids (one launch; none where stage 3 ran
- * pk_small_topk_kernel, which writes them), so a search downloads R k ids
+ * pk_small_topk_kernel or pk_cluster_topk, which write them), so a search downloads R k ids
  * and nothing else. Tried in session 23 and not kept: the unfused chain with
  * the bucket scan in the collision kernel's last tile per row, as fused
  * (one launch fewer): 43.2-43.4 against 42.8-43.1 us at 16K, 152.0-152.3
@@ -926,6 +934,10 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     /* stage 3 on pk_small_topk_kernel (which also writes stage 4's ids): one block per row, where the fused
      * form's modes 1 and 2 do not take the final top-k */
     const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K && (!p->fused || mode == 0);
+    /* longer lists, kk <= KV_RANK_MAX: a cluster of blocks a row (pariskv_cluster.cu; also stage 4's ids) */
+    const size_t csm = kk <= KV_RANK_MAX && s->C > PK_SMALL_C && (!p->fused || mode == 0)
+                           ? pk_cluster_smem(s->C, (size_t)p->dev.smem_optin) : 0;
+    const bool lng = csm > 0;
     switch (which) {
     case 0: {
 #define PK_TIER(E)                                                                                              \
@@ -1011,10 +1023,12 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
             return kv_launch(&p->pdl, "pariskv GPU", pk_small_topk_kernel, dim3(R), dim3(1024),
                              (size_t)P * 8 + (size_t)s->C * 4, st, p->csc, p->Tp, s->C, kk, P, p->pos,
                              (const int32_t *)p->cand, p->sel);
+        if (lng)
+            return pk_cluster_topk(p->csc, p->Tp, s->C, kk, R, p->pos, p->cand, p->sel, csm, &p->pdl, st);
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     default: /* 4: the top-k's candidate positions to key ids, on the device (the search downloads only these) */
-        if (kk > KV_GPU_TOPK_MAX || small) return KV_OK; /* the host finishes, or stage 3 wrote them */
+        if (kk > KV_GPU_TOPK_MAX || small || lng) return KV_OK; /* the host finishes, or stage 3 wrote them */
         return kv_launch(&p->pdl, "pariskv GPU", pk_ids_kernel, dim3(R), dim3(128), 0, st, (const int32_t *)p->cand,
                          p->Tp, (const int32_t *)p->pos, kk, p->sel);
     }
@@ -1279,10 +1293,11 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     }
     out->n = ns;
     /* the unfused chain's launches: tier, collision, (scan), compaction, rerank, final top-k, (id map) */
-    const int ntl = (n + PK_TILE - 1) / PK_TILE, small = C <= PK_SMALL_C && kk <= PK_SMALL_K;
+    const int ntl = (n + PK_TILE - 1) / PK_TILE, small = C <= PK_SMALL_C && kk <= PK_SMALL_K,
+              clus = kk <= KV_RANK_MAX && pk_cluster_smem(C, (size_t)p->dev.smem_optin) > 0;
     char unf[96];
     snprintf(unf, sizeof unf, "unfused (the default, %d launches; KVBENCH_PK_FUSED=1 fuses)",
-             5 + !pk_fold(p, ntl) + !small);
+             5 + !pk_fold(p, ntl) + !(small || clus));
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "pariskv %s, per key and row (R=%d, B=%d, D'/2=%d, C=%d/row): encode = K %dD + ids B + codes + weights "
              "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "

@@ -58,10 +58,10 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
     __shared__ unsigned long long wae[32];
     kv_dep_wait();
     kv_dep_launch();
-    const int r = blockIdx.y, t = blockIdx.x, lane = threadIdx.x & 31;
+    const int r = blockIdx.y, t = blockIdx.x;
     const long long i0 = base + (long long)t * PK_TILE + threadIdx.x * PK_PER_TH;
-    uint16_t v[PK_PER_TH];
-    pk_load16(scores + r * ld, i0, lo, end, v);
+    unsigned v[PK_PER_TH / 2];
+    pk_load_w(scores + r * ld, i0, lo, end, v);
     int thr, off, take;
     if constexpr (!FOLD) {
         thr = thr_arr[r];
@@ -76,12 +76,10 @@ __global__ void pk_compact_kernel(const uint16_t *scores, long long ld, int base
             const int above = thr + 1 < nbins ? tt[thr + 1] : 0;
             ae += (unsigned long long)above << 32 | (unsigned)(tt[thr] - above);
         }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) ae += __shfl_xor_sync(0xffffffffu, ae, o);
-        if (lane == 0) wae[threadIdx.x >> 5] = ae;
-        __syncthreads();
-        ae = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) ae += wae[w];
+        ae = kv_block_reduce_w(ae, wae, [](unsigned long long x) {
+            for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+            return x;
+        }, 0ULL);
         const int A = (int)(ae >> 32), E = (int)(unsigned)ae;
         off = A + min(rtake, E);
         take = max(rtake - E, 0);

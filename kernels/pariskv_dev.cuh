@@ -168,27 +168,55 @@ __device__ void pk_scan_row(int r, const int *thist, const int *ghist, int nbins
     }
 }
 
-/* The bucket top-k's compaction of one tile, from each thread's 16 scores v
- * (positions i0 + j; 0xffff: none): the keys above thr and the tile's
- * first `take` keys at thr, in index order; emit(l, position) for each,
- * l its rank in the tile's selection. Returns the tile's selection count.
- * Has barriers (every thread of the block calls it). */
+/* The 16 scores of [i0, i0+16) as 8 words of two (key i0 + 2e in the low
+ * half of w[e]; outside [lo, end): 0xffff). */
+template <class ST>
+__device__ __forceinline__ void pk_load_w(const ST *row, long long i0, int lo, int end, unsigned w[8]) {
+    if constexpr (sizeof(ST) == 2)
+        if (i0 >= lo && i0 + 16 <= end) {
+            const uint4 a = ((const uint4 *)(row + i0))[0], b = ((const uint4 *)(row + i0))[1];
+            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+            return;
+        }
+    uint16_t v[16];
+    pk_load16(row, i0, lo, end, v);
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e] = v[2 * e] | (unsigned)v[2 * e + 1] << 16;
+}
+
+/* The bucket top-k's compaction of one tile, from each thread's 16 scores
+ * w (pk_load_w; positions i0 + j; 0xffff: none): the keys above thr and
+ * the tile's first `take` keys at thr, in index order; emit(l, position)
+ * for each, l its rank in the tile's selection. Returns the tile's
+ * selection count. Two scores a word compared at once (SWAR: with both
+ * halves below 0x8000, bit 15 of (half | 0x8000) - t is half >= t, and no
+ * borrow crosses into the other half; none has bit 15 set): one bit a key
+ * in two 16-bit masks (above thr, at thr), counted by popc, then a loop
+ * over the set bits only. Unpacked to 16 scores, compared and emitted one
+ * by one, the compaction ran 10.8 M warp instructions at 1M tokens,
+ * issue-bound (17.6 us under ncu, session 27 call A); sm_90 has no SIMD
+ * compare instruction (__vcmpgtu2 is a dozen). Has barriers (every thread
+ * of the block calls it). Scores < 0x8000 (at most 6 x 128 here). */
 template <class F>
-__device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int take, long long i0, int *wsum,
+__device__ __forceinline__ int pk_tile_select(const unsigned w[8], int thr, int take, long long i0, int *wsum,
                                               F emit) {
-    int a = 0, e = 0;
+    const unsigned t1 = (unsigned)(thr + 1) * 0x10001u, t0 = (unsigned)thr * 0x10001u;
+    unsigned sa = 0, sq = 0; /* bits 15 and 31 of word k at bits 2k and 16 + 2k */
 #pragma unroll
-    for (int j = 0; j < PK_PER_TH; j++) {
-        a += v[j] != 0xffff && v[j] > thr;
-        e += v[j] == thr;
+    for (int k = 0; k < 8; k++) {
+        const unsigned h = w[k] | 0x80008000u, ge1 = h - t1, ge0 = h - t0;
+        sa |= (ge1 & ~w[k] & 0x80008000u) >> (15 - 2 * k);
+        sq |= (ge0 & ~ge1 & ~w[k] & 0x80008000u) >> (15 - 2 * k);
     }
-    int tot, ex = kv_block_scan(a | (e << 16), &tot, wsum); /* a tile's counts fit in 16 bits */
+    const unsigned am = (sa & 0x5555u) | ((sa >> 15) & 0xaaaau); /* bit j: key i0 + j above thr */
+    unsigned qm = (sq & 0x5555u) | ((sq >> 15) & 0xaaaau);        /* at thr */
+    int tot, ex = kv_block_scan(__popc(am) | (__popc(qm) << 16), &tot, wsum); /* a tile's counts fit 16 bits */
     int ab = ex & 0xffff, eb = ex >> 16;
-#pragma unroll
-    for (int j = 0; j < PK_PER_TH; j++) {
-        if (v[j] == 0xffff) continue;
-        if (v[j] > thr) emit(ab++ + min(eb, take), i0 + j);
-        else if (v[j] == thr) {
+    if (eb >= take) qm = 0; /* no tie of this thread is taken, and eb no longer matters (min(eb, take) = take) */
+    for (unsigned m = am | qm; m; m &= m - 1) {
+        const int j = __ffs(m) - 1;
+        if ((am >> j) & 1u) emit(ab++ + min(eb, take), i0 + j);
+        else {
             if (eb < take) emit(ab + eb, i0 + j);
             eb++;
         }
@@ -207,6 +235,14 @@ __device__ __forceinline__ int pk_tile_select(const uint16_t v[16], int thr, int
 kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int end, int nbins, int ntiles, int R,
                     int C, int *thist, int *ghist, int *toff, int *teq, int *thr, int32_t *cand, long long cand_ld,
                     int with_hist, int fold, int *pdl, cudaStream_t st);
+/* ---- pariskv_cluster.cu ---- */
+/* The final top-k of R rows of C scores csc[r*ld + j] (kk <= KV_RANK_MAX), one cluster of blocks a row:
+ * positions to pos[r][kk], key ids cand[r*ld + pos] to ids[r][kk]; smem from pk_cluster_smem (0: C too large
+ * for it); pk_cluster_topk_attr once before. */
+size_t pk_cluster_smem(int C, size_t optin);
+kv_status pk_cluster_topk_attr(size_t optin);
+kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, int32_t *pos, const int32_t *cand,
+                          int32_t *ids, size_t smem, int *pdl, cudaStream_t st);
 /* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
 kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int fold, int32_t *out);
 

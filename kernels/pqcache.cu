@@ -166,21 +166,12 @@ __device__ __forceinline__ float pq_score(const float *L, const uint8_t *code, i
     return __fmul_rn(s, scale);
 }
 
-/* Block reductions: warp shuffles, then every warp reduces the warps' values the same way (a tree of
- * five steps where a serial pass over 32 values had cost ~1000 cycles a call; the table runs a dozen). The
- * double sum's order is a tree; Z is the CPU's up to double rounding either way. */
-template <class T, class W>
-__device__ __forceinline__ T block_reduce_w(T v, T *sh, W warp, T none) { /* warp: a warp's reduction */
-    v = warp(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    return warp(lane < nw ? sh[lane] : none);
-}
+/* Block reductions (ops/kv_cuda.h kv_block_reduce_w: a tree of five steps where a serial pass over 32 values
+ * had cost ~1000 cycles a call; the table runs a dozen). The double sum's order is a tree; Z is the CPU's up to
+ * double rounding either way. */
 template <class T, class Op>
 __device__ __forceinline__ T block_reduce(T v, T *sh, Op op, T none) {
-    return block_reduce_w(v, sh, [&](T x) {
+    return kv_block_reduce_w(v, sh, [&](T x) {
         for (int o = 16; o; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
         return x;
     }, none);
@@ -207,7 +198,7 @@ __device__ __forceinline__ void block_reduce2(T &a, T &b, T *sh, Op op, T none) 
 
 /* Block max (sum: add) of 32-bit unsigned values by the warps' redux instructions (sh: 32 words). */
 __device__ __forceinline__ unsigned block_redux(unsigned v, unsigned *sh, bool add) {
-    return block_reduce_w(v, sh, [&](unsigned x) {
+    return kv_block_reduce_w(v, sh, [&](unsigned x) {
         return add ? __reduce_add_sync(0xffffffffu, x) : __reduce_max_sync(0xffffffffu, x);
     }, 0u);
 }

@@ -125,6 +125,19 @@ template <class Out> __device__ void kv_sort_out(unsigned long long *v, int n, i
         }
     for (int j = tid; j < n; j += nt) out(j, v[j]);
 }
+/* Block reduction of v, the result in every thread: warp(v) reduces a warp's
+ * values (shuffles, the same result in every lane), then every warp reduces
+ * the warps' results the same way (none pads past the block's warps); sh is
+ * 32 values of shared scratch. Has barriers. */
+template <class T, class W>
+__device__ __forceinline__ T kv_block_reduce_w(T v, T *sh, W warp, T none) {
+    v = warp(v);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    return warp(lane < nw ? sh[lane] : none);
+}
 /* Exclusive block-wide prefix sum of v (blockDim a multiple of 32); *total
  * gets the block's sum; sw is 32 ints of shared scratch. Has barriers. */
 __device__ __forceinline__ int kv_block_scan(int v, int *total, int *sw) {

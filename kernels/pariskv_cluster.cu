@@ -1,0 +1,208 @@
+/* pariskv_cluster.cu: ParisKV's final top-k of a long candidate list on the
+ * GPU (kernels/pariskv.cu runs it after the rerank where C > PK_SMALL_C and
+ * kk <= KV_RANK_MAX: the 1M-token search), one thread-block cluster of
+ * PK_CL blocks per row, in kv_topk_ref's order (larger score first, smaller
+ * candidate index among equals). Each block holds a slice of the row's
+ * order-preserving keys (kv_f2key) in shared memory and histograms its
+ * digits; the cluster adds the histograms through distributed shared memory
+ * (block b sums bins [b, b+1) * NB/PK_CL over the blocks, then every block
+ * reads the sums), and every block finds the same digit: a radix select of
+ * 12, 12 and 8 bits that stops at the first level whose bin at the kk-th
+ * key holds at most PK_CBKT keys. The keys above that bin (fewer than kk)
+ * and those in it go to block 0's shared memory as sort keys ~key << 32 |
+ * index (each block gathers its own, then takes its slots there by one
+ * remote atomic and copies), where the bin's `need` smallest join the keys
+ * above; if even the whole 32-bit
+ * key leaves more than PK_CBKT ties, the first `need` ties in index order
+ * are taken (each block's tie count, the blocks before it, a block scan).
+ * Block 0 then sorts (kv_sort_out) and writes the positions and key ids
+ * (stage 4's work). One launch and no grid synchronisation, where the
+ * cooperative kv_topk_launch took 22.8 us at 1M tokens and one block per
+ * row reading the scores from L2 57.6 us, bound by its one SM's
+ * instruction issue (session 27, call B). */
+#include <cooperative_groups.h>
+
+#include "pariskv_dev.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int PK_CTH = 1024;                /* threads a block */
+constexpr int PK_CL = 8;                    /* blocks of a row's cluster (the portable maximum) */
+constexpr int PK_CD = 12;                   /* bits of the first two digits (the third has 8) */
+constexpr int PK_CNB = 1 << PK_CD;          /* bins of the widest digit */
+constexpr int PK_CBKT = 1024;               /* keys of the kk-th key's bin block 0 ranks directly */
+
+/* The digit where the count from the top reaches need, from the row's
+ * histogram h[0..nb): *d, *above (keys in higher bins), *in (keys in bin d).
+ * Same result in every thread of every block (the same histogram). */
+__device__ void pk_cdigit(const unsigned *h, int nb, unsigned need, int *wsum, unsigned *d, unsigned *above,
+                          unsigned *in) {
+    __shared__ unsigned s_d, s_above, s_in;
+    const int tid = threadIdx.x, nt = blockDim.x, per = (nb + nt - 1) / nt, b0 = nb - 1 - tid * per;
+    unsigned v = 0;
+    for (int i = 0; i < per && b0 - i >= 0; i++) v += h[b0 - i];
+    int tot;
+    unsigned c = (unsigned)kv_block_scan((int)v, &tot, wsum);
+    if (c < need && c + v >= need)
+        for (int i = 0; i < per && b0 - i >= 0; i++) {
+            const unsigned x = h[b0 - i];
+            if (c + x >= need) { s_d = (unsigned)(b0 - i); s_above = c; s_in = x; break; }
+            c += x;
+        }
+    __syncthreads();
+    *d = s_d;
+    *above = s_above;
+    *in = s_in;
+    __syncthreads(); /* every thread has read them before a later call writes them */
+}
+
+/* Row blockIdx.y; block rank b of the cluster holds candidates [b S, b S + n). Dynamic shared memory: S keys. */
+__global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *csc, long long ld, int C, int kk,
+                                                                   int32_t *pos, const int32_t *cand, int32_t *ids) {
+    extern __shared__ unsigned sk[];
+    __shared__ unsigned bh[PK_CNB], red[PK_CNB / PK_CL];
+    __shared__ unsigned long long sv[KV_RANK_MAX], bk[PK_CBKT], lsv[KV_RANK_MAX], lbk[PK_CBKT];
+    __shared__ unsigned s_na, s_nb, s_la, s_lb, s_ba, s_bb, s_ties;
+    __shared__ int wsum[32];
+    cg::cluster_group cl = cg::this_cluster();
+    const int b = (int)cl.block_rank(), r = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int S = (C + PK_CL - 1) / PK_CL, j0 = b * S, n = max(0, min(S, C - j0));
+    kv_dep_wait();
+    kv_dep_launch();
+    const float *row = csc + (long long)r * ld + j0;
+    for (int jt = tid; jt < n; jt += 4 * nt) { /* 4 loads a thread in flight */
+        float x[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = jt + i * nt < n ? row[jt + i * nt] : 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (jt + i * nt < n) sk[jt + i * nt] = kv_f2key(x[i]);
+    }
+    if (tid == 0) { s_na = 0; s_nb = 0; s_la = 0; s_lb = 0; }
+    unsigned prefix = 0, above = 0, in = 0;
+    int shift = 32;
+    for (int lv = 0; lv < 3; lv++) {
+        const int wb = lv < 2 ? PK_CD : 8, nsh = shift - wb, nb = 1 << wb, per = nb / PK_CL;
+        for (int e = tid; e < nb; e += nt) bh[e] = 0;
+        __syncthreads();
+        for (int j = tid; j < n; j += nt) {
+            const unsigned u = sk[j];
+            if (lv == 0 || u >> shift == prefix) atomicAdd(&bh[(u >> nsh) & (nb - 1)], 1u);
+        }
+        cl.sync(); /* every block's histogram is whole */
+        for (int e = tid; e < per; e += nt) {
+            unsigned c = 0;
+            for (int q = 0; q < PK_CL; q++) c += cl.map_shared_rank(bh, q)[b * per + e];
+            red[e] = c;
+        }
+        cl.sync(); /* every block's sums are whole, and nobody reads bh any more */
+        for (int e = tid; e < nb; e += nt) bh[e] = cl.map_shared_rank(red, e / per)[e % per];
+        __syncthreads();
+        unsigned d, ab;
+        pk_cdigit(bh, nb, (unsigned)kk - above, wsum, &d, &ab, &in);
+        above += ab;
+        prefix = prefix << wb | d;
+        shift = nsh;
+        if (in <= PK_CBKT || shift == 0) break; /* uniform */
+    }
+    /* block 0 collects the keys above the bin, then the bin's (ranked there) or its first ties: each block
+     * gathers its own into lsv / lbk (appends to its own counters: a remote atomic a warp and key took the
+     * kernel to 16 us under ncu, session 27 call C), takes slots in block 0's arrays by one remote atomic, and
+     * copies */
+    unsigned long long *sv0 = cl.map_shared_rank(sv, 0), *bk0 = cl.map_shared_rank(bk, 0);
+    const bool ranked = in <= PK_CBKT;
+    const unsigned need = (unsigned)kk - above;
+    for (int jb = 0; jb < n; jb += nt) { /* uniform trip count: warp appends */
+        const int j = jb + tid;
+        const unsigned u = j < n ? sk[j] : 0u, t = u >> shift; /* shift <= 20 after level 0 */
+        const bool hi = j < n && t > prefix, eq = ranked && j < n && t == prefix;
+        const unsigned ph = kv_warp_append(hi, &s_la), pe = kv_warp_append(eq, &s_lb);
+        const unsigned long long x = (unsigned long long)~u << 32 | (unsigned)(j0 + j);
+        if (hi) lsv[ph] = x;
+        if (eq) lbk[pe] = x;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        s_ba = atomicAdd(cl.map_shared_rank(&s_na, 0), s_la);
+        s_bb = atomicAdd(cl.map_shared_rank(&s_nb, 0), s_lb);
+    }
+    __syncthreads();
+    for (int e = tid; e < (int)s_la; e += nt) sv0[s_ba + e] = lsv[e];
+    for (int e = tid; e < (int)s_lb; e += nt) bk0[s_bb + e] = lbk[e];
+    if (!ranked) { /* more than PK_CBKT keys equal the kk-th (shift 0): the first `need` in index order */
+        int c = 0;
+        for (int jb = 0; jb < n; jb += nt) c += __syncthreads_count(jb + tid < n && sk[jb + tid] == prefix);
+        if (tid == 0) s_ties = (unsigned)c;
+        cl.sync();
+        unsigned carry = 0;
+        for (int q = 0; q < b; q++) carry += *cl.map_shared_rank(&s_ties, q);
+        for (int jb = 0; jb < n && carry < need; jb += nt) { /* uniform */
+            const int j = jb + tid;
+            const bool eq = j < n && sk[j] == prefix;
+            int tot;
+            const unsigned rk = carry + (unsigned)kv_block_scan(eq, &tot, wsum);
+            if (eq && rk < need) sv0[above + rk] = (unsigned long long)~prefix << 32 | (unsigned)(j0 + j);
+            carry += (unsigned)tot;
+        }
+    }
+    cl.sync(); /* block 0 has every key; the other blocks may leave */
+    if (b != 0) return;
+    if (ranked) { /* the bin's need smallest sort keys join the keys above */
+        for (int e = tid; e < (int)s_nb; e += nt) {
+            const unsigned long long x = bk[e];
+            unsigned rk = 0;
+            for (int i = 0; i < (int)s_nb; i++) rk += bk[i] < x;
+            if (rk < need) sv[above + rk] = x;
+        }
+        __syncthreads();
+    }
+    int32_t *o = pos + (long long)r * kk, *id = ids + (long long)r * kk;
+    const int32_t *cr = cand + r * ld;
+    kv_sort_out(sv, kk, KV_RANK_MAX, [&](int q, unsigned long long v) {
+        o[q] = (int32_t)(unsigned)v;
+        id[q] = cr[(unsigned)v];
+    });
+}
+
+}  // namespace
+
+/* The kernel's static shared memory, with room for pk_cdigit's and kv_block_scan's. */
+constexpr size_t PK_CSTAT = (PK_CNB + PK_CNB / PK_CL) * 4 + 2 * (KV_RANK_MAX + PK_CBKT) * 8 + 2048;
+
+/* Dynamic shared memory of pk_cluster_topk for C candidates (0: too many for one cluster a row). */
+size_t pk_cluster_smem(int C, size_t optin) {
+    const size_t dyn = (size_t)((C + PK_CL - 1) / PK_CL) * 4;
+    return dyn + PK_CSTAT <= optin ? dyn : 0;
+}
+
+/* pk_cluster_topk's dynamic shared memory limit: the opt-in less its static arrays. */
+kv_status pk_cluster_topk_attr(size_t optin) {
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_cluster_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)(optin - PK_CSTAT)));
+    return KV_OK;
+}
+
+/* The final top-k of R rows of C scores (csc[r*ld + j]) into pos [R][kk] and
+ * ids [R][kk] = cand[r*ld + pos]: grid (PK_CL, R), clusters of PK_CL, a
+ * programmatic dependent launch when *pdl. */
+kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, int32_t *pos, const int32_t *cand,
+                          int32_t *ids, size_t smem, int *pdl, cudaStream_t st) {
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = PK_CL;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(PK_CL, R);
+    cfg.blockDim = dim3(PK_CTH);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = *pdl ? 2 : 1;
+    KV_CUDA_TRY(cudaLaunchKernelEx(&cfg, pk_cluster_topk_kernel, csc, ld, C, kk, pos, cand, ids));
+    return KV_OK;
+}
