@@ -115,27 +115,41 @@
 
 namespace {
 
-/* x[0..n) (shared) <- orthonormal FWHT, the CPU's butterflies, by one warp. */
-__device__ void pk_fwht(float *x, int n, int lane) {
-    for (int h = 1; h < n; h *= 2) {
-        __syncwarp();
-        for (int p = lane; p < n / 2; p += 32) {
-            int i = (p / h) * 2 * h + p % h;
-            float a = x[i], b = x[i + h];
-            x[i] = __fadd_rn(a, b);
-            x[i + h] = __fsub_rn(a, b);
+/* x <- the orthonormal FWHT of the warp's D' = 32 E coordinates, lane l
+ * holding d = l E + e in x[e]: the CPU's butterflies (x[i] + x[i+h], x[i] -
+ * x[i+h]), of span h < E in a lane, else with lane ^ h/E by shuffles, the
+ * upper of a pair taking partner - own; then * 1/sqrt(D'). Every lane of the
+ * warp calls it. The encode and tier kernels' one FWHT. */
+template <int E> __device__ __forceinline__ void pk_fwht(float (&x)[E], int lane) {
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            if (!(e & h)) {
+                const float a = x[e], c = x[e + h];
+                x[e] = __fadd_rn(a, c);
+                x[e + h] = __fsub_rn(a, c);
+            }
+#pragma unroll
+    for (int h = E; h < 32 * E; h *= 2) {
+        const bool up = lane & (h / E);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const float y = __shfl_xor_sync(0xffffffffu, x[e], h / E);
+            x[e] = up ? __fsub_rn(y, x[e]) : __fadd_rn(x[e], y);
         }
     }
-    __syncwarp();
-    float s = 1.0f / sqrtf((float)n);
-    for (int j = lane; j < n; j += 32) x[j] = __fmul_rn(x[j], s);
-    __syncwarp();
+    const float s = 1.0f / sqrtf((float)(32 * E));
+#pragma unroll
+    for (int e = 0; e < E; e++) x[e] = __fmul_rn(x[e], s);
 }
 
-/* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32). */
-__global__ void pk_encode_kernel(const void *src, int half, long long gstride, int a, int n, int D, int dp, int m,
-                                 int nb, const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, kv_bf16 *w,
-                                 int *counts, long long Tp) {
+/* Keys (g, a + j), j < n, at src + g*gstride + j*D (float16 or float32); D' = 32 E. */
+template <int E>
+__global__ void pk_encode_kernel(const void *src, int half, long long gstride, int a, int n, int D, int m, int nb,
+                                 const float *signs, pk_lv lv, uint8_t *ids, uint8_t *code, kv_bf16 *w, int *counts,
+                                 long long Tp) {
+    constexpr int dp = 32 * E;
     extern __shared__ float sm[];
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y, nc = 1 << m;
     const int cb = dp / 2;
@@ -156,7 +170,15 @@ __global__ void pk_encode_kernel(const void *src, int half, long long gstride, i
         const float norm = (float)sqrt(ss), inv = 1.0f / fmaxf(norm, 1e-8f);
         __syncwarp();
         for (int d = lane; d < dp; d += 32) x[d] = __fmul_rn(d < D ? __fmul_rn(x[d], inv) : 0.0f, signs[d]);
-        pk_fwht(x, dp, lane);
+        __syncwarp();
+        float xr[E]; /* the FWHT in registers (pk_fwht's layout), back to shared for the subspaces */
+#pragma unroll
+        for (int e = 0; e < E; e++) xr[e] = x[lane * E + e];
+        pk_fwht<E>(xr, lane);
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < E; e++) x[lane * E + e] = xr[e];
+        __syncwarp();
         const long long i = a + j;
         for (int b = lane; b < nb; b += 32) {
             const float *xb = x + b * m;
@@ -200,13 +222,13 @@ __device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sy
  * kernel's 10.3 us at 16K (session 25, call F's stamps); the kernel ends
  * at 6.6-6.9 us now (session 26, calls B-C). Then the centroids' scores
  * <q~_b, c>, each one's keys-before (the counts of the centroids ranked
- * above it) and its tier bonus. */
+ * above it) and its tier bonus (the step's targets from the host,
+ * kv_pariskv_tier_targets, the C reference's). */
 template <int E>
 __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, int nh, int D, int m, int nb,
                                                         const float *signs, const int *counts, const uint8_t *ids,
-                                                        long long Tp, int end, int n_idx, int n, double rho,
-                                                        int multi, uint8_t *wt, float *qt_out, float *qnorm_out,
-                                                        int *ghist, int nbins) {
+                                                        long long Tp, int end, int n_idx, pk_tt tt, uint8_t *wt,
+                                                        float *qt_out, float *qnorm_out, int *ghist, int nbins) {
     constexpr int DP = 32 * E;
     __shared__ float qv[DP];
     __shared__ int cnt[1 << 8]; /* m <= 8 */
@@ -242,30 +264,9 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
 #pragma unroll
         for (int e = 0; e < E; e++)
             x[e] = __fmul_rn(lane * E + e < D ? __fmul_rn(x[e], inv) : 0.0f, signs[lane * E + e]);
+        pk_fwht<E>(x, lane);
 #pragma unroll
-        for (int h = 1; h < E; h *= 2)
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                if (!(e & h)) {
-                    const float a = x[e], c = x[e + h];
-                    x[e] = __fadd_rn(a, c);
-                    x[e + h] = __fsub_rn(a, c);
-                }
-#pragma unroll
-        for (int h = E; h < DP; h *= 2) {
-            const bool up = lane & (h / E);
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                const float y = __shfl_xor_sync(0xffffffffu, x[e], h / E);
-                x[e] = up ? __fsub_rn(y, x[e]) : __fadd_rn(x[e], y);
-            }
-        }
-        const float s = 1.0f / sqrtf((float)DP);
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            x[e] = __fmul_rn(x[e], s);
-            qv[lane * E + e] = x[e];
-        }
+        for (int e = 0; e < E; e++) qv[lane * E + e] = x[e];
         if (b == 0) { /* also: the row's score histogram starts from zero (the collision kernel adds to it) */
 #pragma unroll
             for (int e = 0; e < E; e++) qt_out[(long long)r * DP + lane * E + e] = x[e];
@@ -324,12 +325,10 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
                         if (pos + st <= 32 && kv[pos + st - 1] < key) pos += st;
                     before += pos ? sp[32 * v + pos - 1] : 0;
                 }
-            const double frac[PK_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
             int wv = 0;
 #pragma unroll
             for (int t = 0; t < PK_TIERS; t++)
-                if (multi || t == 0)
-                    wv += (double)before < ceil(__dmul_rn(__dmul_rn((double)n, rho), multi ? frac[t] : 1.0));
+                if (t < tt.nt) wv += (double)before < tt.v[t];
             wt[((long long)r * nb + b) * nc + (unsigned)key] = (uint8_t)wv;
         }
     }
@@ -896,8 +895,14 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
     int bx = (n + nw - 1) / nw, cap = (8 * p->dev.sm_count + c->Hkv - 1) / c->Hkv;
     if (bx > cap) bx = cap;
     size_t smem = (size_t)nw * c->dp * 4 + (size_t)c->nb * p->nc * 4;
-    pk_encode_kernel<<<dim3(bx, c->Hkv), nw * 32, smem, st>>>(src, half, gstride, a, n, c->D, c->dp, c->m, c->nb,
-                                                              p->signs, p->lv, p->ids, p->code, p->w, p->counts, p->Tp);
+#define PK_ENC(E)                                                                                                 \
+    pk_encode_kernel<E><<<dim3(bx, c->Hkv), nw * 32, smem, st>>>(src, half, gstride, a, n, c->D, c->m, c->nb, p->signs, \
+                                                                 p->lv, p->ids, p->code, p->w, p->counts, p->Tp)
+    if (c->dp == 32) PK_ENC(1);
+    else if (c->dp == 64) PK_ENC(2);
+    else if (c->dp == 128) PK_ENC(4);
+    else PK_ENC(8);
+#undef PK_ENC
     KV_LAUNCH_CHECK();
     return KV_OK;
 }
@@ -940,10 +945,12 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     const bool lng = csm > 0;
     switch (which) {
     case 0: {
+        pk_tt tt; /* the targets on the host (kv_pariskv_tier_targets), the C reference's */
+        tt.nt = kv_pariskv_tier_targets(n, s->rho, s->multi, tt.v);
 #define PK_TIER(E)                                                                                              \
     pk_tier_kernel<E><<<dim3(c->nb, R), PK_TH, 0, st>>>(p->q, p->G, p->nh, c->D, c->m, c->nb, p->signs, p->counts, \
-                                                        p->ids, p->Tp, s->end, s->n_idx, n, s->rho, s->multi, p->wt,  \
-                                                        p->qt, p->qnorm, p->ghist, nbins)
+                                                        p->ids, p->Tp, s->end, s->n_idx, tt, p->wt, p->qt, p->qnorm,  \
+                                                        p->ghist, nbins)
         if (c->dp == 32) PK_TIER(1);
         else if (c->dp == 64) PK_TIER(2);
         else if (c->dp == 128) PK_TIER(4);

@@ -7,12 +7,29 @@
 #ifndef KV_PARISKV_H
 #define KV_PARISKV_H
 
+#include <math.h>
+
 #include "ops/bf16.h"
 #include "ops/kv_gpu.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define KV_PARISKV_TIERS 6
+
+/* The tiers of a step, as the released fused collision kernel: walking the
+ * centroids in rank order, one belongs to tier t while the keys of those
+ * ranked before it are below target[t] = ceil(n * rho * f_t), in double in
+ * that order, f = .05 .15 .30 .50 .75 1 (multi; else one tier, f = 1).
+ * Returns the number of tiers. The C reference (pariskv_codec.c) and the
+ * GPU's tier kernel both take their targets from here. */
+static inline int kv_pariskv_tier_targets(int n, double rho, int multi, double target[KV_PARISKV_TIERS]) {
+    static const double frac[KV_PARISKV_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
+    const int nt = multi ? KV_PARISKV_TIERS : 1;
+    for (int t = 0; t < nt; t++) target[t] = ceil((double)n * rho * (multi ? frac[t] : 1.0));
+    return nt;
+}
 
 typedef struct kv_pariskv_gpu kv_pariskv_gpu;
 

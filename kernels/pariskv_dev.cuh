@@ -14,7 +14,13 @@
 constexpr int PK_TILE = 4096;     /* keys per bucket top-k tile */
 constexpr int PK_TH = 256;        /* threads of most kernels */
 constexpr int PK_PER_TH = PK_TILE / PK_TH;
-constexpr int PK_TIERS = 6;
+constexpr int PK_TIERS = KV_PARISKV_TIERS;
+
+/* A step's tier targets (kv_pariskv_tier_targets), computed on the host and passed by value. */
+struct pk_tt {
+    double v[PK_TIERS];
+    int nt;
+};
 
 struct pk_lv {
     float level[8], thr[7];

@@ -214,7 +214,6 @@ static int cmp_u64(const void *a, const void *b) {
 
 void kv_pariskv_tier_weights(const float *cscore, const int32_t *count, int nc, int n, double rho, int multi,
                              uint8_t *wt, int *order) {
-    static const double frac[KV_PARISKV_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
     uint64_t key[1 << KV_PARISKV_MAX_M];
     for (int c = 0; c < nc; c++) { /* sort key: score descending (order-preserving bits, inverted), then id */
         float s = cscore[c] == 0 ? 0.0f : cscore[c];
@@ -225,9 +224,8 @@ void kv_pariskv_tier_weights(const float *cscore, const int32_t *count, int nc, 
     }
     qsort(key, (size_t)nc, sizeof key[0], cmp_u64);
     for (int r = 0; r < nc; r++) order[r] = (int)(key[r] & 0xffffffffu);
-    int nt = multi ? KV_PARISKV_TIERS : 1;
     double target[KV_PARISKV_TIERS];
-    for (int t = 0; t < nt; t++) target[t] = ceil((double)n * rho * (multi ? frac[t] : 1.0)); /* as the released code */
+    const int nt = kv_pariskv_tier_targets(n, rho, multi, target); /* as the released code */
     long before = 0;
     for (int r = 0; r < nc; r++) {
         int c = order[r], w = 0;

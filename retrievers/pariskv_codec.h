@@ -15,7 +15,6 @@
 #include "kv_retriever.h"
 
 #define KV_PARISKV_LEVELS 8 /* 3-bit magnitude */
-#define KV_PARISKV_TIERS 6
 #define KV_PARISKV_MAX_M 8  /* centroid ids are bytes: 2^m <= 256 */
 
 /* Lloyd-Max quantiser of |u_j| (u uniform on S^{m-1}; density
