@@ -1,9 +1,10 @@
-/* pariskv.h: the C face of kernels/pariskv.cu and pariskv_bucket.cu, the
- * CUDA path of the ParisKV retriever (retrievers/pariskv.c), as one table of
- * launchers (kv_pariskv_cuda; absent without nvcc). A kv_pariskv_gpu holds
- * one layer's index on the device (centroid ids, 4-bit codes, bf16 weights,
- * per-centroid counts) and the scratch of one search; every device
- * allocation happens in create. */
+/* pariskv.h: the C face of kernels/pariskv.cu, pariskv_bucket.cu and
+ * pariskv_cluster.cu, the CUDA path of the ParisKV retriever
+ * (retrievers/pariskv.c), as one table of launchers (kv_pariskv_cuda;
+ * absent without nvcc), and the tier targets the C reference shares with
+ * it. A kv_pariskv_gpu holds one layer's index on the device (centroid
+ * ids, 4-bit codes, bf16 weights, per-centroid counts) and the scratch of
+ * one search; every device allocation happens in create. */
 #ifndef KV_PARISKV_H
 #define KV_PARISKV_H
 

@@ -1,9 +1,11 @@
 /* pariskv_dev.cuh: what kernels/pariskv.cu (encode, tiers, collision,
- * rerank, the launchers) and kernels/pariskv_bucket.cu (the multi-block
- * bucket top-k) share: the device state of one layer's index, the
- * constants, the score loads and tile histograms the collision kernel fuses
- * into its pass, and the bucket top-k's host entry. Included by those two
- * .cu files only; the C face of the method is pariskv.h. */
+ * rerank, the launchers), kernels/pariskv_bucket.cu (the multi-block
+ * bucket top-k) and kernels/pariskv_cluster.cu (the long lists' final
+ * top-k) share: the device state of one layer's index, the constants, the
+ * score loads and tile histograms the collision kernel fuses into its
+ * pass, the compaction, and the host entries of the other two files.
+ * Included by those three .cu files only; the C face of the method is
+ * pariskv.h. */
 #ifndef KV_PARISKV_DEV_CUH
 #define KV_PARISKV_DEV_CUH
 

@@ -238,13 +238,13 @@ int test_pariskv_gpu_search_matches_cpu(void) {
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.1, 0.2, 1, 1000) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 17, 3001, 20011, 0.5, 0.5, 0, 50) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 3, 60, 20011, 0.5, 0.5, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL; /* C < k */
-    /* C = 18010 > 16384: the final top-k on pk_long_topk_kernel (k <= 256, scores read from L2), and for
+    /* C = 18010 > 16384: the final top-k on a cluster of blocks a row (pariskv_cluster.cu, k <= 256), and for
      * k = 300 on the cooperative kv_topk_launch */
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 300) != KV_TEST_PASS) return KV_TEST_FAIL;
     /* all ties: C = 1492 in the one-block top-k's bucket (pk_topk_row2), C = 3980 past its bucket (the radix
-     * select), C = 18010 past pk_long_topk_kernel's bucket (its radix select from L2) and on the cooperative
-     * kv_topk_launch */
+     * select), C = 18010 on the cluster top-k's exact ties (three digits, then the first ties by index) and on
+     * the cooperative kv_topk_launch */
     if (pk_search_case_q(&f, &r, seed, 17, 3001, 20011, 0.5, 0.5, 0, 50, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case_q(&f, &r, seed, 4, 19900, 20011, 0.2, 0.25, 1, 100, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case_q(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 100, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
