@@ -346,6 +346,32 @@ __device__ __forceinline__ void pk_vote(unsigned acc[8], const uint4 v, const un
     }
 }
 
+/* Bytes of w as 0xff where the byte's bit 7 is set, else 0 (prmt's sign replication; __byte_perm has none). */
+__device__ __forceinline__ unsigned pk_sign_bytes(unsigned w) {
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, 0xba98;" : "=r"(d) : "r"(w), "r"(0u));
+    return d;
+}
+
+/* m = 8 (NC = 256): the same votes from the table of nibbles, byte j of a subspace's 128 holding id j's bonus in
+ * its low nibble and id j + 128's in its high one (the bonuses are at most PK_TIERS < 16), so a warp's 32 lookups
+ * fall in 32 words, one a bank, where the 256-byte table's 64 words cost about 2.2 shared wavefronts a lookup
+ * (ncu, session 27: the collision kernel was bound by them). acc holds four 8-bit sums a word (keys 4q .. 4q+3; a
+ * sum is at most PK_TIERS * nb <= 192 with nb <= 32). The four bytes looked up are packed into one word and each
+ * id's bit 7 (spread over its byte) picks the nibble. */
+__device__ __forceinline__ void pk_vote4(unsigned acc[4], const uint4 v, const unsigned char *t) {
+    static_assert(PK_TIERS < 16, "pariskv collision: a bonus fits a nibble");
+    const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const unsigned w = w4[q], a = w & 0x7f7f7f7fu;
+        const unsigned lo = __byte_perm(t[a & 255], t[__byte_perm(a, 0, 0x4441)], 0x1140);
+        const unsigned hi = __byte_perm(t[__byte_perm(a, 0, 0x4442)], t[a >> 24], 0x1140);
+        const unsigned g = __byte_perm(lo, hi, 0x5410), s = pk_sign_bytes(w);
+        acc[q] += (((g >> 4) & s) | (g & ~s)) & 0x0f0f0f0fu;
+    }
+}
+
 /* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
  * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
@@ -356,7 +382,8 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
                                     int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
                                     int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr, int pf) {
     extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins + 1] ints (pk_hist_smem) */
-    const int r = blockIdx.y, g = r * nh / G, nc = NC ? NC : 1 << m, nwords = nb * nc / 4;
+    constexpr bool NIB = NC == 256; /* m = 8: the table of nibbles (pk_vote4) */
+    const int r = blockIdx.y, g = r * nh / G, nc = NC ? NC : 1 << m, ts = NIB ? 128 : nc, nwords = nb * ts / 4;
     const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
     const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
     /* the ids are the index's (written before the tier kernel began): the first batch of 8 subspaces is
@@ -374,10 +401,18 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
     kv_dep_wait(); /* the tier kernel's bonuses (PDL, pk_stage) */
     kv_dep_launch();
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
-    for (int e = threadIdx.x; e < nwords; e += blockDim.x) stab[e] = wr[e];
+    if (NIB) /* word j of subspace b: ids 4j .. 4j+3 low, 4j+128 .. high */
+        for (int e = threadIdx.x; e < nwords; e += blockDim.x)
+            stab[e] = wr[(e >> 5) * 64 + (e & 31)] | wr[(e >> 5) * 64 + 32 + (e & 31)] << 4;
+    else
+        for (int e = threadIdx.x; e < nwords; e += blockDim.x) stab[e] = wr[e];
     __syncthreads();
     const unsigned char *tb = (const unsigned char *)stab;
-    unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word */
+    unsigned acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* two 16-bit sums per word (NIB: four 8-bit in acc[0..3]) */
+    auto vote = [&](const uint4 v, const unsigned char *t) {
+        if constexpr (NIB) pk_vote4(acc, v, t);
+        else pk_vote(acc, v, t);
+    };
     if (live) {
         /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
          * thread: a short region has few blocks, and one load at a time left them latency-bound);
@@ -387,18 +422,24 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
         int b = 0;
         if (pre) {
 #pragma unroll
-            for (int u = 0; u < 8; u++) pk_vote(acc, v0[u], tb + u * nc);
+            for (int u = 0; u < 8; u++) vote(v0[u], tb + u * ts);
             b = 8;
         }
         for (; b + 8 <= nb; b += 8) {
             uint4 v[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
-            const unsigned char *tb8 = tb + b * nc;
+            const unsigned char *tb8 = tb + b * ts;
 #pragma unroll
-            for (int u = 0; u < 8; u++) pk_vote(acc, v[u], tb8 + u * nc);
+            for (int u = 0; u < 8; u++) vote(v[u], tb8 + u * ts);
         }
-        for (; b < nb; b++) pk_vote(acc, __ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * nc);
+        for (; b < nb; b++) vote(__ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * ts);
+        if constexpr (NIB) /* to two 16-bit sums a word, keys in the same order */
+#pragma unroll
+            for (int q = 3; q >= 0; q--) {
+                acc[2 * q + 1] = __byte_perm(acc[q], 0, 0x4342);
+                acc[2 * q] = __byte_perm(acc[q], 0, 0x4140);
+            }
         ST *out = scores + (long long)r * Tp + i0;
         if (i0 >= lo && i0 + 16 <= end) {
             if constexpr (sizeof(ST) == 1) /* bytes 0 and 2 of each pair of sums (every sum < 255) */
@@ -592,7 +633,7 @@ template <class Out>
 __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned long long *sv, unsigned *bh,
                              Out out) {
     __shared__ int wsum[32];
-    __shared__ unsigned s_d, s_above, s_na, s_nb;
+    __shared__ unsigned s_na, s_nb;
     const int tid = threadIdx.x, nt = blockDim.x, NB = 1 << PK_D1, sh = 32 - PK_D1;
     for (int e = tid; e < NB; e += nt) bh[e] = 0;
     if (tid == 0) { s_na = 0; s_nb = 0; }
@@ -602,21 +643,8 @@ __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned 
      * 50.0-50.3 (session 26, call B) */
     for (int j = tid; j < C; j += nt) atomicAdd(&bh[sk[j] >> sh], 1u);
     __syncthreads();
-    { /* the digits in descending order, NB / nt a thread: the one where the count from the top reaches kk */
-        const int per = NB / nt, b0 = NB - 1 - tid * per;
-        unsigned v = 0;
-        for (int i = 0; i < per; i++) v += bh[b0 - i];
-        int tot;
-        unsigned c = (unsigned)kv_block_scan((int)v, &tot, wsum);
-        if (c < (unsigned)kk && c + v >= (unsigned)kk)
-            for (int i = 0; i < per; i++) {
-                const unsigned h = bh[b0 - i];
-                if (c + h >= (unsigned)kk) { s_d = (unsigned)(b0 - i); s_above = c; s_nb = h; break; }
-                c += h;
-            }
-    }
-    __syncthreads();
-    const unsigned D = s_d, above = s_above, m = s_nb;
+    unsigned D, above, m; /* the digit where the count from the top reaches kk */
+    pk_digit_at(bh, NB, (unsigned)kk, wsum, &D, &above, &m);
     if (m > (unsigned)PK_BKT) { /* crowded: the radix select (uniform) */
         pk_topk_row([&](int j) { return sk[j]; }, C, kk, P, sv, out);
         return;
@@ -635,13 +663,7 @@ __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned 
         if (eq) bk[pe] = x;
     }
     __syncthreads();
-    const unsigned need = (unsigned)kk - above;
-    for (int e = tid; e < (int)m; e += nt) {
-        const unsigned long long x = bk[e];
-        unsigned rk = 0;
-        for (int i = 0; i < (int)m; i++) rk += bk[i] < x;
-        if (rk < need) sv[above + rk] = x;
-    }
+    pk_rank_bucket(bk, (int)m, (unsigned)kk - above, sv + above);
     __syncthreads();
     kv_sort_out(sv, kk, P, [&](int q, unsigned long long v) { out(q, (unsigned)v); });
 }
@@ -650,7 +672,7 @@ __device__ void pk_topk_row2(const unsigned *sk, int C, int kk, int P, unsigned 
 __global__ void __launch_bounds__(1024) pk_small_topk_kernel(const float *csc, long long ld, int C, int kk, int P,
                                                               int32_t *pos, const int32_t *cand, int32_t *ids) {
     extern __shared__ unsigned long long sv[]; /* [P] sort keys, then [C] score keys */
-    __shared__ unsigned bh[1 << PK_D1];
+    __shared__ __align__(8) unsigned bh[1 << PK_D1]; /* also the bucket's 8-B sort keys (pk_topk_row2) */
     kv_dep_wait();
     kv_dep_launch();
     unsigned *sk = (unsigned *)(sv + P);
@@ -807,6 +829,17 @@ int pk_topk_mode(const kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int ntil
     return 0;
 }
 
+/* Who takes a step's final top-k (stage 3; C candidates, kk kept, fused mode): 1 pk_small_topk_kernel, one block
+ * a row; 2 the cluster top-k (pariskv_cluster.cu, *csm its dynamic shared memory); 0 the fused form's last tiles or
+ * merge, the cooperative kv_topk_launch or the host. 1 and 2 also write stage 4's ids. */
+int pk_final_route(const kv_pariskv_gpu *p, int C, int kk, int mode, size_t *csm) {
+    *csm = 0;
+    if (kk > KV_GPU_TOPK_MAX || (p->fused && mode != 0)) return 0;
+    if (C <= PK_SMALL_C && kk <= PK_SMALL_K) return 1;
+    if (kk <= KV_RANK_MAX && C > PK_SMALL_C) *csm = pk_cluster_smem(C, p->clus_smax);
+    return *csm ? 2 : 0;
+}
+
 /* The bucket compaction finds its offsets itself (pk_bucket's fold) where its grid is one wave of two
  * blocks an SM; beyond, a scan kernel first (pk_compact_kernel's comment has why). */
 int pk_fold(const kv_pariskv_gpu *p, int ntiles) { return ntiles * p->c.rows <= 2 * p->dev.sm_count; }
@@ -879,7 +912,7 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
 #undef PK_SR_ATTR_M
 #undef PK_SR_ATTR
     }
-    KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin));
+    KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin, &p->clus_smax));
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
@@ -936,13 +969,9 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     int P = 32;
     while (P < kk) P <<= 1;
     const int mode = pk_topk_mode(p, s, ntiles), E = ntiles * kk; /* fused: 1 last tile, 2 tile lists + merge */
-    /* stage 3 on pk_small_topk_kernel (which also writes stage 4's ids): one block per row, where the fused
-     * form's modes 1 and 2 do not take the final top-k */
-    const bool small = kk <= KV_GPU_TOPK_MAX && s->C <= PK_SMALL_C && kk <= PK_SMALL_K && (!p->fused || mode == 0);
-    /* longer lists, kk <= KV_RANK_MAX: a cluster of blocks a row (pariskv_cluster.cu; also stage 4's ids) */
-    const size_t csm = kk <= KV_RANK_MAX && s->C > PK_SMALL_C && (!p->fused || mode == 0)
-                           ? pk_cluster_smem(s->C, (size_t)p->dev.smem_optin) : 0;
-    const bool lng = csm > 0;
+    size_t csm; /* stage 3 on one block a row (small) or a cluster a row (lng), which also write stage 4's ids */
+    const int route = pk_final_route(p, s->C, kk, mode, &csm);
+    const bool small = route == 1, lng = route == 2;
     switch (which) {
     case 0: {
         pk_tt tt; /* the targets on the host (kv_pariskv_tier_targets), the C reference's */
@@ -1300,11 +1329,11 @@ kv_status pk_bench_go(kv_pariskv_gpu *p, kv_bench_timer *tm, const kv_gpu_bench_
     }
     out->n = ns;
     /* the unfused chain's launches: tier, collision, (scan), compaction, rerank, final top-k, (id map) */
-    const int ntl = (n + PK_TILE - 1) / PK_TILE, small = C <= PK_SMALL_C && kk <= PK_SMALL_K,
-              clus = kk <= KV_RANK_MAX && pk_cluster_smem(C, (size_t)p->dev.smem_optin) > 0;
+    size_t csm;
+    const int ntl = (n + PK_TILE - 1) / PK_TILE, route = pk_final_route(p, C, (int)kk, 0, &csm);
     char unf[96];
     snprintf(unf, sizeof unf, "unfused (the default, %d launches; KVBENCH_PK_FUSED=1 fuses)",
-             5 + !pk_fold(p, ntl) + !(small || clus));
+             5 + !pk_fold(p, ntl) + (route == 0));
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "pariskv %s, per key and row (R=%d, B=%d, D'/2=%d, C=%d/row): encode = K %dD + ids B + codes + weights "
              "2B per kv-head key (%.3f us/token); collision = ids B + score 2; compaction = score 2 + 4 per "

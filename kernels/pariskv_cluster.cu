@@ -34,30 +34,6 @@ constexpr int PK_CD = 12;                   /* bits of the first two digits (the
 constexpr int PK_CNB = 1 << PK_CD;          /* bins of the widest digit */
 constexpr int PK_CBKT = 1024;               /* keys of the kk-th key's bin block 0 ranks directly */
 
-/* The digit where the count from the top reaches need, from the row's
- * histogram h[0..nb): *d, *above (keys in higher bins), *in (keys in bin d).
- * Same result in every thread of every block (the same histogram). */
-__device__ void pk_cdigit(const unsigned *h, int nb, unsigned need, int *wsum, unsigned *d, unsigned *above,
-                          unsigned *in) {
-    __shared__ unsigned s_d, s_above, s_in;
-    const int tid = threadIdx.x, nt = blockDim.x, per = (nb + nt - 1) / nt, b0 = nb - 1 - tid * per;
-    unsigned v = 0;
-    for (int i = 0; i < per && b0 - i >= 0; i++) v += h[b0 - i];
-    int tot;
-    unsigned c = (unsigned)kv_block_scan((int)v, &tot, wsum);
-    if (c < need && c + v >= need)
-        for (int i = 0; i < per && b0 - i >= 0; i++) {
-            const unsigned x = h[b0 - i];
-            if (c + x >= need) { s_d = (unsigned)(b0 - i); s_above = c; s_in = x; break; }
-            c += x;
-        }
-    __syncthreads();
-    *d = s_d;
-    *above = s_above;
-    *in = s_in;
-    __syncthreads(); /* every thread has read them before a later call writes them */
-}
-
 /* Row blockIdx.y; block rank b of the cluster holds candidates [b S, b S + n). Dynamic shared memory: S keys. */
 __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *csc, long long ld, int C, int kk,
                                                                    int32_t *pos, const int32_t *cand, int32_t *ids) {
@@ -101,7 +77,7 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
         for (int e = tid; e < nb; e += nt) bh[e] = cl.map_shared_rank(red, e / per)[e % per];
         __syncthreads();
         unsigned d, ab;
-        pk_cdigit(bh, nb, (unsigned)kk - above, wsum, &d, &ab, &in);
+        pk_digit_at(bh, nb, (unsigned)kk - above, wsum, &d, &ab, &in);
         above += ab;
         prefix = prefix << wb | d;
         shift = nsh;
@@ -150,12 +126,7 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
     cl.sync(); /* block 0 has every key; the other blocks may leave */
     if (b != 0) return;
     if (ranked) { /* the bin's need smallest sort keys join the keys above */
-        for (int e = tid; e < (int)s_nb; e += nt) {
-            const unsigned long long x = bk[e];
-            unsigned rk = 0;
-            for (int i = 0; i < (int)s_nb; i++) rk += bk[i] < x;
-            if (rk < need) sv[above + rk] = x;
-        }
+        pk_rank_bucket(bk, (int)s_nb, need, sv + above);
         __syncthreads();
     }
     int32_t *o = pos + (long long)r * kk, *id = ids + (long long)r * kk;
@@ -171,16 +142,36 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
 /* The kernel's static shared memory, with room for pk_cdigit's and kv_block_scan's. */
 constexpr size_t PK_CSTAT = (PK_CNB + PK_CNB / PK_CL) * 4 + 2 * (KV_RANK_MAX + PK_CBKT) * 8 + 2048;
 
-/* Dynamic shared memory of pk_cluster_topk for C candidates (0: too many for one cluster a row). */
-size_t pk_cluster_smem(int C, size_t optin) {
+/* Dynamic shared memory of pk_cluster_topk for C candidates (0: more than cmax, pk_cluster_topk_attr's limit). */
+size_t pk_cluster_smem(int C, size_t cmax) {
     const size_t dyn = (size_t)((C + PK_CL - 1) / PK_CL) * 4;
-    return dyn + PK_CSTAT <= optin ? dyn : 0;
+    return dyn <= cmax ? dyn : 0;
 }
 
-/* pk_cluster_topk's dynamic shared memory limit: the opt-in less its static arrays. */
-kv_status pk_cluster_topk_attr(size_t optin) {
-    KV_CUDA_TRY(cudaFuncSetAttribute(pk_cluster_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)(optin - PK_CSTAT)));
+/* pk_cluster_topk's dynamic shared memory limit, the opt-in less its static arrays, into *cmax; 0 where the
+ * device cannot place one cluster of it (the search then takes the cooperative kv_topk_launch instead). */
+kv_status pk_cluster_topk_attr(size_t optin, size_t *cmax) {
+    *cmax = 0;
+    if (optin <= PK_CSTAT) return KV_OK;
+    const size_t dyn = optin - PK_CSTAT;
+    KV_CUDA_TRY(cudaFuncSetAttribute(pk_cluster_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = PK_CL;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(PK_CL);
+    cfg.blockDim = dim3(PK_CTH);
+    cfg.dynamicSmemBytes = dyn;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int nclus = 0;
+    if (cudaOccupancyMaxActiveClusters(&nclus, pk_cluster_topk_kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not supported here: no cluster top-k */
+        nclus = 0;
+    }
+    if (nclus > 0) *cmax = dyn;
     return KV_OK;
 }
 
@@ -203,6 +194,15 @@ kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, 
     cfg.stream = st;
     cfg.attrs = at;
     cfg.numAttrs = *pdl ? 2 : 1;
-    KV_CUDA_TRY(cudaLaunchKernelEx(&cfg, pk_cluster_topk_kernel, csc, ld, C, kk, pos, cand, ids));
+    cudaError_t e = cudaLaunchKernelEx(&cfg, pk_cluster_topk_kernel, csc, ld, C, kk, pos, cand, ids);
+    if (e != cudaSuccess && *pdl) { /* refused with PDL: plain launches from now on, as kv_launch */
+        (void)cudaGetLastError();
+        fprintf(stderr, "kvbench: pariskv GPU: a cluster launch with programmatic dependent launch refused (%s): "
+                "plain launches from now on\n", cudaGetErrorString(e));
+        *pdl = 0;
+        cfg.numAttrs = 1;
+        e = cudaLaunchKernelEx(&cfg, pk_cluster_topk_kernel, csc, ld, C, kk, pos, cand, ids);
+    }
+    KV_CUDA_TRY(e);
     return KV_OK;
 }

@@ -44,6 +44,7 @@ struct kv_pariskv_gpu {
     int32_t *sel;        /* device [rows][kmax]: the selected key ids (pk_stage 4) */
     kv_topk_ws tk;
     size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
+    size_t clus_smax;  /* pk_cluster_topk's dynamic shared memory limit (0: no cluster top-k on this device) */
     int last_lo, last_n, last_C; /* of the last search, for read_last */
     int last_k;                  /* the last launched search's k, for fetch (0: nothing launched) */
     int fused;           /* the search in 3-4 launches (pk_stage) with KVBENCH_PK_FUSED=1 at create; default six */
@@ -232,6 +233,45 @@ __device__ __forceinline__ int pk_tile_select(const unsigned w[8], int thr, int 
     return (tot & 0xffff) + min(tot >> 16, take);
 }
 
+/* The digit where the count from the top reaches need, from a histogram
+ * h[0..nb) in shared memory (bins in ascending digit order): *d, *above
+ * (keys in higher bins), *in (keys in bin d). The same in every thread;
+ * every thread of the block calls it (barriers). The final top-k's
+ * (pk_topk_row2, pariskv_cluster.cu). */
+__device__ void pk_digit_at(const unsigned *h, int nb, unsigned need, int *wsum, unsigned *d, unsigned *above,
+                            unsigned *in) {
+    __shared__ unsigned s_d, s_above, s_in;
+    const int tid = threadIdx.x, nt = blockDim.x, per = (nb + nt - 1) / nt, b0 = nb - 1 - tid * per;
+    unsigned v = 0;
+    for (int i = 0; i < per && b0 - i >= 0; i++) v += h[b0 - i];
+    int tot;
+    unsigned c = (unsigned)kv_block_scan((int)v, &tot, wsum);
+    if (c < need && c + v >= need)
+        for (int i = 0; i < per && b0 - i >= 0; i++) {
+            const unsigned x = h[b0 - i];
+            if (c + x >= need) { s_d = (unsigned)(b0 - i); s_above = c; s_in = x; break; }
+            c += x;
+        }
+    __syncthreads();
+    *d = s_d;
+    *above = s_above;
+    *in = s_in;
+    __syncthreads(); /* every thread has read them before a later call writes them */
+}
+
+/* Of the m sort keys bk[0..m) (distinct: ~key << 32 | index) of the bin at
+ * the kk-th key, the need smallest to out[rank]: each thread's keys ranked
+ * by counting the smaller ones (m broadcast reads; m <= a few thousand). */
+__device__ __forceinline__ void pk_rank_bucket(const unsigned long long *bk, int m, unsigned need,
+                                               unsigned long long *out) {
+    for (int e = threadIdx.x; e < m; e += blockDim.x) {
+        const unsigned long long x = bk[e];
+        unsigned rk = 0;
+        for (int i = 0; i < m; i++) rk += bk[i] < x;
+        if (rk < need) out[rk] = x;
+    }
+}
+
 }  // namespace
 
 /* ---- pariskv_bucket.cu ---- */
@@ -246,9 +286,9 @@ kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int 
 /* ---- pariskv_cluster.cu ---- */
 /* The final top-k of R rows of C scores csc[r*ld + j] (kk <= KV_RANK_MAX), one cluster of blocks a row:
  * positions to pos[r][kk], key ids cand[r*ld + pos] to ids[r][kk]; smem from pk_cluster_smem (0: C too large
- * for it); pk_cluster_topk_attr once before. */
-size_t pk_cluster_smem(int C, size_t optin);
-kv_status pk_cluster_topk_attr(size_t optin);
+ * for it); pk_cluster_topk_attr once before. A launch refused with PDL is retried plainly (*pdl cleared). */
+size_t pk_cluster_smem(int C, size_t cmax);
+kv_status pk_cluster_topk_attr(size_t optin, size_t *cmax);
 kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, int32_t *pos, const int32_t *cand,
                           int32_t *ids, size_t smem, int *pdl, cudaStream_t st);
 /* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
