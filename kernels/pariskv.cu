@@ -21,8 +21,10 @@
  *              CPU does.
  *   collision  all rows (kv heads) in one launch; a block is a bucket tile
  *              of 4096 keys, 16 keys per thread, one uint4 of ids per
- *              subspace (the first 8 loaded before the PDL wait), the
- *              bonuses a byte table in shared memory; scores
+ *              subspace (the first 8, or 4 on a long grid, loaded before
+ *              the PDL wait), the bonuses a table in shared memory (m = 8:
+ *              two 4-bit bonuses a byte, so a warp's lookups fall one a
+ *              bank, four 8-bit sums a word); scores
  *              are uint16 [rows][Tp] by absolute position. It also writes
  *              the tile's score histogram as suffix sums (the bucket
  *              top-k's first pass, so the scores are read once less).
@@ -89,6 +91,11 @@
  * compaction's two-a-word compares and the cluster top-k took 1M from
  * 147.2-147.3 to 142.6-142.8 us (compaction + scan stage 23.3 -> 17.0,
  * final top-k 22.9 -> 19.2), 128K from 49.1-49.6 to 47.6-47.7.
+ * Session 28 (H200, interleaved with HEAD d0e5d37, call B): the collision
+ * kernel's table of nibbles took 1M from 142.1-142.8 to 138.0-138.1 us
+ * (ncu: 56.0 -> 50.6 us, shared wavefronts 9.15 M -> 4.91 M, warp
+ * instructions 23.3 M -> 29.2 M), 16K and 128K unchanged; its batches of 4
+ * on a long grid (call C, against 2a4949a) took 1M to 135.2.
  * Index layout on the device (chosen for coalesced reads): centroid ids
  * uint8 [Hkv][B][Tp] subspace-major, so a warp reading one subspace of
  * consecutive keys reads consecutive bytes (the collision kernel reads each
@@ -375,29 +382,36 @@ __device__ __forceinline__ void pk_vote4(unsigned acc[4], const uint4 v, const u
 /* scores[r*Tp + i] = sum_b wt[r][b][id_b(i)], i in [lo, end); block t is
  * bucket tile t (keys base + t*TILE + [0, TILE), base = lo rounded down to
  * 16), 16 keys per thread, one uint4 of ids per subspace, the bonuses a
- * byte table in shared memory. Also the tile's score histogram
- * (pk_tile_hist) for the bucket top-k. */
-template <class ST, int NC>
-__global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp,
-                                    int base, int lo, int end, ST *scores, int nbins, int ntiles, int *thist,
-                                    int *ghist, int C, int *toff, int *teq, int *thr, unsigned *ctr, int pf) {
-    extern __shared__ unsigned stab[]; /* [nb * 2^m] bytes, then [warps][nbins + 1] ints (pk_hist_smem) */
+ * table in shared memory (m = 8: of nibbles, pk_vote4; else of bytes). Also
+ * the tile's score histogram (pk_tile_hist) for the bucket top-k. The ids
+ * are loaded VB subspaces at a time: 8 where the grid is short (few blocks,
+ * each latency-bound: 8 x 16 B in flight a thread), 4 at 8 blocks an SM (32
+ * registers) where it is long (pk_stage). Session 28 (H200, call C, 1M
+ * tokens): 137.6-137.8 -> 135.2 us search with 4 (48 -> 32 registers,
+ * warps active 56% -> 83%, ncu 50.6 -> 48.6 us), but 16K 32.3 -> 34.5 and
+ * 128K 47.6 -> 50.7 (6 blocks an SM without the bound: 135.2-135.4 at 1M). */
+template <class ST, int NC, int VB>
+__global__ void __launch_bounds__(PK_TH, VB == 4 ? 8 : 1)
+    pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G, int nh, int m, int nb, long long Tp, int base,
+                        int lo, int end, ST *scores, int nbins, int ntiles, int *thist, int *ghist, int C, int *toff,
+                        int *teq, int *thr, unsigned *ctr, int pf) {
+    extern __shared__ unsigned stab[]; /* the table (nb x 128 or 2^m bytes), then [warps][nbins + 1] ints */
     constexpr bool NIB = NC == 256; /* m = 8: the table of nibbles (pk_vote4) */
     const int r = blockIdx.y, g = r * nh / G, nc = NC ? NC : 1 << m, ts = NIB ? 128 : nc, nwords = nb * ts / 4;
     const long long i0 = base + (long long)blockIdx.x * PK_TILE + 16 * threadIdx.x;
     const uint8_t *ib = ids + (long long)g * nb * Tp + i0;
-    /* the ids are the index's (written before the tier kernel began): the first batch of 8 subspaces is
+    /* the ids are the index's (written before the tier kernel began): the first batch of VB subspaces is
      * loaded before the wait, so a block resident during the tier kernel (a short region's all) has it
      * when the bonuses are ready; with pf, the rest is prefetched into L2 (pk_stage sets it where the
      * region's ids fit the L2 many times over: prefetching all of 1M's took L2 from the bonuses' readers,
      * session 19) */
-    uint4 v0[8];
-    const bool live = i0 < end, pre = live && nb >= 8;
+    uint4 v0[VB];
+    const bool live = i0 < end, pre = live && nb >= VB;
     if (pre)
 #pragma unroll
-        for (int u = 0; u < 8; u++) v0[u] = __ldg((const uint4 *)(ib + (long long)u * Tp));
+        for (int u = 0; u < VB; u++) v0[u] = __ldg((const uint4 *)(ib + (long long)u * Tp));
     if (live && pf)
-        for (int b = 8; b < nb; b++) asm volatile("prefetch.global.L2 [%0];" ::"l"(ib + (long long)b * Tp));
+        for (int b = VB; b < nb; b++) asm volatile("prefetch.global.L2 [%0];" ::"l"(ib + (long long)b * Tp));
     kv_dep_wait(); /* the tier kernel's bonuses (PDL, pk_stage) */
     kv_dep_launch();
     const unsigned *wr = (const unsigned *)(wt + (long long)r * nb * nc);
@@ -414,7 +428,7 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
         else pk_vote(acc, v, t);
     };
     if (live) {
-        /* the subspaces' id words in batches of 8 loads issued together (8 x 16 bytes in flight per
+        /* the subspaces' id words in batches of VB loads issued together (VB x 16 bytes in flight per
          * thread: a short region has few blocks, and one load at a time left them latency-bound);
          * integer sums, so the batching changes no result (ptxas issues them two at a time). With NC
          * known (m = 8: 256), a subspace's table is an offset in the shared load's instruction: a vote
@@ -422,16 +436,16 @@ __global__ void pk_collision_kernel(const uint8_t *ids, const uint8_t *wt, int G
         int b = 0;
         if (pre) {
 #pragma unroll
-            for (int u = 0; u < 8; u++) vote(v0[u], tb + u * ts);
-            b = 8;
+            for (int u = 0; u < VB; u++) vote(v0[u], tb + u * ts);
+            b = VB;
         }
-        for (; b + 8 <= nb; b += 8) {
-            uint4 v[8];
+        for (; b + VB <= nb; b += VB) {
+            uint4 v[VB];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
+            for (int u = 0; u < VB; u++) v[u] = __ldg((const uint4 *)(ib + (long long)(b + u) * Tp));
             const unsigned char *tb8 = tb + b * ts;
 #pragma unroll
-            for (int u = 0; u < 8; u++) vote(v[u], tb8 + u * ts);
+            for (int u = 0; u < VB; u++) vote(v[u], tb8 + u * ts);
         }
         for (; b < nb; b++) vote(__ldg((const uint4 *)(ib + (long long)b * Tp)), tb + b * ts);
         if constexpr (NIB) /* to two 16-bit sums a word, keys in the same order */
@@ -988,16 +1002,20 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + pk_hist_smem(nbins);
         const int pf = (long long)R * c->nb * (s->end - base) <= (4LL << 20); /* L2 prefetch: 4 MB of ids at most */
-#define PK_COLL(ST, NC, SP, CTR)                                                                               \
-    return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<ST, NC>, dim3(ntiles, R), dim3(PK_TH), cs, st,     \
+#define PK_COLL(ST, NC, VB, SP, CTR)                                                                           \
+    return kv_launch(&p->pdl, "pariskv GPU", pk_collision_kernel<ST, NC, VB>, dim3(ntiles, R), dim3(PK_TH), cs, st,   \
                      p->ids, p->wt, p->G, p->nh, c->m, c->nb, p->Tp, base, s->lo, s->end, SP, nbins, ntiles,       \
                      p->thist, p->ghist, s->C, p->toff, p->teq, p->thr, CTR, pf)
+        /* m = 8 and more than 4 blocks an SM: batches of 4 subspaces at 8 blocks an SM (pk_collision_kernel) */
+        const bool vb4 = c->m == 8 && ntiles * R > 4 * p->dev.sm_count;
         if (p->score8) {
-            if (c->m == 8) PK_COLL(uint8_t, 256, (uint8_t *)p->scores, p->ctr);
-            PK_COLL(uint8_t, 0, (uint8_t *)p->scores, p->ctr);
+            if (vb4) PK_COLL(uint8_t, 256, 4, (uint8_t *)p->scores, p->ctr);
+            if (c->m == 8) PK_COLL(uint8_t, 256, 8, (uint8_t *)p->scores, p->ctr);
+            PK_COLL(uint8_t, 0, 8, (uint8_t *)p->scores, p->ctr);
         }
-        if (c->m == 8) PK_COLL(uint16_t, 256, p->scores, p->fused ? p->ctr : NULL);
-        PK_COLL(uint16_t, 0, p->scores, p->fused ? p->ctr : NULL);
+        if (vb4) PK_COLL(uint16_t, 256, 4, p->scores, p->fused ? p->ctr : NULL);
+        if (c->m == 8) PK_COLL(uint16_t, 256, 8, p->scores, p->fused ? p->ctr : NULL);
+        PK_COLL(uint16_t, 0, 8, p->scores, p->fused ? p->ctr : NULL);
 #undef PK_COLL
     }
     case 1:
