@@ -93,7 +93,7 @@
  * final top-k 22.9 -> 19.2), 128K from 49.1-49.6 to 47.6-47.7.
  * Session 28 (H200, interleaved with HEAD d0e5d37, call B): the collision
  * kernel's table of nibbles took 1M from 142.1-142.8 to 138.0-138.1 us
- * (ncu: 56.0 -> 50.6 us, shared wavefronts 9.15 M -> 4.91 M, warp
+ * (ncu: 55.7-56.0 -> 50.5-50.8 us, shared wavefronts 9.15 M -> 4.91 M, warp
  * instructions 23.3 M -> 29.2 M), 16K and 128K unchanged; its batches of 4
  * on a long grid (call C, against 2a4949a) took 1M to 135.2.
  * Index layout on the device (chosen for coalesced reads): centroid ids

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
 
 }  // namespace
 
-/* The kernel's static shared memory, with room for pk_cdigit's and kv_block_scan's. */
+/* The kernel's static shared memory, with room for pk_digit_at's and kv_block_scan's. */
 constexpr size_t PK_CSTAT = (PK_CNB + PK_CNB / PK_CL) * 4 + 2 * (KV_RANK_MAX + PK_CBKT) * 8 + 2048;
 
 /* Dynamic shared memory of pk_cluster_topk for C candidates (0: more than cmax, pk_cluster_topk_attr's limit). */
