@@ -431,8 +431,10 @@ __global__ void __launch_bounds__(PK_TH, VB == 4 ? 8 : 1)
         /* the subspaces' id words in batches of VB loads issued together (VB x 16 bytes in flight per
          * thread: a short region has few blocks, and one load at a time left them latency-bound);
          * integer sums, so the batching changes no result (ptxas issues them two at a time). With NC
-         * known (m = 8: 256), a subspace's table is an offset in the shared load's instruction: a vote
-         * is then about 3.2 SASS instructions a key and subspace, where it was 4.2 (session 23). */
+         * known (m = 8: 256), a subspace's table is an offset in the shared load's instruction: the byte
+         * table's vote was then about 3.2 SASS instructions a key and subspace, where it had been 4.2
+         * (session 23); the nibble table's is 18.9 a word of 4 keys (19.9 with VB = 4), the byte table's
+         * was 14.3 counted the same way (cuobjdump, loads and loop included, session 28). */
         int b = 0;
         if (pre) {
 #pragma unroll
