@@ -238,13 +238,13 @@ int test_pariskv_gpu_search_matches_cpu(void) {
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.1, 0.2, 1, 1000) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 17, 3001, 20011, 0.5, 0.5, 0, 50) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 3, 60, 20011, 0.5, 0.5, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL; /* C < k */
-    /* C = 18010 > 16384: the final top-k on a cluster of blocks a row (pariskv_cluster.cu, k <= 256), and for
-     * k = 300 on the cooperative kv_topk_launch */
+    /* C = 18010 > 16384: the final top-k on a cluster of blocks a row (pariskv_cluster.cu, k <= 256: its
+     * bound from the warps' maxima), and for k = 300 on the cooperative kv_topk_launch */
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 300) != KV_TEST_PASS) return KV_TEST_FAIL;
     /* all ties: C = 1492 in the one-block top-k's bucket (pk_topk_row2), C = 3980 past its bucket (the radix
-     * select), C = 18010 on the cluster top-k's exact ties (three digits, then the first ties by index) and on
-     * the cooperative kv_topk_launch */
+     * select), C = 18010 on the cluster top-k's exact ties (every key at the bound: the radix select, three
+     * digits, then the first ties by index) and on the cooperative kv_topk_launch */
     if (pk_search_case_q(&f, &r, seed, 17, 3001, 20011, 0.5, 0.5, 0, 50, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case_q(&f, &r, seed, 4, 19900, 20011, 0.2, 0.25, 1, 100, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (pk_search_case_q(&f, &r, seed, 0, 20011, 20011, 0.9, 0.2, 1, 100, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
@@ -252,6 +252,11 @@ int test_pariskv_gpu_search_matches_cpu(void) {
     pk_fixture_free(&f);
     CHECK_OK(pk_fixture_open(&f, &r, 6, 2, 64, 4, 9000, 0)); /* pool=none: one row per query head */
     if (pk_search_case(&f, &r, seed, 2, 8900, 9000, 0.25, 0.3, 1, 64) != KV_TEST_PASS) return KV_TEST_FAIL;
+    pk_fixture_free(&f);
+    /* pool=none with 64 query heads at m = 8: 64 rows x 10 tiles, more than 4 blocks an SM on a 132-SM H100 or
+     * H200, so the collision kernel loads its ids 4 subspaces at a time (pk_stage's vb4) */
+    CHECK_OK(pk_fixture_open(&f, &r, 64, 2, 128, 8, 40000, 0));
+    if (pk_search_case(&f, &r, seed, 0, 40000, 40000, 0.1, 0.2, 1, 100) != KV_TEST_PASS) return KV_TEST_FAIL;
     pk_fixture_free(&f);
     return KV_TEST_PASS;
 }
