@@ -49,7 +49,9 @@
  *              k <= 256 one 12-bit histogram and the bucket at the k-th key
  *              ranked, pk_topk_row2, else and for a crowded bucket a radix
  *              select; kv_sort_out in shared memory); for longer lists and
- *              k <= 256 a cluster of 8 blocks per row (pariskv_cluster.cu);
+ *              k <= 256 a cluster of 16 blocks per row, 8 where the
+ *              device cannot place 16 (pariskv_cluster.cu: a bound from
+ *              the warps' maxima, then a radix select if it is loose);
  *              else the cooperative kv_topk_launch (topk.cu).
  * Fused search (issue 12, the default): a dependent kernel costs a few
  * microseconds even inside a graph, so the chain above is cut to three
@@ -220,8 +222,11 @@ __device__ __forceinline__ void bar_sync_n(int id, int n) { asm volatile("bar.sy
 /* Block (b, r): the tier bonus of every centroid of subspace b for row r.
  * Warp 0 makes the row's query in registers, E = D'/32 coordinates a lane
  * (d = lane*E + e): the group mean; the norm, the CPU's sequential double
- * sum with every lane adding the same broadcast products in the CPU's
- * order; the normalising product; the FWHT, butterflies of span h < E in a
+ * sum with every lane adding the same products in the CPU's order, read
+ * from shared memory (broadcast loads issued ahead of the dependent adds:
+ * the kernel 7.8-8.3 us at 1M tokens, where a shuffle a product that each
+ * add waited on took 9.2-9.8, ncu, session 29 call D); the normalising
+ * product; the FWHT, butterflies of span h < E in a
  * lane, else with lane ^ h/E, the upper of a pair taking partner - own
  * (the CPU's x[i] - x[i+h]). Meanwhile the other warps load the counts;
  * after a block barrier every thread takes the window's keys out. A
@@ -238,6 +243,7 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
                                                         float *qt_out, float *qnorm_out, int *ghist, int nbins) {
     constexpr int DP = 32 * E;
     __shared__ float qv[DP];
+    __shared__ double sq[DP]; /* warp 0: the query's squared coordinates, for the norm */
     __shared__ int cnt[1 << 8]; /* m <= 8 */
     __shared__ unsigned long long sk[1 << 8];
     __shared__ int sp[1 << 8];
@@ -263,10 +269,12 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
             x[e] = lane * E + e < D ? __fdiv_rn(x[e], (float)nh) : 0.0f;
             pr[e] = __dmul_rn((double)x[e], (double)x[e]); /* exact; padding adds +0, which changes no sum */
         }
-        double ss = 0;
-        for (int l = 0; l < 32; l++)
 #pragma unroll
-            for (int e = 0; e < E; e++) ss = __dadd_rn(ss, __shfl_sync(0xffffffffu, pr[e], l));
+        for (int e = 0; e < E; e++) sq[lane * E + e] = pr[e];
+        __syncwarp();
+        double ss = 0; /* the products in the CPU's order, broadcast loads ahead of the adds */
+#pragma unroll 16
+        for (int i = 0; i < DP; i++) ss = __dadd_rn(ss, sq[i]);
         const float norm = (float)sqrt(ss), inv = 1.0f / fmaxf(norm, 1e-8f);
 #pragma unroll
         for (int e = 0; e < E; e++)
@@ -852,7 +860,7 @@ int pk_final_route(const kv_pariskv_gpu *p, int C, int kk, int mode, size_t *csm
     *csm = 0;
     if (kk > KV_GPU_TOPK_MAX || (p->fused && mode != 0)) return 0;
     if (C <= PK_SMALL_C && kk <= PK_SMALL_K) return 1;
-    if (kk <= KV_RANK_MAX && C > PK_SMALL_C) *csm = pk_cluster_smem(C, p->clus_smax);
+    if (kk <= KV_RANK_MAX && C > PK_SMALL_C) *csm = pk_cluster_smem(C, p->clus_n, p->clus_smax);
     return *csm ? 2 : 0;
 }
 
@@ -866,6 +874,22 @@ size_t pk_sr_smem(int dp, int mode, int C, int P) {
     if (mode == 1 && (size_t)C * 4 + (size_t)P * 8 > x) x = (size_t)C * 4 + (size_t)P * 8;
     return (size_t)dp * 16 * 4 + x;
 }
+
+/* X(CW) for the layer's D' = 32 CW, and X(M, CW) for its m as well (create accepts D' in {32, 64, 128, 256} and
+ * m in {2, 4, 8}): the one dispatch of the templated kernels. */
+#define PK_BY_DP(dp, X)                          \
+    do {                                         \
+        if ((dp) == 32) { X(1); }                \
+        else if ((dp) == 64) { X(2); }           \
+        else if ((dp) == 128) { X(4); }          \
+        else { X(8); }                           \
+    } while (0)
+#define PK_BY_M(m, X, CW)                        \
+    do {                                         \
+        if ((m) == 8) { X(8, CW); }              \
+        else if ((m) == 4) { X(4, CW); }         \
+        else { X(2, CW); }                       \
+    } while (0)
 
 kv_status pk_alloc(kv_pariskv_gpu *p) {
     const kv_pariskv_gpu_cfg *c = &p->c;
@@ -917,18 +941,21 @@ kv_status pk_alloc(kv_pariskv_gpu *p) {
         KV_CUDA_TRY(cudaFuncSetAttribute(pk_select_rerank_kernel<M, CW, uint8_t>,                                 \
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, sr));                       \
     } while (0)
-#define PK_SR_ATTR_M(CW)                      \
-    if (c->m == 8) PK_SR_ATTR(8, CW);         \
-    else if (c->m == 4) PK_SR_ATTR(4, CW);    \
-    else PK_SR_ATTR(2, CW)
-        if (c->dp == 32) { PK_SR_ATTR_M(1); }
-        else if (c->dp == 64) { PK_SR_ATTR_M(2); }
-        else if (c->dp == 128) { PK_SR_ATTR_M(4); }
-        else { PK_SR_ATTR_M(8); }
+#define PK_SR_ATTR_M(CW) PK_BY_M(c->m, PK_SR_ATTR, CW)
+        PK_BY_DP(c->dp, PK_SR_ATTR_M);
 #undef PK_SR_ATTR_M
 #undef PK_SR_ATTR
     }
-    KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin, &p->clus_smax));
+    /* the final top-k's clusters: 16 blocks (non-portable) where the device places one, else 8
+     * (KVBENCH_PK_CL=8: 8); KVBENCH_PK_FAST=0: without the warps' maxima bound (pariskv_cluster.cu) */
+    const char *ce = getenv("KVBENCH_PK_CL");
+    p->clus_n = ce && !strcmp(ce, "8") ? 8 : 16;
+    p->clus_fast = kv_env_on("KVBENCH_PK_FAST");
+    KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin, p->clus_n, &p->clus_smax));
+    if (!p->clus_smax && p->clus_n == 16) {
+        p->clus_n = 8;
+        KV_TRY(pk_cluster_topk_attr((size_t)p->dev.smem_optin, p->clus_n, &p->clus_smax));
+    }
     KV_CUDA_TRY(cudaMemsetAsync(p->ids, 0, H * c->nb * Tp, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->counts, 0, H * c->nb * p->nc * 4, p->st));
     KV_CUDA_TRY(cudaMemsetAsync(p->ctr, 0, 2 * R * 4, p->st)); /* the last tiles zero them again */
@@ -947,10 +974,7 @@ kv_status pk_encode(kv_pariskv_gpu *p, const void *src, int half, long long gstr
 #define PK_ENC(E)                                                                                                 \
     pk_encode_kernel<E><<<dim3(bx, c->Hkv), nw * 32, smem, st>>>(src, half, gstride, a, n, c->D, c->m, c->nb, p->signs, \
                                                                  p->lv, p->ids, p->code, p->w, p->counts, p->Tp)
-    if (c->dp == 32) PK_ENC(1);
-    else if (c->dp == 64) PK_ENC(2);
-    else if (c->dp == 128) PK_ENC(4);
-    else PK_ENC(8);
+    PK_BY_DP(c->dp, PK_ENC);
 #undef PK_ENC
     KV_LAUNCH_CHECK();
     return KV_OK;
@@ -996,10 +1020,7 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
     pk_tier_kernel<E><<<dim3(c->nb, R), PK_TH, 0, st>>>(p->q, p->G, p->nh, c->D, c->m, c->nb, p->signs, p->counts, \
                                                         p->ids, p->Tp, s->end, s->n_idx, tt, p->wt, p->qt, p->qnorm,  \
                                                         p->ghist, nbins)
-        if (c->dp == 32) PK_TIER(1);
-        else if (c->dp == 64) PK_TIER(2);
-        else if (c->dp == 128) PK_TIER(4);
-        else PK_TIER(8);
+        PK_BY_DP(c->dp, PK_TIER);
 #undef PK_TIER
         KV_LAUNCH_CHECK();
         size_t cs = (size_t)c->nb * p->nc + pk_hist_smem(nbins);
@@ -1033,14 +1054,8 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
 #define PK_SR(M, CW)                                                  \
     if (p->score8) PK_SR_T(M, CW, uint8_t, (const uint8_t *)p->scores); \
     else PK_SR_T(M, CW, uint16_t, p->scores)
-#define PK_SR_M(CW)                      \
-    if (c->m == 8) PK_SR(8, CW);         \
-    else if (c->m == 4) PK_SR(4, CW);    \
-    else PK_SR(2, CW)
-            if (c->dp == 32) { PK_SR_M(1); }
-            else if (c->dp == 64) { PK_SR_M(2); }
-            else if (c->dp == 128) { PK_SR_M(4); }
-            else { PK_SR_M(8); }
+#define PK_SR_M(CW) PK_BY_M(c->m, PK_SR, CW)
+            PK_BY_DP(c->dp, PK_SR_M);
 #undef PK_SR_M
 #undef PK_SR
 #undef PK_SR_T
@@ -1056,14 +1071,8 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
 #define PK_RERANK(M, CW)                                                                                          \
     return kv_launch(&p->pdl, "pariskv GPU", pk_rerank_kernel<M, CW>, grid, dim3(PK_TH), smem, st, p->cand, p->Tp,  \
                      s->C, p->code, p->w, p->qt, p->qnorm, p->lv, p->G, p->nh, p->Tp, p->csc)
-#define PK_RERANK_M(CW)                        \
-    if (c->m == 8) PK_RERANK(8, CW);           \
-    else if (c->m == 4) PK_RERANK(4, CW);      \
-    else PK_RERANK(2, CW)
-        if (c->dp == 32) { PK_RERANK_M(1); }
-        else if (c->dp == 64) { PK_RERANK_M(2); }
-        else if (c->dp == 128) { PK_RERANK_M(4); }
-        else { PK_RERANK_M(8); }
+#define PK_RERANK_M(CW) PK_BY_M(c->m, PK_RERANK, CW)
+        PK_BY_DP(c->dp, PK_RERANK_M);
 #undef PK_RERANK_M
 #undef PK_RERANK
     }
@@ -1080,7 +1089,7 @@ kv_status pk_stage(kv_pariskv_gpu *p, const kv_pariskv_gpu_step *s, int which, c
                              (size_t)P * 8 + (size_t)s->C * 4, st, p->csc, p->Tp, s->C, kk, P, p->pos,
                              (const int32_t *)p->cand, p->sel);
         if (lng)
-            return pk_cluster_topk(p->csc, p->Tp, s->C, kk, R, p->pos, p->cand, p->sel, csm, &p->pdl, st);
+            return pk_cluster_topk(p->csc, p->Tp, s->C, kk, R, p->pos, p->cand, p->sel, p->clus_n, p->clus_fast, csm, &p->pdl, st);
         return kv_topk_launch(&p->tk, p->csc, p->Tp, 0, s->C, R, s->k, 0, NULL, 1, p->pos, NULL, kk, NULL, st);
     }
     default: /* 4: the top-k's candidate positions to key ids, on the device (the search downloads only these) */

@@ -45,6 +45,8 @@ struct kv_pariskv_gpu {
     kv_topk_ws tk;
     size_t merge_smax; /* pk_merge_topk_kernel's dynamic shared memory limit: the opt-in less its static arrays */
     size_t clus_smax;  /* pk_cluster_topk's dynamic shared memory limit (0: no cluster top-k on this device) */
+    int clus_n;        /* blocks of its clusters (16, or 8 where 16 cannot be placed) */
+    int clus_fast;     /* its bound from the warps' maxima first (KVBENCH_PK_FAST=0: off) */
     int last_lo, last_n, last_C; /* of the last search, for read_last */
     int last_k;                  /* the last launched search's k, for fetch (0: nothing launched) */
     int fused;           /* the search in 3-4 launches (pk_stage) with KVBENCH_PK_FUSED=1 at create; default six */
@@ -287,10 +289,10 @@ kv_status pk_bucket(const uint16_t *scores, long long ld, int base, int lo, int 
 /* The final top-k of R rows of C scores csc[r*ld + j] (kk <= KV_RANK_MAX), one cluster of blocks a row:
  * positions to pos[r][kk], key ids cand[r*ld + pos] to ids[r][kk]; smem from pk_cluster_smem (0: C too large
  * for it); pk_cluster_topk_attr once before. A launch refused with PDL is retried plainly (*pdl cleared). */
-size_t pk_cluster_smem(int C, size_t cmax);
-kv_status pk_cluster_topk_attr(size_t optin, size_t *cmax);
+size_t pk_cluster_smem(int C, int ncl, size_t cmax);
+kv_status pk_cluster_topk_attr(size_t optin, int ncl, size_t *cmax);
 kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, int32_t *pos, const int32_t *cand,
-                          int32_t *ids, size_t smem, int *pdl, cudaStream_t st);
+                          int32_t *ids, int ncl, int fast, size_t smem, int *pdl, cudaStream_t st);
 /* The bucket top-k alone on host arrays (pariskv.h's bucket_topk_host). */
 kv_status pk_bucket_topk_host(const uint16_t *score, int R, int n, int max_score, int c, int fold, int32_t *out);
 
