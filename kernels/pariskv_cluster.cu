@@ -112,13 +112,17 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
             if (hit && ph < PK_CBKT) lbk[ph] = (unsigned long long)~u << 32 | (unsigned)(j0 + j);
         }
         __syncthreads();
-        if (tid == 0) s_ba = atomicAdd(cl.map_shared_rank(&s_nf, 0), s_la);
+        if (tid < ncl) { /* the count into every block's s_nf, so none reads another's after the barrier (block 0
+                          * may have left); the slots are block 0's */
+            const unsigned o = atomicAdd(cl.map_shared_rank(&s_nf, tid), s_la);
+            if (tid == 0) s_ba = o;
+        }
         __syncthreads();
         unsigned long long *bkf = cl.map_shared_rank(bk, 0);
         if (s_ba + s_la <= PK_CBKT)
             for (int e = tid; e < (int)s_la; e += nt) bkf[s_ba + e] = lbk[e];
         cl.sync(); /* every block's keys >= B are in block 0, or counted */
-        const unsigned M = *cl.map_shared_rank(&s_nf, 0);
+        const unsigned M = s_nf;
         if (M <= PK_CBKT) { /* uniform over the cluster */
             if (b != 0) return;
             int P = 32;
