@@ -310,14 +310,7 @@ __global__ void __launch_bounds__(PK_TH) pk_tier_kernel(const float *q, int G, i
             for (int j = 0; j < m; j++) sc = __fadd_rn(sc, (tid >> j) & 1 ? qb[j] : -qb[j]);
             key = (unsigned long long)~kv_f2key(sc) << 32 | (unsigned)tid;
         }
-#pragma unroll
-        for (int size = 2; size <= 32; size <<= 1)
-#pragma unroll
-            for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                const unsigned long long y = __shfl_xor_sync(0xffffffffu, key, stride);
-                const bool lower = !(lane & stride), asc = size == 32 || !(lane & size);
-                if (lower == asc ? y < key : y > key) key = y;
-            }
+        key = pk_warp_sort<false>(key);
         const int cn = key == ~0ULL ? 0 : cnt[(unsigned)key];
         int inc = cn; /* inclusive prefix of the counts in key order (counts sum to < 2^31 keys) */
 #pragma unroll

@@ -88,15 +88,7 @@ __global__ void __launch_bounds__(PK_CTH) pk_cluster_topk_kernel(const float *cs
         __syncthreads();
         if (tid < 32) {
             const int qk = (kk + ncl - 1) / ncl; /* <= 32: kk <= KV_RANK_MAX, ncl >= 8 */
-            unsigned v = tid < (nt >> 5) ? wmax[tid] : 0u;
-#pragma unroll
-            for (int size = 2; size <= 32; size <<= 1) /* descending bitonic sort of the warp's 32 values */
-#pragma unroll
-                for (int stride = size >> 1; stride > 0; stride >>= 1) {
-                    const unsigned y = __shfl_xor_sync(0xffffffffu, v, stride);
-                    const bool lower = !(tid & stride), desc = size == 32 || !(tid & size);
-                    if (lower == desc ? y > v : y < v) v = y;
-                }
+            const unsigned v = pk_warp_sort<true>(tid < (nt >> 5) ? wmax[tid] : 0u);
             const unsigned bq = __shfl_sync(0xffffffffu, v, qk - 1);
             if (tid == 0) s_bq = bq;
         }

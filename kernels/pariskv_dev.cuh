@@ -235,6 +235,21 @@ __device__ __forceinline__ int pk_tile_select(const unsigned w[8], int thr, int 
     return (tot & 0xffff) + min(tot >> 16, take);
 }
 
+/* The warp's 32 values (one a lane) sorted by a bitonic network of shuffles: lane i gets the i-th smallest
+ * (DESC: largest). The tier kernel's centroid ranking, the cluster top-k's bound. */
+template <bool DESC, class T> __device__ __forceinline__ T pk_warp_sort(T v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const T y = __shfl_xor_sync(0xffffffffu, v, stride);
+            const bool lower = !(lane & stride), asc = size == 32 || !(lane & size);
+            if (lower == asc ? (DESC ? y > v : y < v) : (DESC ? y < v : y > v)) v = y;
+        }
+    return v;
+}
+
 /* The digit where the count from the top reaches need, from a histogram
  * h[0..nb) in shared memory (bins in ascending digit order): *d, *above
  * (keys in higher bins), *in (keys in bin d). The same in every thread;
