@@ -7,6 +7,7 @@
  * the CPU instead of failing at the first launch. Errors become statuses
  * with messages (kv_fail), never exits: only cli/ exits. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kv_cuda.h"
@@ -177,5 +178,7 @@ kv_status kv_cuda_dev_query(kv_cuda_dev *d) {
     KV_CUDA_TRY(cudaDeviceGetAttribute(&d->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     KV_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
     d->l2_bytes = (size_t)v;
+    const char *e = getenv("KVBENCH_SCORE_HIST");
+    d->score_hist = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
     return KV_OK;
 }

@@ -1,8 +1,9 @@
 /* search.cu: the exact retriever's GPU search (issue 2, point 9): for each
  * query head, the k largest exact scores over the retrievable region of
  * device-resident keys, with the indices brought to the host. Two launches:
- * the score kernel (which also builds the top-k's first radix histogram and
- * each tile's largest score while the scores are in registers) and the
+ * the score kernel (which also records each tile's largest score while the
+ * scores are in registers, and on short regions builds the top-k's first
+ * radix histogram: kv_scores_launch) and the
  * cooperative top-k, which reads back only the tiles that can hold a top-k
  * score. Because the score kernel reproduces
  * kv_scores_ref bit for bit and the top-k reproduces kv_topk_ref's order,
