@@ -214,7 +214,7 @@ typedef struct {
     kv_gpu_timing topk;   /* top-k of the Hq score rows (given the scores) */
     kv_gpu_timing attn;   /* softmax + PV over the n tokens (given the scores) */
     kv_gpu_timing exact;  /* the exact search on the device: fused scores + top-k */
-    kv_gpu_timing exact_scores; /* its first launch alone: scores + the top-k's histogram and tile maxima */
+    kv_gpu_timing exact_scores; /* its first launch alone: scores + tile maxima (+ the top-k's histogram if built) */
     size_t l2_bytes, flush_bytes;
 } kv_gpu_bench_out;
 /* K, V: [Hkv][>=n][D] stores; q [Hq][D] host. Before every timed repetition
