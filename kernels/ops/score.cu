@@ -294,8 +294,8 @@ kv_status kv_scores_launch(const kv_dev_kv *K, const float *q, int Hq, float sca
      * on the same words) cost more as the region grows. Exact search, H200, 16 q and 8 kv heads, session 30
      * call E, always / never / this rule (us): 34.7 / 34.1-34.5 / 34.2-34.4 at 16K, 46.7 / 43.8-44.1 / 46.6 at
      * 32K, 69.9 / 62.6-63.1 / 62.2-62.9 at 64K, 120.3 / 104.1-104.3 / 103.8-104.6 at 128K, 783.8 / 637.3-638.8 /
-     * 639.0-639.2 at 1M (the 1M score launch alone 760 with it, 561 without): never is as fast at every length
-     * measured. dev->score_hist (KVBENCH_SCORE_HIST=0: never, 1: always) overrides. */
+     * 639.0-639.2 at 1M (the 1M launch 759.4 with it, 594.7 without, tile maxima in both): never is as fast at
+     * every length measured. dev->score_hist (KVBENCH_SCORE_HIST=0: never, 1: always) overrides. */
     const bool shortr = dev->score_hist == 1 || (dev->score_hist < 0 && p.total <= KV_SC_HIST_TILES * dev->sm_count);
     const bool fuse = hist && shortr && ngroups == 1 && kv_score_smem(K->half, D, GM, true) <= (size_t)dev->smem_optin;
     p.hist = fuse ? hist : NULL;
