@@ -160,7 +160,7 @@ static kv_status exact_bench_gpu(const kv_shape *sh, const kv_param_set *ps, con
     snprintf(out->bytes_note, sizeof out->bytes_note,
              "score = K (Hkv*T*D*%d) + q + scores out (Hq*T*4); topk = scores in + indices out; attention = scores + "
              "V + o; exact = K + q + indices (the scores need not reach memory); exact's score launch (with the "
-             "tile maxima, and the top-k's histogram on short regions) takes %.1f us of its %.1f", kv_gpu_keys_elem_bytes(K),
+             "tile maxima, and with KVBENCH_SCORE_HIST=1 the top-k's histogram) takes %.1f us of its %.1f", kv_gpu_keys_elem_bytes(K),
              r.exact_scores.med_us, r.exact.med_us);
     return KV_OK;
 }

@@ -179,6 +179,6 @@ kv_status kv_cuda_dev_query(kv_cuda_dev *d) {
     KV_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
     d->l2_bytes = (size_t)v;
     const char *e = getenv("KVBENCH_SCORE_HIST");
-    d->score_hist = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
+    d->score_hist = e && !strcmp(e, "1");
     return KV_OK;
 }

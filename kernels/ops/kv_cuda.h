@@ -62,8 +62,8 @@ typedef struct {
     int smem_optin;   /* max dynamic shared memory per block (bytes) */
     int smem_per_sm;
     size_t l2_bytes;
-    int score_hist;   /* KVBENCH_SCORE_HIST at the query: 1 the score kernel always builds the top-k's histogram,
-                         0 never, else by length (kv_scores_launch) */
+    int score_hist;   /* KVBENCH_SCORE_HIST=1 at the query: the score kernel builds the top-k's first histogram
+                         (kv_scores_launch; off by default) */
 } kv_cuda_dev;
 kv_status kv_cuda_dev_query(kv_cuda_dev *d);
 

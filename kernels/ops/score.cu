@@ -14,10 +14,10 @@
  * twice the FP32 instructions of FMA, still ~3x below what the SMs issue at
  * memory speed. Optionally the kernel also histograms the top 11 bits of
  * each score's order-preserving key (the top-k's first radix pass) in
- * shared memory, so the top-k does not read the scores an extra time (on
- * short regions only: KV_SC_HIST_TILES), and records each tile's largest
- * score, so the top-k's candidate pass reads only the few tiles that can
- * hold a top-k score.
+ * shared memory, so the top-k does not read the scores an extra time (off
+ * by default: kv_scores_launch), and records each tile's largest score, so
+ * the top-k's candidate pass reads only the few tiles that can hold a
+ * top-k score.
  * D = 64 and 128 take this path; any other D a plain one-thread-per-key
  * kernel with the same arithmetic. */
 #include "kv_cuda.h"
@@ -25,7 +25,6 @@
 namespace {
 
 constexpr int KV_SC_STAGES = 3;
-constexpr long long KV_SC_HIST_TILES = 8; /* tiles an SM up to which the score kernel builds the top-k's histogram */
 
 template <typename T> struct kv_sc_cfg;
 template <> struct kv_sc_cfg<__half> { static constexpr int threads = 256; };
@@ -289,15 +288,12 @@ kv_status kv_scores_launch(const kv_dev_kv *K, const float *q, int Hq, float sca
     const int tile = K->half ? kv_sc_cfg<__half>::threads : kv_sc_cfg<float>::threads;
     p.tph = (n + tile - 1) / tile;
     p.total = (long long)K->H * p.tph;
-    /* The histogram rides along where the region is short (KV_SC_HIST_TILES tiles an SM at most): it saves the
-     * top-k a pass, but its shared atomics (the scores crowd into few of the 2048 bins, so the warps' adds meet
-     * on the same words) cost more as the region grows. Exact search, H200, 16 q and 8 kv heads, session 30
-     * call E, always / never / this rule (us): 34.7 / 34.1-34.5 / 34.2-34.4 at 16K, 46.7 / 43.8-44.1 / 46.6 at
-     * 32K, 69.9 / 62.6-63.1 / 62.2-62.9 at 64K, 120.3 / 104.1-104.3 / 103.8-104.6 at 128K, 783.8 / 637.3-638.8 /
-     * 639.0-639.2 at 1M (the 1M launch 759.4 with it, 594.7 without, tile maxima in both): never is as fast at
-     * every length measured. dev->score_hist (KVBENCH_SCORE_HIST=0: never, 1: always) overrides. */
-    const bool shortr = dev->score_hist == 1 || (dev->score_hist < 0 && p.total <= KV_SC_HIST_TILES * dev->sm_count);
-    const bool fuse = hist && shortr && ngroups == 1 && kv_score_smem(K->half, D, GM, true) <= (size_t)dev->smem_optin;
+    /* The histogram rides along only with KVBENCH_SCORE_HIST=1 (dev->score_hist). It saves the top-k a pass
+     * over the scores, but its shared atomics cost more: the scores crowd into few of the 2048 bins, so the
+     * warps' adds meet on the same words. Exact search, H200, 16 q and 8 kv heads, session 30 call E, with /
+     * without it (us): 34.7 / 34.1-34.5 at 16K, 46.7 / 43.8-44.1 at 32K, 69.9 / 62.6-63.1 at 64K, 120.3 /
+     * 104.1-104.3 at 128K, 783.8 / 637.3-638.8 at 1M (the 1M launch 759.4 with it, 594.7 without). */
+    const bool fuse = hist && dev->score_hist && ngroups == 1 && kv_score_smem(K->half, D, GM, true) <= (size_t)dev->smem_optin;
     p.hist = fuse ? hist : NULL;
     if (x && x->tmax) { p.tmax = x->tmax; p.tmax_ld = x->tmax_ld; }
     for (int hg = 0; hg < ngroups; hg++) {

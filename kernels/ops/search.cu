@@ -2,7 +2,7 @@
  * query head, the k largest exact scores over the retrievable region of
  * device-resident keys, with the indices brought to the host. Two launches:
  * the score kernel (which also records each tile's largest score while the
- * scores are in registers, and on short regions builds the top-k's first
+ * scores are in registers; with KVBENCH_SCORE_HIST=1 also the top-k's first
  * radix histogram: kv_scores_launch) and the
  * cooperative top-k, which reads back only the tiles that can hold a top-k
  * score. Because the score kernel reproduces
