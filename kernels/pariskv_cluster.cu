@@ -224,26 +224,6 @@ size_t pk_cluster_smem(int C, int ncl, size_t cmax) {
     return dyn <= cmax ? dyn : 0;
 }
 
-/* A launch of pk_cluster_topk_kernel on grid (ncl, R): clusters of ncl, and a programmatic dependent launch
- * when pdl (at[1]). */
-static cudaLaunchConfig_t pk_cluster_cfg(cudaLaunchAttribute at[2], int ncl, int R, size_t smem, int pdl,
-                                         cudaStream_t st) {
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = ncl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ncl, R);
-    cfg.blockDim = dim3(PK_CTH);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 2 : 1;
-    return cfg;
-}
-
 /* The kernel for clusters of ncl blocks, with the bound (fast) or the radix select alone. */
 typedef void (*pk_cluster_fn)(const float *, long long, int, int, int32_t *, const int32_t *, int32_t *);
 static pk_cluster_fn pk_cluster_kernel(int ncl, int fast) {
@@ -266,7 +246,7 @@ kv_status pk_cluster_topk_attr(size_t optin, int ncl, size_t *cmax) {
             return KV_OK;
         }
         cudaLaunchAttribute at[2];
-        const cudaLaunchConfig_t cfg = pk_cluster_cfg(at, ncl, 1, dyn, 0, 0);
+        const cudaLaunchConfig_t cfg = kv_launch_cfg(at, dim3(ncl, 1), dim3(PK_CTH), dyn, 0, 0, (unsigned)ncl);
         int nclus = 0;
         if (cudaOccupancyMaxActiveClusters(&nclus, fn, &cfg) != cudaSuccess) {
             (void)cudaGetLastError(); /* not supported here */
@@ -283,18 +263,6 @@ kv_status pk_cluster_topk_attr(size_t optin, int ncl, size_t *cmax) {
  * first when fast, a programmatic dependent launch when *pdl. */
 kv_status pk_cluster_topk(const float *csc, long long ld, int C, int kk, int R, int32_t *pos, const int32_t *cand,
                           int32_t *ids, int ncl, int fast, size_t smem, int *pdl, cudaStream_t st) {
-    cudaLaunchAttribute at[2];
-    const pk_cluster_fn fn = pk_cluster_kernel(ncl, fast);
-    cudaLaunchConfig_t cfg = pk_cluster_cfg(at, ncl, R, smem, *pdl, st);
-    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, csc, ld, C, kk, pos, cand, ids);
-    if (e != cudaSuccess && *pdl) { /* refused with PDL: plain launches from now on, as kv_launch */
-        (void)cudaGetLastError();
-        fprintf(stderr, "kvbench: pariskv GPU: a cluster launch with programmatic dependent launch refused (%s): "
-                "plain launches from now on\n", cudaGetErrorString(e));
-        *pdl = 0;
-        cfg.numAttrs = 1;
-        e = cudaLaunchKernelEx(&cfg, fn, csc, ld, C, kk, pos, cand, ids);
-    }
-    KV_CUDA_TRY(e);
-    return KV_OK;
+    return kv_launch_cl(pdl, "pariskv GPU (cluster top-k)", (unsigned)ncl, pk_cluster_kernel(ncl, fast), dim3(ncl, R),
+                        dim3(PK_CTH), smem, st, csc, ld, C, kk, pos, cand, ids);
 }

@@ -205,6 +205,14 @@ int test_gpu_oracle_matches_cpu(void) {
     if (oracle_case(&r, seed, 4, 2, 1500, 48, 0, 1, 50) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (oracle_case(&r, seed, 4, 4, 1000, 128, 1, 0, 100) != KV_TEST_PASS) return KV_TEST_FAIL;
     if (oracle_case(&r, seed, 12, 1, 700, 64, 1, 1, 30) != KV_TEST_PASS) return KV_TEST_FAIL;
+    /* the score kernel with and without the top-k's first histogram (KVBENCH_SCORE_HIST, read at create),
+     * whichever the default: both paths must give the CPU's selections */
+    for (int h = 0; h < 2; h++) {
+        setenv("KVBENCH_SCORE_HIST", h ? "1" : "0", 1);
+        const int st = oracle_case(&r, seed, 8, 2, 5000, 128, 1, 1, 100);
+        unsetenv("KVBENCH_SCORE_HIST");
+        if (st != KV_TEST_PASS) return KV_TEST_FAIL;
+    }
     return KV_TEST_PASS;
 }
 

@@ -207,40 +207,68 @@ template <int N> __device__ __forceinline__ void kv_cp_wait() { asm volatile("cp
 __device__ __forceinline__ void kv_dep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void kv_dep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-/* The host side: launch k with programmatic stream serialization (its blocks may start during the previous
- * kernel on st, and order their reads of its results with kv_dep_wait). Returns the launch's error: a
- * caller that gets one may clear it (cudaGetLastError) and launch plainly. */
-template <typename... A, typename... B>
-cudaError_t kv_launch_pdl(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, B &&...args) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+/* The host side: a launch configuration with programmatic stream serialization when pdl (its blocks may
+ * start during the previous kernel on st, and order their reads of its results with kv_dep_wait) and
+ * thread-block clusters of `cluster` blocks along x when cluster > 0; at[2] holds the attributes. */
+inline cudaLaunchConfig_t kv_launch_cfg(cudaLaunchAttribute at[2], dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                        int pdl, unsigned cluster) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    if (cluster) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = cluster;
+        at[cfg.numAttrs].val.clusterDim.y = 1;
+        at[cfg.numAttrs++].val.clusterDim.z = 1;
+    }
+    if (pdl) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    return cfg;
+}
+
+/* Launch k with programmatic stream serialization (clusters of `cluster` blocks when > 0). Returns the
+ * launch's error: a caller that gets one may clear it (cudaGetLastError) and launch plainly. */
+template <typename... A, typename... B>
+cudaError_t kv_launch_pdl(void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, unsigned cluster,
+                          B &&...args) {
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = kv_launch_cfg(at, grid, block, smem, st, 1, cluster);
     return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
-/* Launch k with programmatic dependent launch when *pdl, else plainly; a launch the driver refuses with
- * the attribute clears *pdl (said once on stderr, naming who) and is made plainly. */
+/* Launch k (in clusters of `cluster` blocks when > 0) with programmatic dependent launch when *pdl, else
+ * plainly; a launch the driver refuses with the attribute clears *pdl (said once on stderr, naming who) and
+ * is made plainly. */
 template <typename... A, typename... B>
-kv_status kv_launch(int *pdl, const char *who, void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                    B &&...args) {
+kv_status kv_launch_cl(int *pdl, const char *who, unsigned cluster, void (*k)(A...), dim3 grid, dim3 block,
+                       size_t smem, cudaStream_t st, B &&...args) {
     if (*pdl) {
-        const cudaError_t e = kv_launch_pdl(k, grid, block, smem, st, args...);
+        const cudaError_t e = kv_launch_pdl(k, grid, block, smem, st, cluster, args...);
         if (e == cudaSuccess) return KV_OK;
         (void)cudaGetLastError(); /* not sticky */
         fprintf(stderr, "kvbench: %s: a launch with programmatic dependent launch refused (%s, grid %u x %u): "
                 "plain launches from now on\n", who, cudaGetErrorString(e), grid.x, grid.y);
         *pdl = 0;
     }
+    if (cluster) {
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = kv_launch_cfg(at, grid, block, smem, st, 0, cluster);
+        KV_CUDA_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+        return KV_OK;
+    }
     k<<<grid, block, smem, st>>>(args...);
     KV_LAUNCH_CHECK();
     return KV_OK;
+}
+template <typename... A, typename... B>
+kv_status kv_launch(int *pdl, const char *who, void (*k)(A...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                    B &&...args) {
+    return kv_launch_cl(pdl, who, 0u, k, grid, block, smem, st, args...);
 }
 
 /* Threadfence reduction: true, in every thread, for the one block that
