@@ -363,9 +363,18 @@ __device__ __forceinline__ void cs_bkeys(const float (&s)[32], unsigned g, unsig
 }
 
 /* The warp's candidates for row r: its gathered keys at or above the bound T (a kv_f2key; compared as the
- * float it is the key of) or, when more than k are, its exact top k (cs_btopk). key0: the key of s[0]. */
+ * float it is the key of) or, when more than k are, its exact top k (cs_btopk). key0: the key of s[0]. A lane
+ * with keys to emit puts its 32 sums in its own row of the warp's shared memory ws (free once cs_bchunk has
+ * returned: rows of CS_BER words, so the 16-B stores of 8 lanes fall on distinct banks) and walks its emitted
+ * keys by their bits, in key order as before; the sums are the same floats, so the output is the same.
+ * Session 31: the loop over all 32 keys (a branch around each key's two stores) cost about 26 SASS
+ * instructions a key that any lane of the warp emitted and 3 one that none did; at 1M tokens a chunk emits
+ * about 14 (cs_bsel's 13.7-14.9 K candidates a row over 1024 chunks, call B). The search (H200, call C, three
+ * rounds interleaved with the loop): 85.1-85.4 -> 82.0-82.1 us at 1M, 33.0 -> 30.5 at 16K, 37.8 -> 34.7 at 128K. */
+constexpr int CS_BER = 36;
+static_assert(32 * CS_BER <= CS_BWS, "csattention: the emit rows fit a warp's shared memory");
 __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const float (&s)[32], unsigned g, int key0,
-                                         unsigned T) {
+                                         unsigned T, float *ws) {
     const float tf = T ? kv_key2f(T) : -INFINITY;
     unsigned e = 0; /* the lane's keys to emit */
 #pragma unroll
@@ -384,15 +393,16 @@ __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const flo
     int at = (int)cs_wscan_in((unsigned)c) - c; /* while the atomic is in flight */
     at += __shfl_sync(0xffffffffu, at0, 0);
     if (!c) return;
-    unsigned *ov = a.bcv + (size_t)r * a.bcap;
-    int32_t *ok = a.bck + (size_t)r * a.bcap;
+    float *row = ws + CS_BER * (threadIdx.x & 31);
 #pragma unroll
-    for (int j = 0; j < 32; j++)
-        if ((e >> j) & 1u) {
-            ov[at] = kv_f2key(s[j]);
-            ok[at] = key0 + j;
-            at++;
-        }
+    for (int q = 0; q < 8; q++) ((float4 *)row)[q] = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+    unsigned *ov = a.bcv + (size_t)r * a.bcap + at;
+    int32_t *ok = a.bck + (size_t)r * a.bcap + at;
+    for (unsigned x = e; x; x &= x - 1) {
+        const int j = __ffs(x) - 1;
+        *ov++ = kv_f2key(row[j]);
+        *ok++ = key0 + j;
+    }
 }
 
 /* The row's per-list set-up (tid < m): the list, its weight and its missing-key default. */
@@ -454,7 +464,7 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32, 6) cs
     kv_dep_wait(); /* cs_bsamp's bound */
     const unsigned T = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX);
     cs_bunion(a, r, g, c * 1024 + lane * 32); /* while the bound is read */
-    cs_bemit(a, r, s, g, c * 1024 + lane * 32, T);
+    cs_bemit(a, r, s, g, c * 1024 + lane * 32, T, cs_bsm + (size_t)w * CS_BWS);
     kv_dep_launch(); /* cs_bsel may be scheduled once every block is here */
 }
 
