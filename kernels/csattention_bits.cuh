@@ -370,7 +370,8 @@ __device__ __forceinline__ void cs_bkeys(const float (&s)[32], unsigned g, unsig
  * Session 31: the loop over all 32 keys (a branch around each key's two stores) cost about 26 SASS
  * instructions a key that any lane of the warp emitted and 3 one that none did; at 1M tokens a chunk emits
  * about 14 (cs_bsel's 13.7-14.9 K candidates a row over 1024 chunks, call B). The search (H200, call C, three
- * rounds interleaved with the loop): 85.1-85.4 -> 82.0-82.1 us at 1M, 33.0 -> 30.5 at 16K, 37.8 -> 34.7 at 128K. */
+ * rounds, each timing the loop's build and this one in turn): 85.1-85.4 -> 82.0-82.1 us at 1M, 33.0 -> 30.5 at
+ * 16K, 37.8 -> 34.7 at 128K. */
 constexpr int CS_BER = 36;
 static_assert(32 * CS_BER <= CS_BWS, "csattention: the emit rows fit a warp's shared memory");
 __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const float (&s)[32], unsigned g, int key0,
