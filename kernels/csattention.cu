@@ -389,7 +389,9 @@ kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
 template <bool MIN, bool W1> kv_status cs_bits_attr() {
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsamp<MIN, W1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)cs_bits_smem(CS_BSW)));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1, false>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared));
+    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared));
     return KV_OK;
 }

@@ -219,8 +219,12 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
  * or, when a chunk holds more than a buffer (> ~512 keys of the list: never at alpha = 0.25 on uniform
  * lists), read from global memory where they are (the slow path). Row offsets are 32-bit products widened
  * once (the view's strides are below 2^32: cs_bview_ld of an int L). Session 14 tried the group's loop
- * unrolled with everything in registers: 128 registers, or spills at 80, and 102 us against 94 (call C). */
-template <bool MIN, bool W1>
+ * unrolled with everything in registers: 128 registers, or spills at 80, and 102 us against 94 (call C).
+ * M8: m = CS_BG known at compile time (cs_bits at the default m = 8: one group, no run-time bound on its
+ * loads and issues); the buffer of list b is a rotating index (b % CS_BNB was a division a list). Session 31
+ * call F, three rounds against the run-time m: search 82.0-82.3 -> 80.8-81.1 us at 1M, 30.6 -> 30.2 at 16K,
+ * 34.3 -> 33.5 at 128K (the static SASS before the list loop about 390 instructions against 610). */
+template <bool MIN, bool W1, bool M8 = false>
 __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *sli, const float *sws,
                                              const float *smn, int c, float *ws, float (&s)[32]) {
     const int lane = threadIdx.x & 31;
@@ -234,8 +238,9 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
 #pragma unroll
     for (int j = 0; j < 32; j++) s[j] = 0.f;
     unsigned g = 0;
-    for (int g0 = 0; g0 < a.m; g0 += CS_BG) {
-        const int mg = a.m - g0 < CS_BG ? a.m - g0 : CS_BG;
+    const int m = M8 ? CS_BG : a.m;
+    for (int g0 = 0; g0 < m; g0 += CS_BG) {
+        const int mg = M8 ? CS_BG : m - g0 < CS_BG ? m - g0 : CS_BG;
         unsigned wv[CS_BG], pk[CS_BG];
         int bv[CS_BG];
 #pragma unroll
@@ -256,11 +261,11 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
             pk[i + 1] = ex >> 16 | (tot & 0xffff0000u);
         }
         auto slow = [&](int bs, unsigned pki) { return (bs & 3) + (int)(pki >> 16) > CS_BBUF - 4; }; /* uniform */
-        auto issue = [&](int i, int bs, unsigned pki) { /* list g0 + i's scores into buffer i % CS_BNB */
+        auto issue = [&](int i, int buf, int bs, unsigned pki) { /* list g0 + i's scores into buffer buf */
             if (i < mg && !slow(bs, pki)) {
                 const int n16 = ((bs & 3) + (int)(pki >> 16) + 3) >> 2;
                 const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3)) + 4 * lane;
-                const unsigned dst = wsa + ((i % CS_BNB) * CS_BBUF + 4 * lane) * 4;
+                const unsigned dst = wsa + (buf * CS_BBUF + 4 * lane) * 4;
                 /* n16 <= (CS_BBUF - 1) / 4 = 129 off the slow path: five predicated copies a lane, no loop
                    (the loop took 2.2 us more at 1M, session 15 call C) */
                 cs_bcp16_at<0>(dst, src, lane < n16);
@@ -283,12 +288,13 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
         for (int i = 0; i < CS_BG; i++)
             if (lane == i) { mybs = bv[i]; mypk = pk[i]; }
         __syncwarp();
-        auto issue_any = [&](int i) {
-            issue(i, __shfl_sync(0xffffffffu, mybs, i & 31), __shfl_sync(0xffffffffu, mypk, i & 31));
+        auto issue_any = [&](int i, int buf) {
+            issue(i, buf, __shfl_sync(0xffffffffu, mybs, i & 31), __shfl_sync(0xffffffffu, mypk, i & 31));
         };
-        for (int i = 0; i < CS_BNA; i++) issue_any(i);
-        for (int b = 0; b < mg; b++) {
-            issue_any(b + CS_BNA);
+        for (int i = 0; i < CS_BNA; i++) issue_any(i, i);
+        /* bb = b % CS_BNB, the buffer list b is added from; list b + CS_BNA goes to the one before it */
+        for (int b = 0, bb = 0; b < mg; b++, bb = bb == CS_BNB - 1 ? 0 : bb + 1) {
+            issue_any(b + CS_BNA, bb == 0 ? CS_BNB - 1 : bb - 1);
             asm volatile("cp.async.wait_group %0;\n" ::"n"(CS_BNA) : "memory");
             __syncwarp();
             const unsigned wc = swd[b * 32 + lane];
@@ -297,11 +303,11 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
                 cs_badd<MIN, W1>(a.val + ((size_t)(unsigned)sli[g0 + b] * BL + (unsigned)o), wc, km, sws[g0 + b],
                                  smn[g0 + b], s);
             else if (km == 0xffffffffu)
-                cs_badd_sh<MIN, W1>(wsa + ((b % CS_BNB) * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
-                                    wsa + (b % CS_BNB) * CS_BBUF * 4);
-            else cs_badd<MIN, W1>(ws + (b % CS_BNB) * CS_BBUF + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+                cs_badd_sh<MIN, W1>(wsa + (bb * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
+                                    wsa + bb * CS_BBUF * 4);
+            else cs_badd<MIN, W1>(ws + bb * CS_BBUF + o, wc, km, sws[g0 + b], smn[g0 + b], s);
             g |= wc & km;
-            __syncwarp(); /* buffer b % CS_BNB is refilled next */
+            __syncwarp(); /* buffer bb is refilled next */
         }
     }
     return g;
@@ -450,7 +456,7 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
 
 /* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; 6 blocks an SM (80 registers), as many as the
  * blocks' shared memory allows. */
-template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
+template <bool MIN, bool W1, bool M8> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];
@@ -461,7 +467,7 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BW * 32, 6) cs
     if (cr >= a.nreg) return; /* whole warps: no barrier follows */
     const int c = a.clo + cr;
     float s[32];
-    const unsigned g = cs_bchunk<MIN, W1>(a, sli, sws, smn, c, cs_bsm + (size_t)w * CS_BWS, s);
+    const unsigned g = cs_bchunk<MIN, W1, M8>(a, sli, sws, smn, c, cs_bsm + (size_t)w * CS_BWS, s);
     kv_dep_wait(); /* cs_bsamp's bound */
     const unsigned T = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX);
     cs_bunion(a, r, g, c * 1024 + lane * 32); /* while the bound is read */

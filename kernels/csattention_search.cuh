@@ -194,8 +194,11 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
     void (*samp)(cs_bits_args) = missing == 1 ? (weight ? cs_bsamp<true, false> : cs_bsamp<true, true>)
                                               : (weight ? cs_bsamp<false, false> : cs_bsamp<false, true>);
-    void (*main_k)(cs_bits_args) = missing == 1 ? (weight ? cs_bits<true, false> : cs_bits<true, true>)
-                                                : (weight ? cs_bits<false, false> : cs_bits<false, true>);
+    void (*main_k)(cs_bits_args) =
+        c.m == CS_BG ? (missing == 1 ? (weight ? cs_bits<true, false, true> : cs_bits<true, true, true>)
+                                      : (weight ? cs_bits<false, false, true> : cs_bits<false, true, true>))
+                      : (missing == 1 ? (weight ? cs_bits<true, false, false> : cs_bits<true, true, false>)
+                                      : (weight ? cs_bits<false, false, false> : cs_bits<false, true, false>));
     if (S > 0) KV_TRY(kv_launch(&g->bpdl, "csattention GPU", samp, dim3(R, SB), dim3(CS_BSW * 32), cs_bits_smem(CS_BSW),
                                 g->st, a));
     int plain = 0; /* without cs_bsamp, cs_bits reads cs_nearest's lists at once: after it */
