@@ -455,7 +455,7 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
 }
 
 /* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; 6 blocks an SM (80 registers), as many as the
- * blocks' shared memory allows. */
+ * blocks' shared memory allows. M8: m = CS_BG, known at compile time (cs_bits_launch picks it; cs_bchunk). */
 template <bool MIN, bool W1, bool M8> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
