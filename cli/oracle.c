@@ -238,8 +238,7 @@ kv_status kv_oracle_create_ks(const kv_layer *L, float scale, int sink, int loca
         if (!o->scores || !o->scratch || !o->acc || !o->ew || !o->bad_pos) st = KV_ERR_NOMEM;
     }
     if (st == KV_OK && o->gpu) { /* the evaluation on the device, or (KVBENCH_HOST_EVAL=1, the reference) the host */
-        const char *he = getenv("KVBENCH_HOST_EVAL");
-        o->host_eval = he && !strcmp(he, "1");
+        o->host_eval = kv_env_is1("KVBENCH_HOST_EVAL");
         if (multi(o)) st = o->host_eval ? alloc_sorted(o) : kv_gpu_attn_multi_init(o->gpu, ks, nk, profile);
         if (st == KV_OK && multi(o) && !(o->unc = kv_malloc((size_t)L->Hq * sizeof(int), "oracle heads"))) st = KV_ERR_NOMEM;
     }

@@ -299,16 +299,11 @@ kv_status ct_create_go(kv_ct_gpu *g, int own_keys) {
     const int smx = (int)g->search_smem_max;
     KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
     KV_CUDA_TRY(cudaFuncSetAttribute(cts_search<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, smx));
-    const char *env = getenv("KVBENCH_CTKVR_STAGED");
-    g->staged = env && env[0] == '1';
-    env = getenv("KVBENCH_CTKVR_FUSED");
-    g->fused_v1 = env && env[0] == '1';
-    env = getenv("KVBENCH_CTKVR_V2");
-    g->v2 = env && env[0] == '1';
-    env = getenv("KVBENCH_CTKVR_DIST");
-    g->nodist = env && env[0] == '0';
-    env = getenv("KVBENCH_CTKVR_PREFETCH");
-    g->pf = env && env[0] == '1';
+    g->staged = kv_env_is1("KVBENCH_CTKVR_STAGED");
+    g->fused_v1 = kv_env_is1("KVBENCH_CTKVR_FUSED");
+    g->v2 = kv_env_is1("KVBENCH_CTKVR_V2");
+    g->nodist = !kv_env_on("KVBENCH_CTKVR_DIST");
+    g->pf = kv_env_is1("KVBENCH_CTKVR_PREFETCH");
     return KV_OK;
 }
 

@@ -1156,10 +1156,9 @@ static kv_status kv_pariskv_gpu_create(const kv_pariskv_gpu_cfg *cfg, kv_pariskv
     /* 1: the fused search (3-4 launches). Not the default: on the H100 it
      * took 52.8 / 74.9 / 243.9 us at 16K / 128K / 1M against the six-launch
      * path's 46.9 / 73.7 / 177.5 (scripts/dev/s4-pk.sh, same call) */
-    const char *fe = getenv("KVBENCH_PK_FUSED");
-    p->fused = fe && fe[0] == '1' && !fe[1];
-    const char *s8 = getenv("KVBENCH_PK_SCORE8"); /* 1: 8-bit collision scores (fused path; scores <= 254) */
-    p->score8 = p->fused && s8 && s8[0] == '1' && !s8[1] && PK_TIERS * c->nb <= 254;
+    p->fused = kv_env_is1("KVBENCH_PK_FUSED");
+    /* KVBENCH_PK_SCORE8=1: 8-bit collision scores (fused path; scores <= 254) */
+    p->score8 = p->fused && kv_env_is1("KVBENCH_PK_SCORE8") && PK_TIERS * c->nb <= 254;
     p->pdl = kv_env_on("KVBENCH_PK_PDL");
     for (int i = 0; i < 8; i++) p->lv.level[i] = c->level[i];
     for (int i = 0; i < 7; i++) p->lv.thr[i] = c->thr[i];

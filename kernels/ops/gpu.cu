@@ -178,7 +178,6 @@ kv_status kv_cuda_dev_query(kv_cuda_dev *d) {
     KV_CUDA_TRY(cudaDeviceGetAttribute(&d->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     KV_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
     d->l2_bytes = (size_t)v;
-    const char *e = getenv("KVBENCH_SCORE_HIST");
-    d->score_hist = e && !strcmp(e, "1");
+    d->score_hist = kv_env_is1("KVBENCH_SCORE_HIST");
     return KV_OK;
 }

@@ -52,6 +52,11 @@ int kv_env_on(const char *name) {
     return !(e && !strcmp(e, "0"));
 }
 
+int kv_env_is1(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "1");
+}
+
 double kv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -54,6 +54,8 @@ double kv_now(void);
 
 /* 1 unless the environment variable is "0": the switches that turn a default off (KVBENCH_...=0). */
 int kv_env_on(const char *name);
+/* 1 when the environment variable is exactly "1": the switches that turn a non-default path on (KVBENCH_...=1). */
+int kv_env_is1(const char *name);
 
 /* Deterministic PRNG (splitmix64 seeding + xoshiro256**), one state per
  * user: no global state. */
