@@ -176,6 +176,13 @@ kv_status cs_tile_launch(kv_cs_gpu *g, int variant, int pool, int missing, int w
     return cs_cand_launch(g, variant, R, nt, k, kk);
 }
 
+/* The bit-view kernels for missing=min (MIN) or zero and weight=none (W1) or not: cs_bsamp, and cs_bits's M8
+ * instance when m = CS_BG. */
+template <bool MIN, bool W1> void cs_bits_kernels(int m, void (**samp)(cs_bits_args), void (**main_k)(cs_bits_args)) {
+    *samp = cs_bsamp<MIN, W1>;
+    *main_k = m == CS_BG ? cs_bits<MIN, W1, true> : cs_bits<MIN, W1, false>;
+}
+
 /* The bit-view search (csattention_bits.cuh) on g->st, q on the device: cs_nearest, then cs_bsamp, cs_bits
  * and cs_bsel as programmatic dependent launches (unless KVBENCH_CS_PDL=0: cs_bits's blocks start beside
  * cs_bsamp's and wait for it only to read the bound): the top kk = min(k, hi - sink) to oidx [R][kk] and nu
@@ -192,13 +199,9 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
                             c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
                             want_u ? g->u : NULL, c.T};
     KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
-    void (*samp)(cs_bits_args) = missing == 1 ? (weight ? cs_bsamp<true, false> : cs_bsamp<true, true>)
-                                              : (weight ? cs_bsamp<false, false> : cs_bsamp<false, true>);
-    void (*main_k)(cs_bits_args) =
-        c.m == CS_BG ? (missing == 1 ? (weight ? cs_bits<true, false, true> : cs_bits<true, true, true>)
-                                      : (weight ? cs_bits<false, false, true> : cs_bits<false, true, true>))
-                      : (missing == 1 ? (weight ? cs_bits<true, false, false> : cs_bits<true, true, false>)
-                                      : (weight ? cs_bits<false, false, false> : cs_bits<false, true, false>));
+    void (*samp)(cs_bits_args), (*main_k)(cs_bits_args);
+    (missing == 1 ? (weight ? cs_bits_kernels<true, false> : cs_bits_kernels<true, true>)
+                  : (weight ? cs_bits_kernels<false, false> : cs_bits_kernels<false, true>))(c.m, &samp, &main_k);
     if (S > 0) KV_TRY(kv_launch(&g->bpdl, "csattention GPU", samp, dim3(R, SB), dim3(CS_BSW * 32), cs_bits_smem(CS_BSW),
                                 g->st, a));
     int plain = 0; /* without cs_bsamp, cs_bits reads cs_nearest's lists at once: after it */
