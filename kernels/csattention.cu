@@ -55,6 +55,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include <cub/cub.cuh>
 
 #include "csattention.h"

@@ -55,7 +55,8 @@
  * boundary below the base) into one of CS_BNB buffers, CS_BNA lists ahead of
  * the one it adds; a chunk with more than ~512 entries of one list (twice
  * the mean at alpha = 0.25; possible on real traces, whose lists cluster)
- * is read from global memory where it lies (the slow path, same sums).
+ * is read from global memory where it lies (the slow path, same sums), as are the words at the region's
+ * edges (the sink's chunk, the last one).
  * Update (cs_bappend, a warp per list, after cs_try_insert recorded what
  * each heap did): an evicted key's score leaves its chunk's run (the run's
  * later scores move down one slot, its bit clears, a hole stays at the run's
@@ -74,9 +75,9 @@ constexpr int CS_BG = 8;           /* lists whose words are loaded at once */
 constexpr int CS_BSEL = 1024;      /* threads of cs_bsel */
 constexpr int CS_BSELC = 16384;    /* candidates cs_bsel keeps in shared memory (more are read from L2; 8192 sent
                                       the 1M search's rows to the radix path, session 14 call B) */
-/* A warp's shared memory (4-B words): the buffers, then for the general path (cs_bchunk) per list of the
- * group its words and the lanes' first slots. */
-constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32;
+/* A warp's shared memory (4-B words): the buffers, then (cs_bchunk) per list of the group its words, the
+ * lanes' first slots and the 64-bit address its run is copied from. */
+constexpr int CS_BWS = CS_BNB * CS_BBUF + 2 * CS_BG * 32 + 2 * CS_BG;
 
 /* Row stride of the view's scores: L + slack for the holes evictions leave, a multiple of 4. */
 inline long long cs_bview_ld(int L) { return ((long long)L + L / 8 + 64 + 3) & ~3LL; }
@@ -214,27 +215,39 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
  * s[32] (key c*1024 + 32 lane + j), lists in the CPU's subspace order; returns the lane's gathered keys (in
  * a list and in [lo, hi)). ws: the warp's CS_BWS words of shared memory. Per group of CS_BG lists: every
  * word and base loaded at once, the lanes' first slots by one scan per two lists (pk: the slot | the list's
- * count << 16); the words and slots go to shared memory, list i's base and pk stay with lane i (read by
- * shuffles); then each list's scores are copied (16-B cp.async, CS_BNA lists ahead) into a buffer and added,
- * or, when a chunk holds more than a buffer (> ~512 keys of the list: never at alpha = 0.25 on uniform
- * lists), read from global memory where they are (the slow path). Row offsets are 32-bit products widened
- * once (the view's strides are below 2^32: cs_bview_ld of an int L). Session 14 tried the group's loop
- * unrolled with everything in registers: 128 registers, or spills at 80, and 102 us against 94 (call C).
- * M8: m = CS_BG known at compile time (cs_bits at the default m = 8: one group, no run-time bound on its
- * loads and issues); the buffer of list b is a rotating index (b % CS_BNB was a division a list). Session 31
- * call F, three rounds against the run-time m: search 82.0-82.3 -> 80.8-81.1 us at 1M, 30.6 -> 30.2 at 16K,
- * 34.3 -> 33.5 at 128K (the static SASS before the list loop about 390 instructions against 610). */
+ * count << 16); the words, the slots (from the run's 16-B boundary) and each list's run address go to
+ * shared memory, list i's 16-B pieces stay with lane i (read by a shuffle); then each list's scores are
+ * copied (16-B cp.async, CS_BNA lists ahead) into a buffer and added, or, when a chunk holds more than a
+ * buffer (> ~512 keys of the list: never at alpha = 0.25 on uniform lists; slowm) or for a word at the
+ * region's edge (km), read from global memory where they are (the slow path). Row offsets are 32-bit
+ * products widened once (the view's strides are below 2^32: cs_bview_ld of an int L). Session 14 tried the
+ * group's loop unrolled with everything in registers: 128 registers, or spills at 80, and 102 us against 94
+ * (call C). M8: m = CS_BG known at compile time (cs_bits at the default m = 8: one group, no run-time bound
+ * on its loads and issues); the buffer of list b is a rotating index (b % CS_BNB was a division a list).
+ * Session 31 call F, three rounds against the run-time m: search 82.0-82.3 -> 80.8-81.1 us at 1M, 30.6 ->
+ * 30.2 at 16K, 34.3 -> 33.5 at 128K (the static SASS before the list loop about 390 instructions against
+ * 610). Session 32: the list loop twice, FAST (every list staged, every word in the region: the shared-memory
+ * adds alone) and the general one, chosen per chunk; km kept in a register (ptxas recomputed its 30
+ * instructions for every list) and the run addresses computed once a chunk. By Nsight Compute's source
+ * counters (call A) cs_bits spent about 256 warp instructions a list at 1M tokens, 132 of them the adds; the
+ * FAST loop has about 180 (static SASS). Kept rolled (#pragma unroll 1): unrolled, its 1379 straight-line
+ * instructions took 16K from 30.5 to 31.8 us and 128K from 33.9 to 37.3 (call D; call C's whole-chunk
+ * template copy likewise: 32.5 and 37.5). Call D, three rounds each: search 81.3-81.4 -> 74.8-75.1 us at 1M,
+ * 30.4-30.6 -> 29.9-30.0 at 16K, 33.8-34.0 -> 33.5-33.7 at 128K; cs_bits alone under ncu 62.2 -> 55.3 us
+ * at 1M, 18.5 -> 17.8 at 128K. */
 template <bool MIN, bool W1, bool M8 = false>
 __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *sli, const float *sws,
                                              const float *smn, int c, float *ws, float (&s)[32]) {
     const int lane = threadIdx.x & 31;
     const long long wi = (long long)c * 32 + lane, k0 = wi * 32, d0 = a.lo - k0, d1 = a.hi - k0;
-    const unsigned km = (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
-                        (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
+    unsigned km; /* through a volatile move: ptxas otherwise recomputed it for every list (30 SASS instructions) */
+    asm volatile("mov.b32 %0, %1;" : "=r"(km) : "r"((d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
+                                                    (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1))));
     const unsigned BW = (unsigned)a.BW, NCH = (unsigned)a.NCH, BL = (unsigned)a.BL;
     const unsigned wsa = (unsigned)__cvta_generic_to_shared(ws); /* the buffers' shared-memory address */
     unsigned *swd = (unsigned *)(ws + CS_BNB * CS_BBUF);
     int *sof = (int *)(swd + CS_BG * 32);
+    const float **ssrc = (const float **)(sof + CS_BG * 32);
 #pragma unroll
     for (int j = 0; j < 32; j++) s[j] = 0.f;
     unsigned g = 0;
@@ -260,55 +273,60 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
             pk[i] = (ex & 0xffffu) | tot << 16;
             pk[i + 1] = ex >> 16 | (tot & 0xffff0000u);
         }
-        auto slow = [&](int bs, unsigned pki) { return (bs & 3) + (int)(pki >> 16) > CS_BBUF - 4; }; /* uniform */
-        auto issue = [&](int i, int buf, int bs, unsigned pki) { /* list g0 + i's scores into buffer buf */
-            if (i < mg && !slow(bs, pki)) {
-                const int n16 = ((bs & 3) + (int)(pki >> 16) + 3) >> 2;
-                const float *src = a.val + ((size_t)(unsigned)sli[g0 + i] * BL + (unsigned)(bs & ~3)) + 4 * lane;
-                const unsigned dst = wsa + (buf * CS_BBUF + 4 * lane) * 4;
-                /* n16 <= (CS_BBUF - 1) / 4 = 129 off the slow path: five predicated copies a lane, no loop
-                   (the loop took 2.2 us more at 1M, session 15 call C) */
-                cs_bcp16_at<0>(dst, src, lane < n16);
-                cs_bcp16_at<512>(dst, src, lane + 32 < n16);
-                cs_bcp16_at<1024>(dst, src, lane + 64 < n16);
-                cs_bcp16_at<1536>(dst, src, lane + 96 < n16);
-                cs_bcp16_at<2048>(dst, src, lane + 128 < n16);
-            }
-            asm volatile("cp.async.commit_group;\n" ::: "memory"); /* one group a list, empty or not */
-        };
-        /* the words and first slots to shared memory; lane i < mg keeps list i's base and pk (read by shuffles) */
+        /* the words and first slots (from the run's 16-B boundary) to shared memory; lane i < mg: list g0 + i's
+           run start (that boundary, ssrc) and its 16-B pieces; slowm: the lists too long to stage (bit i) */
 #pragma unroll
         for (int i = 0; i < CS_BG; i++) {
             swd[i * 32 + lane] = wv[i];
-            sof[i * 32 + lane] = (int)(pk[i] & 0xffffu) + (slow(bv[i], pk[i]) ? bv[i] : bv[i] & 3);
+            sof[i * 32 + lane] = (int)(pk[i] & 0xffffu) + (bv[i] & 3);
         }
         int mybs = 0;
         unsigned mypk = 0;
 #pragma unroll
         for (int i = 0; i < CS_BG; i++)
             if (lane == i) { mybs = bv[i]; mypk = pk[i]; }
+        const int myn16 = ((mybs & 3) + (int)(mypk >> 16) + 3) >> 2;
+        const unsigned slowm = __ballot_sync(0xffffffffu, lane < mg && (mybs & 3) + (int)(mypk >> 16) > CS_BBUF - 4);
+        if (lane < mg) ssrc[lane] = a.val + ((size_t)(unsigned)sli[g0 + lane] * BL + (unsigned)(mybs & ~3));
+        const unsigned dst0 = wsa + 16 * lane;
         __syncwarp();
-        auto issue_any = [&](int i, int buf) {
-            issue(i, buf, __shfl_sync(0xffffffffu, mybs, i & 31), __shfl_sync(0xffffffffu, mypk, i & 31));
+        auto issue_any = [&](int i, int buf) { /* list g0 + i's scores into buffer buf */
+            if (i < mg && !((slowm >> i) & 1u)) {
+                const float *src = ssrc[i] + 4 * lane;
+                const int r = __shfl_sync(0xffffffffu, myn16, i & 31) - lane;
+                const unsigned dst = dst0 + buf * (CS_BBUF * 4);
+                /* r + lane <= (CS_BBUF - 1) / 4 = 129 pieces off the slow path: five predicated copies a lane, no
+                   loop (the loop took 2.2 us more at 1M, session 15 call C) */
+                cs_bcp16_at<0>(dst, src, r > 0);
+                cs_bcp16_at<512>(dst, src, r > 32);
+                cs_bcp16_at<1024>(dst, src, r > 64);
+                cs_bcp16_at<1536>(dst, src, r > 96);
+                cs_bcp16_at<2048>(dst, src, r > 128);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory"); /* one group a list, empty or not */
         };
         for (int i = 0; i < CS_BNA; i++) issue_any(i, i);
-        /* bb = b % CS_BNB, the buffer list b is added from; list b + CS_BNA goes to the one before it */
-        for (int b = 0, bb = 0; b < mg; b++, bb = bb == CS_BNB - 1 ? 0 : bb + 1) {
-            issue_any(b + CS_BNA, bb == 0 ? CS_BNB - 1 : bb - 1);
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(CS_BNA) : "memory");
-            __syncwarp();
-            const unsigned wc = swd[b * 32 + lane];
-            const int o = sof[b * 32 + lane];
-            if (slow(__shfl_sync(0xffffffffu, mybs, b), __shfl_sync(0xffffffffu, mypk, b)))
-                cs_badd<MIN, W1>(a.val + ((size_t)(unsigned)sli[g0 + b] * BL + (unsigned)o), wc, km, sws[g0 + b],
-                                 smn[g0 + b], s);
-            else if (km == 0xffffffffu)
-                cs_badd_sh<MIN, W1>(wsa + (bb * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
-                                    wsa + bb * CS_BBUF * 4);
-            else cs_badd<MIN, W1>(ws + bb * CS_BBUF + o, wc, km, sws[g0 + b], smn[g0 + b], s);
-            g |= wc & km;
-            __syncwarp(); /* buffer bb is refilled next */
-        }
+        /* bb = b % CS_BNB, the buffer list b is added from; list b + CS_BNA goes to the one before it. FAST: every
+           list staged and every word in the region (warp-uniform), the shared-memory adds alone */
+        auto lists = [&](auto fast) {
+#pragma unroll 1
+            for (int b = 0, bb = 0; b < mg; b++, bb = bb == CS_BNB - 1 ? 0 : bb + 1) {
+                issue_any(b + CS_BNA, bb == 0 ? CS_BNB - 1 : bb - 1);
+                asm volatile("cp.async.wait_group %0;\n" ::"n"(CS_BNA) : "memory");
+                __syncwarp();
+                const unsigned wc = swd[b * 32 + lane];
+                const int o = sof[b * 32 + lane];
+                if (decltype(fast)::value || (!((slowm >> b) & 1u) && km == 0xffffffffu))
+                    cs_badd_sh<MIN, W1>(wsa + (bb * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
+                                        wsa + bb * CS_BBUF * 4);
+                else /* a list too long to stage, or a word at the region's edge: from global memory */
+                    cs_badd<MIN, W1, false>(ssrc[b] + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+                g |= wc & km;
+                __syncwarp(); /* buffer bb is refilled next */
+            }
+        };
+        if (!slowm && __all_sync(0xffffffffu, km == 0xffffffffu)) lists(std::true_type{});
+        else lists(std::false_type{});
     }
     return g;
 }

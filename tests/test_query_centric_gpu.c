@@ -150,6 +150,16 @@ int test_csattention_gpu_bits_unsampled_match_cpu(void) {
     return cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, "KVBENCH_CS_SAMPLE=0");
 }
 
+/* The bit view's paths from global memory (csattention_bits.cuh, cs_bchunk): alpha = 0.8 puts ~800 of a
+ * chunk's 1024 keys in each list, above a staging buffer's ~508 (every list has such a chunk: its 2397
+ * entries over 3 chunks), so those lists are read where they lie, beside the region's edge words (the sink,
+ * the last chunk); missing=min reads every key's value or the list's minimum on that path too. */
+static const char *cs_long[][7] = {
+    {"m=8", "C=4", "alpha=0.8", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
+    {"m=4", "C=4", "alpha=0.8", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
+};
+int test_csattention_gpu_bits_long_runs_match_cpu(void) { return cs_gpu_matches_cpu(4000, 3000, 50, cs_long, 2, NULL); }
+
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
  * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
  * (KVBENCH_CS_SLOTS=1, the previous one), 16 slots at 2048 keys, the ring 1024 x 4 with searched ranges (the
