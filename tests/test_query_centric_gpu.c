@@ -151,7 +151,7 @@ int test_csattention_gpu_bits_unsampled_match_cpu(void) {
 }
 
 /* The bit view's paths from global memory (csattention_bits.cuh, cs_bchunk): alpha = 0.8 puts ~800 of a
- * chunk's 1024 keys in each list, above a staging buffer's ~508 (every list has such a chunk: its 2397
+ * chunk's 1024 keys in each list, above a staging buffer's ~512 (every list has such a chunk: its 2397
  * entries over 3 chunks), so those lists are read where they lie, beside the region's edge words (the sink,
  * the last chunk); missing=min reads every key's value or the list's minimum on that path too. */
 static const char *cs_long[][7] = {
