@@ -145,12 +145,12 @@ __device__ __forceinline__ int cs_bge(const unsigned (&u)[32], unsigned x) {
     return c;
 }
 
-/* Add one list's scores of the lane's word wc (p: its first score, in shared or global memory) to s, in
- * the CPU's arithmetic: missing=zero adds w v for the keys in the list, missing=min w (v or mn) for every
- * key of the region (km); W1: w = 1 exactly, the product is v. Branch-free: every step loads *p (the
+/* Add one list's scores of the lane's word wc (p: its first score, in global memory: a list too long to
+ * stage, or a word at the region's edge) to s, in the CPU's arithmetic: missing=zero adds w v for the keys
+ * in the list, missing=min w (v or mn) for every key of the region (km); W1: w = 1 exactly, the product is v. Branch-free: every step loads *p (the
  * next lane's first score, or the slack after the last one, once the lane's own are done) and moves p by
  * the key's bit. */
-template <bool MIN, bool W1, bool FULL>
+template <bool MIN, bool W1>
 __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km, float w, float mn, float (&s)[32]) {
 #pragma unroll
     for (int j = 0; j < 32; j++) {
@@ -159,10 +159,10 @@ __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km
         p += in;
         if (MIN) {
             v = in ? v : mn;
-            if (FULL || ((km >> j) & 1u)) s[j] = __fadd_rn(s[j], W1 ? v : __fmul_rn(w, v));
+            if ((km >> j) & 1u) s[j] = __fadd_rn(s[j], W1 ? v : __fmul_rn(w, v));
         } else {
             const float t = __fadd_rn(s[j], W1 ? v : __fmul_rn(w, v));
-            s[j] = in && (FULL || ((km >> j) & 1u)) ? t : s[j];
+            s[j] = in && ((km >> j) & 1u) ? t : s[j];
         }
     }
 }
@@ -203,12 +203,6 @@ __device__ __forceinline__ void cs_badd_sh(unsigned sa, unsigned wc, float w, fl
                          "add.rn.f32 %0, %0, v;\n\t}"
                          : "+f"(s[j]), "+r"(sa) : "r"(wc), "r"(1u << j), "f"(w), "f"(mn));
     }
-}
-
-template <bool MIN, bool W1>
-__device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km, float w, float mn, float (&s)[32]) {
-    if (km == 0xffffffffu) cs_badd<MIN, W1, true>(p, wc, km, w, mn, s); /* every key of the word in the region */
-    else cs_badd<MIN, W1, false>(p, wc, km, w, mn, s);
 }
 
 /* The sums of region chunk c for the row whose lists are sli (weights sws, missing=min defaults smn) into
@@ -320,7 +314,7 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
                     cs_badd_sh<MIN, W1>(wsa + (bb * CS_BBUF + o) * 4, wc, sws[g0 + b], smn[g0 + b], s,
                                         wsa + bb * CS_BBUF * 4);
                 else /* a list too long to stage, or a word at the region's edge: from global memory */
-                    cs_badd<MIN, W1, false>(ssrc[b] + o, wc, km, sws[g0 + b], smn[g0 + b], s);
+                    cs_badd<MIN, W1>(ssrc[b] + o, wc, km, sws[g0 + b], smn[g0 + b], s);
                 g |= wc & km;
                 __syncwarp(); /* buffer bb is refilled next */
             }
