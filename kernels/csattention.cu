@@ -366,6 +366,7 @@ struct kv_cs_gpu {
     int32_t *bck;
     long long bcap;
     int bsample;          /* region chunks a sample block (KVBENCH_CS_SAMPLE; 0: none, every warp bounds itself) */
+    int bsnone;           /* regions of at most this many chunks go unsampled: CS_BSNONE (0 if KVBENCH_CS_SAMPLE is set) */
     int bpdl;             /* the launches after cs_nearest programmatic dependent ones (KVBENCH_CS_PDL=0: plain) */
     int tlast;            /* the last key indexed (appends must come after it) */
     int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
@@ -480,6 +481,7 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         char *eend = NULL;
         const long bs = esam ? strtol(esam, &eend, 10) : CS_BSPAN;
         g->bsample = (int)bs;
+        g->bsnone = esam ? 0 : CS_BSNONE;
         if ((esam && (eend == esam || *eend)) || bs < 0 || (bs > 0 && (bs < 16 || bs > 65536)))
             return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_SAMPLE: expected 0 (no sample) or 16 to 65536 region chunks a "
                                          "sample block, found '%s'", esam);

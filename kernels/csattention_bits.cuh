@@ -48,8 +48,10 @@
  * cs_bsamp, cs_bits and cs_bsel are programmatic dependent launches
  * (KVBENCH_CS_PDL=0: plain): cs_bits's blocks start beside cs_bsamp's and
  * wait for it only before reading the bound, so the sample costs little
- * more than its bytes; KVBENCH_CS_SAMPLE=0 drops it (every warp then bounds
- * itself: the exact top-k path everywhere, which the tests use).
+ * more than its bytes at long contexts. In a region of at most CS_BSNONE
+ * chunks its latency would be the search's critical path, so there it is
+ * left out, and KVBENCH_CS_SAMPLE=0 drops it everywhere (every warp then
+ * bounds itself: the exact top-k path).
  * Staging: per group of 8 lists a warp loads every word and base at once,
  * then copies each list's scores for its chunk (16 B cp.async from the 16-B
  * boundary below the base) into one of CS_BNB buffers, CS_BNA lists ahead of
@@ -66,6 +68,10 @@
 
 constexpr int CS_BW = 4;           /* warps (chunks of 1024 keys) a block of cs_bits */
 constexpr int CS_BSW = 16;         /* warps (sample chunks) a block of cs_bsamp */
+constexpr int CS_BSNONE = 64;      /* a region of at most this many chunks is searched without the sample (unless
+                                      KVBENCH_CS_SAMPLE is set): there the sample's latency is on the search's critical
+                                      path. Search with / without it, session 33 call C: 29.9 / 27.2 us at 16K, 30.6 /
+                                      28.6 at 32K, 32.5 / 31.2 at 64K; call B at 128K: 33.4 / 39.5 */
 constexpr int CS_BSPAN = 512;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 2 blocks a row,
                                       32 chunks: 91.6 us against 92.5 at 256 and 96.3 at 1024, session 15 call C) */
 constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */

@@ -187,14 +187,18 @@ template <bool MIN, bool W1> void cs_bits_kernels(int m, void (**samp)(cs_bits_a
  * and cs_bsel as programmatic dependent launches (unless KVBENCH_CS_PDL=0: cs_bits's blocks start beside
  * cs_bsamp's and wait for it only to read the bound): the top kk = min(k, hi - sink) to oidx [R][kk] and nu
  * (and u when want_u). The sample: a quarter of the region's chunks up to 16 (one cs_bsamp block a row),
- * one more block of 16 every CS_BSPAN = 512 region chunks (KVBENCH_CS_SAMPLE=N: every N; 0: no sample). */
+ * one more block of 16 every CS_BSPAN = 512 region chunks (KVBENCH_CS_SAMPLE=N: every N; 0: no sample); none for
+ * a region of at most CS_BSNONE = 64 chunks unless KVBENCH_CS_SAMPLE is set. */
 kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
     const kv_cs_gpu_config &c = g->c;
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n;
     if (n <= 0 || kk <= 0) return KV_OK;
     const int clo = lo >> 10, nreg = ((hi - 1) >> 10) - clo + 1;
     const int SB = g->bsample && nreg / g->bsample > 1 ? nreg / g->bsample : 1;
-    const int S = !g->bsample ? 0 : nreg / 4 < 1 ? 1 : nreg / 4 < SB * CS_BSW ? nreg / 4 : SB * CS_BSW;
+    const int S = !g->bsample || nreg <= g->bsnone ? 0
+                  : nreg / 4 < 1                 ? 1
+                  : nreg / 4 < SB * CS_BSW       ? nreg / 4
+                                                 : SB * CS_BSW;
     const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
                             c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
                             want_u ? g->u : NULL, c.T};

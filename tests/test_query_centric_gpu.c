@@ -134,8 +134,9 @@ int test_csattention_gpu_sort_matches_cpu(void) { return cs_gpu_matches_cpu(640,
 /* Several tiles of 4096 keys, a tile's entries above the staged kernel's 6144-entry window and above the
  * pipelined kernel's 2048-entry pieces (m = 8, alpha = 0.25: ~1000 per list and tile, ~8000 per tile), and
  * enough decode keys that lists evict past their views' slack (compaction: the by-key view's L/16 + 34 and
- * the bit view's L/8 + 64 slots; ~3800 decode keys, L = 2250). For the bit view: 13 chunks of 1024 keys, 3
- * of them sampled for the bound, every chunk's warp emitting above it. */
+ * the bit view's L/8 + 64 slots; ~3800 decode keys, L = 2250). For the bit view: 13 chunks of 1024 keys,
+ * at most CS_BSNONE = 64, so by default every chunk's warp bounds itself; under KVBENCH_CS_SAMPLE=512 3 of them
+ * are sampled for the bound and every warp emits above it. */
 static const char *cs_big[][7] = {
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=zero", "pool=none", "kmeans=host"},
     {"m=8", "C=4", "alpha=0.25", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
@@ -159,6 +160,15 @@ static const char *cs_long[][7] = {
     {"m=4", "C=4", "alpha=0.8", "iters=2", "missing=min", "pool=mean", "kmeans=host"},
 };
 int test_csattention_gpu_bits_long_runs_match_cpu(void) { return cs_gpu_matches_cpu(4000, 3000, 50, cs_long, 2, NULL); }
+
+/* The sample blocks (cs_bsamp) at regions of at most CS_BSNONE = 64 chunks, where the default leaves them out:
+ * KVBENCH_CS_SAMPLE set samples every region (1 to 13 chunks here), the bound from the sample's lane maxima. */
+int test_csattention_gpu_bits_sampled_match_cpu(void) {
+    static const char *env = "KVBENCH_CS_SAMPLE=512";
+    if (cs_gpu_matches_cpu_at(640, 400, 16, cs_sets, 4, env) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, env) != KV_TEST_PASS) return KV_TEST_FAIL;
+    return cs_gpu_matches_cpu_at(4000, 3000, 50, cs_long, 2, env);
+}
 
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
  * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
