@@ -366,7 +366,7 @@ struct kv_cs_gpu {
     int32_t *bck;
     long long bcap;
     int bsample;          /* region chunks a sample block (KVBENCH_CS_SAMPLE; 0: none, every warp bounds itself) */
-    int bsnone;           /* regions of at most this many chunks go unsampled: CS_BSNONE (0 if KVBENCH_CS_SAMPLE is set) */
+    int bsnone;           /* regions of at most this many chunks go unsampled: CS_BSNONE (0: KVBENCH_CS_SAMPLE set) */
     int bpdl;             /* the launches after cs_nearest programmatic dependent ones (KVBENCH_CS_PDL=0: plain) */
     int tlast;            /* the last key indexed (appends must come after it) */
     int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
