@@ -143,12 +143,15 @@ static const char *cs_big[][7] = {
 };
 int test_csattention_gpu_tiles_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, NULL); }
 
-/* The pipelined tiles (the default before session 11) and the bit view without the sample blocks
- * (KVBENCH_CS_SAMPLE=0: every warp selects its own exact top k and raises the bound itself). */
+/* The pipelined tiles (the default before session 11). */
 int test_csattention_gpu_pipelined_match_cpu(void) { return cs_gpu_matches_cpu(12800, 9000, 200, cs_big, 2, "tiled"); }
+
+/* Both sides of CS_BSNONE = 64 region chunks at a region of 65 to 66 chunks: the default samples it (cs_bsamp's
+ * bound), KVBENCH_CS_SAMPLE=0 does not (every warp selects its own exact top k and raises the bound itself). Below
+ * the threshold the default tests above already run the unsampled path. */
 int test_csattention_gpu_bits_unsampled_match_cpu(void) {
-    if (cs_gpu_matches_cpu_at(640, 400, 16, cs_sets, 4, "KVBENCH_CS_SAMPLE=0") != KV_TEST_PASS) return KV_TEST_FAIL;
-    return cs_gpu_matches_cpu_at(12800, 9000, 400, cs_big, 2, "KVBENCH_CS_SAMPLE=0");
+    if (cs_gpu_matches_cpu_at(67584, 66560, 256, cs_big, 2, NULL) != KV_TEST_PASS) return KV_TEST_FAIL;
+    return cs_gpu_matches_cpu_at(67584, 66560, 256, cs_big, 2, "KVBENCH_CS_SAMPLE=0");
 }
 
 /* The bit view's paths from global memory (csattention_bits.cuh, cs_bchunk): alpha = 0.8 puts ~800 of a
