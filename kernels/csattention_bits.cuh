@@ -57,8 +57,8 @@
  * boundary below the base) into one of CS_BNB buffers, CS_BNA lists ahead of
  * the one it adds; a chunk with more than ~512 entries of one list (twice
  * the mean at alpha = 0.25; possible on real traces, whose lists cluster)
- * is read from global memory where it lies (the slow path, same sums), as are the words at the region's
- * edges (the sink's chunk, the last one).
+ * is read from global memory where it lies (the slow path, same sums), as
+ * are the words at the region's edges (the sink's chunk, the last one).
  * Update (cs_bappend, a warp per list, after cs_try_insert recorded what
  * each heap did): an evicted key's score leaves its chunk's run (the run's
  * later scores move down one slot, its bit clears, a hole stays at the run's
@@ -153,9 +153,9 @@ __device__ __forceinline__ int cs_bge(const unsigned (&u)[32], unsigned x) {
 
 /* Add one list's scores of the lane's word wc (p: its first score, in global memory: a list too long to
  * stage, or a word at the region's edge) to s, in the CPU's arithmetic: missing=zero adds w v for the keys
- * in the list, missing=min w (v or mn) for every key of the region (km); W1: w = 1 exactly, the product is v. Branch-free: every step loads *p (the
- * next lane's first score, or the slack after the last one, once the lane's own are done) and moves p by
- * the key's bit. */
+ * in the list, missing=min w (v or mn) for every key of the region (km); W1: w = 1 exactly, the product is
+ * v. Branch-free: every step loads *p (the next lane's first score, or the slack after the last one, once
+ * the lane's own are done) and moves p by the key's bit. */
 template <bool MIN, bool W1>
 __device__ __forceinline__ void cs_badd(const float *p, unsigned wc, unsigned km, float w, float mn, float (&s)[32]) {
 #pragma unroll
@@ -240,9 +240,10 @@ __device__ __forceinline__ unsigned cs_bchunk(const cs_bits_args &a, const int *
                                              const float *smn, int c, float *ws, float (&s)[32]) {
     const int lane = threadIdx.x & 31;
     const long long wi = (long long)c * 32 + lane, k0 = wi * 32, d0 = a.lo - k0, d1 = a.hi - k0;
+    const unsigned km0 = (d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
+                         (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1));
     unsigned km; /* through a volatile move: ptxas otherwise recomputed it for every list (30 SASS instructions) */
-    asm volatile("mov.b32 %0, %1;" : "=r"(km) : "r"((d0 <= 0 ? 0xffffffffu : d0 >= 32 ? 0u : 0xffffffffu << d0) &
-                                                    (d1 >= 32 ? 0xffffffffu : d1 <= 0 ? 0u : 0xffffffffu >> (32 - d1))));
+    asm volatile("mov.b32 %0, %1;" : "=r"(km) : "r"(km0));
     const unsigned BW = (unsigned)a.BW, NCH = (unsigned)a.NCH, BL = (unsigned)a.BL;
     const unsigned wsa = (unsigned)__cvta_generic_to_shared(ws); /* the buffers' shared-memory address */
     unsigned *swd = (unsigned *)(ws + CS_BNB * CS_BBUF);
