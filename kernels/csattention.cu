@@ -362,6 +362,8 @@ struct kv_cs_gpu {
     float *bval, *bnv;
     long long BW, NCH, BL;
     int *bcnt, *bnu;      /* per row: candidates, gathered keys (accumulating) */
+    unsigned *bsmx;       /* [Hq][BW]: cs_bsamp's lane maxima, pooled over a row's blocks (cs_bpool) */
+    int *btick;           /* [Hq]: cs_bsamp's blocks of the row done */
     unsigned *bcv;        /* candidates [Hq][bcap]: kv_f2key of their sums */
     int32_t *bck;
     long long bcap;
@@ -495,6 +497,8 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         KV_CUDA_ALLOC(g->bnv, NL * sizeof(float), 0, "csattention try-insert scores");
         KV_CUDA_ALLOC(g->bcnt, Hq * sizeof(int), 0, "csattention candidate counts");
         KV_CUDA_ALLOC(g->bnu, Hq * sizeof(int), 0, "csattention union counts");
+        KV_CUDA_ALLOC(g->bsmx, Hq * g->BW * sizeof(unsigned), 0, "csattention sample maxima");
+        KV_CUDA_ALLOC(g->btick, Hq * sizeof(int), 0, "csattention sample tickets");
         KV_CUDA_ALLOC(g->bcv, Hq * g->bcap * sizeof(unsigned), 0, "csattention candidates");
         KV_CUDA_ALLOC(g->bck, Hq * g->bcap * sizeof(int32_t), 0, "csattention candidate keys");
         KV_CUDA_TRY(cudaMemset(g->bbits, 0, NL * g->BW * sizeof(uint32_t)));
@@ -503,6 +507,7 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         KV_CUDA_TRY(cudaMemset(g->blast, 0xff, NL * sizeof(int))); /* -1: no chunk yet */
         KV_CUDA_TRY(cudaMemset(g->bcnt, 0, Hq * sizeof(int)));
         KV_CUDA_TRY(cudaMemset(g->bnu, 0, Hq * sizeof(int)));
+        KV_CUDA_TRY(cudaMemset(g->btick, 0, Hq * sizeof(int)));
         KV_TRY((cs_bits_attr<false, false>()));
         KV_TRY((cs_bits_attr<false, true>()));
         KV_TRY((cs_bits_attr<true, false>()));
@@ -546,6 +551,7 @@ void cs_destroy(void *p) {
     cudaFree(g->cv); cudaFree(g->ci); cudaFree(g->thr); cudaFree(g->bnd); cudaFree(g->opos); cudaFree(g->mv); cudaFree(g->mk); cudaFree(g->mctr); cudaFree(g->skey); cudaFree(g->spay); cudaFree(g->stmp);
     cudaFree(g->bbits); cudaFree(g->bbase); cudaFree(g->bval); cudaFree(g->btl); cudaFree(g->blast); cudaFree(g->bact);
     cudaFree(g->bnv); cudaFree(g->bcnt); cudaFree(g->bnu); cudaFree(g->bcv); cudaFree(g->bck);
+    cudaFree(g->bsmx); cudaFree(g->btick);
     kv_topk_ws_destroy(&g->tkc);
     cudaFreeHost(g->h_oidx); cudaFreeHost(g->h_nu); cudaFreeHost(g->h_q);
     kv_topk_ws_destroy(&g->tk);

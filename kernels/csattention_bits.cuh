@@ -36,7 +36,8 @@
  * weights. cs_bsamp (rows x SB blocks of 16 warps): S sample chunks spread
  * over the region; a lane's largest gathered sum is one key of its 32, so
  * when k lanes have one, the k-th largest of those maxima is at most the
- * row's k-th best: it becomes the row's bound thr (atomicMax of kv_f2key).
+ * row's k-th best: it becomes the row's bound thr (atomicMax of kv_f2key;
+ * over all of a row's blocks at once, cs_bpool, since session 35).
  * cs_bits (rows x chunks / 4 blocks, a warp per chunk): every chunk's sums;
  * the warp counts its gathered keys (nu, and lists them when asked: u),
  * then emits those at or above the bound, or, when more than k are, its own
@@ -72,8 +73,9 @@ constexpr int CS_BSNONE = 64;      /* a region of at most this many chunks is se
                                       KVBENCH_CS_SAMPLE is set): there the sample's latency is on the search's critical
                                       path. Search with / without it, session 33 call C: 29.9 / 27.2 us at 16K, 30.6 /
                                       28.6 at 32K, 32.5 / 31.2 at 64K; call B at 128K: 33.4 / 39.5 */
-constexpr int CS_BSPAN = 512;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 2 blocks a row,
-                                      32 chunks: 91.6 us against 92.5 at 256 and 96.3 at 1024, session 15 call C) */
+constexpr int CS_BSPAN = 256;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 4 blocks a row,
+                                      64 chunks, their maxima pooled: 71.2 us against 72.3 at 512, session 35 call A;
+                                      before the pooling 512 won, 91.6 us against 92.5 at 256, session 15 call C) */
 constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */
 constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
@@ -108,6 +110,8 @@ struct cs_bits_args {
     int *bnu;             /* gathered keys a row, accumulating */
     int32_t *u;           /* nullable: the gathered keys [R][uld] */
     long long uld;
+    unsigned *smx;        /* [R][BW]: the lane maxima of a row's cs_bsamp blocks, when it has more than one */
+    int *tick;            /* [R]: cs_bsamp's blocks of the row done (zero between searches) */
 };
 
 /* A lane's 16-B staging copy O bytes past its first (when p): the offset in the instruction, so a list's
@@ -442,10 +446,63 @@ __device__ __forceinline__ void cs_brow(const cs_bits_args &a, int r, bool MIN, 
     }
 }
 
+/* cs_bsamp's rows of SB > 1 blocks: the block's lane maxima go to smx, and the row's last block to arrive
+ * (tick) takes the k-th largest of all SB x 512 of them (a radix select, 8 bits a pass, in the staging
+ * buffers sv when they fit) for the bound: one k-th over the whole sample rather than the largest of SB
+ * blocks' own. At 1M tokens this took the search from 74.4 to 72.3 us (session 35 call A, three rounds;
+ * the bound of a sample this size still lets through about 15 K candidates a row at 512 chunks a block). */
+__device__ void cs_bpool(const cs_bits_args &a, int r, unsigned mx, unsigned *sv) {
+    __shared__ unsigned hist[256], s_bin;
+    __shared__ int s_last, s_above, s_exact, s_nz;
+    const int tid = threadIdx.x, nv = gridDim.y * blockDim.x;
+    const bool staged = nv <= CS_BSW * CS_BWS;
+    unsigned *gx = a.smx + (size_t)r * a.BW; /* nv <= BW: SB <= NCH / 16 */
+    gx[blockIdx.y * blockDim.x + tid] = mx;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        s_last = atomicAdd(a.tick + r, 1) == (int)gridDim.y - 1;
+        s_nz = 0;
+    }
+    __syncthreads();
+    if (!s_last) return; /* uniform */
+    __threadfence();
+    int nz = 0;
+    for (int i = tid; i < nv; i += blockDim.x) {
+        const unsigned v = __ldcg(gx + i);
+        if (staged) sv[i] = v;
+        nz += v != 0;
+    }
+    nz = cs_wsum(nz);
+    if ((tid & 31) == 0 && nz) atomicAdd(&s_nz, nz);
+    if (tid == 0) a.tick[r] = 0; /* for the next search */
+    __syncthreads();
+    if (s_nz < a.k) return; /* uniform: fewer than k gathered lanes, no bound */
+    unsigned pre = 0;
+    int rem = a.k;
+    for (int sh = 24; sh >= 0; sh -= 8) {
+        if (tid < 256) hist[tid] = 0;
+        __syncthreads();
+        for (int i = tid; i < nv; i += blockDim.x) {
+            const unsigned v = staged ? sv[i] : __ldcg(gx + i);
+            if (sh == 24 || (v >> (sh + 8)) == (pre >> (sh + 8))) atomicAdd(&hist[(v >> sh) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid < 32) kv_pick_bin(hist, rem, &s_bin, &s_above, &s_exact);
+        __syncthreads();
+        pre |= s_bin << sh;
+        rem -= s_above;
+        if (s_exact) break; /* uniform: the whole bin is in, so its lower edge is at most the k-th */
+        __syncthreads();     /* the bin read before the next pass rewrites it */
+    }
+    if (tid == 0) atomicMax(a.thr + (size_t)r * CS_SMAX, pre);
+}
+
 /* Grid (R, SB), CS_BSW warps, after cs_nearest: sample chunks y*CS_BSW + w of S (spread over the region);
  * each lane's largest gathered key is one key of its own 32, so when k lanes have one, the k-th largest of
- * those maxima is at most the row's k-th best: it raises the row's bound. cs_bits may start beside it
- * (programmatic dependent launch) and waits for it only to read the bound. */
+ * those maxima is at most the row's k-th best: it raises the row's bound (pooled over the row's blocks by
+ * cs_bpool when SB > 1). cs_bits may start beside it (programmatic dependent launch) and waits for it only
+ * to read the bound. */
 template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_bsamp(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
@@ -465,6 +522,10 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
         cs_bkeys(s, g, u);
 #pragma unroll
         for (int j = 0; j < 32; j++) mx = max(mx, u[j]);
+    }
+    if (gridDim.y > 1) {
+        cs_bpool(a, r, mx, (unsigned *)cs_bsm);
+        return;
     }
     if (__syncthreads_count(mx != 0) < a.k) return; /* uniform */
     unsigned X = 0;

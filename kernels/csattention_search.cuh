@@ -187,7 +187,7 @@ template <bool MIN, bool W1> void cs_bits_kernels(int m, void (**samp)(cs_bits_a
  * and cs_bsel as programmatic dependent launches (unless KVBENCH_CS_PDL=0: cs_bits's blocks start beside
  * cs_bsamp's and wait for it only to read the bound): the top kk = min(k, hi - sink) to oidx [R][kk] and nu
  * (and u when want_u). The sample: a quarter of the region's chunks up to 16 (one cs_bsamp block a row),
- * one more block of 16 every CS_BSPAN = 512 region chunks (KVBENCH_CS_SAMPLE=N: every N; 0: no sample); none for
+ * one more block of 16 every CS_BSPAN = 256 region chunks (KVBENCH_CS_SAMPLE=N: every N; 0: no sample); none for
  * a region of at most CS_BSNONE = 64 chunks unless KVBENCH_CS_SAMPLE is set. */
 kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
     const kv_cs_gpu_config &c = g->c;
@@ -201,7 +201,7 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
                                                  : SB * CS_BSW;
     const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
                             c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
-                            want_u ? g->u : NULL, c.T};
+                            want_u ? g->u : NULL, c.T, g->bsmx, g->btick};
     KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
     void (*samp)(cs_bits_args), (*main_k)(cs_bits_args);
     (missing == 1 ? (weight ? cs_bits_kernels<true, false> : cs_bits_kernels<true, true>)

@@ -173,6 +173,14 @@ int test_csattention_gpu_bits_sampled_match_cpu(void) {
     return cs_gpu_matches_cpu_at(4000, 3000, 50, cs_long, 2, env);
 }
 
+/* A row's sample blocks pooled (cs_bpool, csattention_bits.cuh): KVBENCH_CS_SAMPLE=16 gives a region of 68 to
+ * 69 chunks 4 cs_bsamp blocks a row, 17 sample chunks over the first two (the others' lanes have none), and the
+ * last block to arrive takes the k-th largest of all their lane maxima for the bound. A bound above the row's
+ * k-th best would drop keys of the top k, so the GPU's selections would differ from the CPU's. */
+int test_csattention_gpu_bits_pooled_match_cpu(void) {
+    return cs_gpu_matches_cpu_at(70656, 69632, 256, cs_big, 2, "KVBENCH_CS_SAMPLE=16");
+}
+
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
  * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
  * (KVBENCH_CS_SLOTS=1, the previous one), 16 slots at 2048 keys, the ring 1024 x 4 with searched ranges (the
