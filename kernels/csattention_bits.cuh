@@ -449,8 +449,8 @@ __device__ __forceinline__ void cs_brow(const cs_bits_args &a, int r, bool MIN, 
 /* cs_bsamp's rows of SB > 1 blocks: the block's lane maxima go to smx, and the row's last block to arrive
  * (tick) takes the k-th largest of all SB x 512 of them (a radix select, 8 bits a pass, in the staging
  * buffers sv when they fit) for the bound: one k-th over the whole sample rather than the largest of SB
- * blocks' own. At 1M tokens this took the search from 74.4 to 72.3 us (session 35 call A, three rounds;
- * the bound of a sample this size still lets through about 15 K candidates a row at 512 chunks a block). */
+ * blocks' own. With a block every CS_BSPAN = 256 region chunks the 1M search took 72.1 us against 74.9 for
+ * the blocks' own bounds at 512 (session 35 call C, three interleaved rounds, H200). */
 __device__ void cs_bpool(const cs_bits_args &a, int r, unsigned mx, unsigned *sv) {
     __shared__ unsigned hist[256], s_bin;
     __shared__ int s_last, s_above, s_exact, s_nz;
