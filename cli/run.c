@@ -546,8 +546,7 @@ static kv_status run_loop(const kv_layer *L, const run_opts *o, int P, run_inst 
     int dev = st == KV_OK && kv_oracle_device_eval(orc); /* the device scores every record (a slot each) */
     if (dev) st = kv_oracle_diag_slots(orc, n_recs);
     /* the GPU path queues the searches of a step (step_queued): a mark per record of a queued instance */
-    const char *qe = getenv("KVBENCH_RUN_QUEUE");
-    int queue = st == KV_OK && meta->use_gpu && !par && !(qe && !strcmp(qe, "0"));
+    int queue = st == KV_OK && meta->use_gpu && !par && kv_env_on("KVBENCH_RUN_QUEUE");
     kv_gpu_mark **mark = queue ? kv_calloc((size_t)n_recs + 1, sizeof *mark, "search marks") : NULL;
     if (queue && !mark) st = KV_ERR_NOMEM;
     for (int i = 0; mark && i < n_inst && st == KV_OK; i++)
@@ -721,7 +720,7 @@ static kv_status check_memory(const run_opts *o, const kv_trace_info *in, const 
                            half ? "float16" : "float32", nd.dev_oracle, ms.n_gpu, nd.dev_methods,
                            ms.n_gpu_lent, in->num_tokens, in->num_q_heads, in->num_kv_heads, in->head_dim);
     }
-    if (getenv("KVBENCH_MEM_VERBOSE") && !strcmp(getenv("KVBENCH_MEM_VERBOSE"), "1"))
+    if (kv_env_is1("KVBENCH_MEM_VERBOSE"))
         fprintf(stderr, "kvbench: memory estimate: host %.0f bytes (available %.0f; layer as %s %.0f, prefill %.0f, "
                 "methods %.0f, selections %.0f, oracle %.0f, rows %.0f), device %.0f bytes (oracle %.0f, methods %.0f)\n",
                 nd.host, avail, form, nd.layer, nd.prefill, nd.methods, nd.selections, nd.oracle, nd.rows, nd.dev,

@@ -235,9 +235,8 @@ __attribute__((target("avx,f16c"))) static unsigned f16_f16c(const uint16_t *s, 
 /* cpuid leaf 1: AVX (ecx 28), F16C (ecx 29), OSXSAVE (ecx 27) and the OS saving YMM state (xgetbv);
  * by hand because clang's __builtin_cpu_supports does not know "f16c". */
 static int have_f16c(void) {
-    const char *e = getenv("KVBENCH_NO_F16C"); /* tests compare with the table */
     unsigned a, b, c, d;
-    if ((e && !strcmp(e, "1")) || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (kv_env_is1("KVBENCH_NO_F16C") /* tests compare with the table */ || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
     if (!(c & (1u << 27)) || !(c & (1u << 28)) || !(c & (1u << 29))) return 0;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -391,8 +390,7 @@ int kv_fast_read(const kv_trace_info *in, int H, const kv_fast_hdr *h, const kv_
         }
         if (c->size > maxs) maxs = c->size;
     }
-    const char *e = getenv("KVBENCH_NO_LIBDEFLATE");
-    int use_ld = h->deflate && ld_alloc && !(e && !strcmp(e, "1"));
+    int use_ld = h->deflate && ld_alloc && !kv_env_is1("KVBENCH_NO_LIBDEFLATE");
     /* a chunk of whole rows ([1, cd1, D], or [cd0, T, D]) is one contiguous run of the output: when its stored bits
      * are the output's and nothing is shuffled, it is inflated (or read) straight into place */
     int rows_contig = cd2 == (uint64_t)D && (cd0 == 1 || cd1 == (uint64_t)T);

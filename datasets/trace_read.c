@@ -260,8 +260,7 @@ static double child_timeout(long long bytes) { return 5.0 + (double)bytes / 20e6
  * isolation costs, or to debug the library in process); a crash of
  * libhdf5 then takes kvbench down with it. */
 static int in_process(void) {
-    const char *e = getenv("KVBENCH_LOADER_IN_PROCESS");
-    return e && !strcmp(e, "1");
+    return kv_env_is1("KVBENCH_LOADER_IN_PROCESS");
 }
 
 kv_status kv_trace_open(const char *path, kv_trace_info *in) {
@@ -571,13 +570,12 @@ kv_status kv_trace_load_layer(const kv_trace_info *in, int layer, kv_layer *L) {
 
 /* KVBENCH_LOADER_VERBOSE=1: one line per layer on stderr with the path taken, the form, seconds and MB/s of file. */
 kv_status kv_trace_load_layer_as(const kv_trace_info *in, int layer, int form, kv_layer *L) {
-    const char *e = getenv("KVBENCH_LOADER_VERBOSE");
     double t0 = kv_now();
     plan_s = 0;
     kv_status st = in_process() ? kv_trace_load_layer_direct_as(in, layer, form, L)
                                 : load_layer_isolated(in, layer, form, L);
     double dt = kv_now() - t0;
-    if (st == KV_OK && e && !strcmp(e, "1"))
+    if (st == KV_OK && kv_env_is1("KVBENCH_LOADER_VERBOSE"))
         fprintf(stderr, "kvbench: %s: /layers/%s loaded in %.3f s (%.0f MB/s of a %.1f MB file, %d threads, as %s; "
                 "planning %.3f s): %s\n", in->path, in->layer_names[layer], dt, in->file_bytes / 1e6 / in->num_layers / dt,
                 in->file_bytes / 1e6, omp_get_max_threads(), kv_layer_is_f16(L) ? "float16" : "float32", plan_s, last_load);
