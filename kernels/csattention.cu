@@ -367,8 +367,8 @@ struct kv_cs_gpu {
     unsigned *bcv;        /* candidates [Hq][bcap]: kv_f2key of their sums */
     int32_t *bck;
     long long bcap;
-    int bsample;          /* region chunks a sample block (KVBENCH_CS_SAMPLE; 0: none, every warp bounds itself) */
-    int bsnone;           /* regions of at most this many chunks go unsampled: CS_BSNONE (0: KVBENCH_CS_SAMPLE set) */
+    int bsample;          /* region chunks a sample block (KVBENCH_CS_SAMPLE; 0: none, every warp bounds itself;
+                             -1, unset: CS_BSMAXS chunks at most, none up to CS_BSNONE) */
     int bpdl;             /* the launches after cs_nearest programmatic dependent ones (KVBENCH_CS_PDL=0: plain) */
     int tlast;            /* the last key indexed (appends must come after it) */
     int use_bnd, ring;    /* ring: the copy ring's geometry, CS_RINGS[ring] (KVBENCH_CS_RING) */
@@ -481,10 +481,9 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         g->bcap = g->NCH * g->kcap; /* at most k from each chunk's warp */
         const char *esam = getenv("KVBENCH_CS_SAMPLE");
         char *eend = NULL;
-        const long bs = esam ? strtol(esam, &eend, 10) : CS_BSPAN;
+        const long bs = esam ? strtol(esam, &eend, 10) : -1;
         g->bsample = (int)bs;
-        g->bsnone = esam ? 0 : CS_BSNONE;
-        if ((esam && (eend == esam || *eend)) || bs < 0 || (bs > 0 && (bs < 16 || bs > 65536)))
+        if (esam && (eend == esam || *eend || bs < 0 || (bs > 0 && (bs < 16 || bs > 65536))))
             return kv_fail(KV_ERR_INPUT, "KVBENCH_CS_SAMPLE: expected 0 (no sample) or 16 to 65536 region chunks a "
                                          "sample block, found '%s'", esam);
         g->bpdl = kv_env_on("KVBENCH_CS_PDL");

@@ -73,9 +73,13 @@ constexpr int CS_BSNONE = 64;      /* a region of at most this many chunks is se
                                       KVBENCH_CS_SAMPLE is set): there the sample's latency is on the search's critical
                                       path. Search with / without it, session 33 call C: 29.9 / 27.2 us at 16K, 30.6 /
                                       28.6 at 32K, 32.5 / 31.2 at 64K; call B at 128K: 33.4 / 39.5 */
-constexpr int CS_BSPAN = 256;      /* region chunks a cs_bsamp block (KVBENCH_CS_SAMPLE=N; at 1M tokens 4 blocks a row,
-                                      64 chunks, their maxima pooled: 71.2 us against 72.3 at 512, session 35 call A;
-                                      before the pooling 512 won, 91.6 us against 92.5 at 256, session 15 call C) */
+constexpr int CS_BSMAXS = 64;      /* sample chunks a row at most (a quarter of the region up to this, CS_BSW a block,
+                                      their maxima pooled; unless KVBENCH_CS_SAMPLE is set). Against a block every 256
+                                      region chunks (16 chunks below 512): 29.3 against 33.7 us at 128K, 71.9 both at 1M
+                                      (the same 64 chunks in 4 blocks; session 36 call B, three interleaved rounds);
+                                      call A, with another select in cs_bpool too: 30.2 / 39.7 against 33.6 / 44.1 at
+                                      96K / 256K. At 1M 64 chunks won against 128 in 8 blocks (71.8 against 73.2 us,
+                                      session 35 call E) */
 constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 123.1 us at 1M, session 11 call 4) */
 constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
@@ -449,8 +453,8 @@ __device__ __forceinline__ void cs_brow(const cs_bits_args &a, int r, bool MIN, 
 /* cs_bsamp's rows of SB > 1 blocks: the block's lane maxima go to smx, and the row's last block to arrive
  * (tick) takes the k-th largest of all SB x 512 of them (a radix select, 8 bits a pass, in the staging
  * buffers sv when they fit) for the bound: one k-th over the whole sample rather than the largest of SB
- * blocks' own. With a block every CS_BSPAN = 256 region chunks the 1M search took 72.1 us against 74.9 for
- * the blocks' own bounds at 512 (session 35 call C, three interleaved rounds, H200). */
+ * blocks' own. With 4 blocks a row (64 chunks) the 1M search took 72.1 us against 74.9 for the blocks' own
+ * bounds at 2 (session 35 call C, three interleaved rounds, H200). */
 __device__ void cs_bpool(const cs_bits_args &a, int r, unsigned mx, unsigned *sv) {
     __shared__ unsigned hist[256], s_bin;
     __shared__ int s_last, s_above, s_exact, s_nz;

@@ -186,19 +186,23 @@ template <bool MIN, bool W1> void cs_bits_kernels(int m, void (**samp)(cs_bits_a
 /* The bit-view search (csattention_bits.cuh) on g->st, q on the device: cs_nearest, then cs_bsamp, cs_bits
  * and cs_bsel as programmatic dependent launches (unless KVBENCH_CS_PDL=0: cs_bits's blocks start beside
  * cs_bsamp's and wait for it only to read the bound): the top kk = min(k, hi - sink) to oidx [R][kk] and nu
- * (and u when want_u). The sample: a quarter of the region's chunks up to 16 (one cs_bsamp block a row),
- * one more block of 16 every CS_BSPAN = 256 region chunks (KVBENCH_CS_SAMPLE=N: every N; 0: no sample); none for
- * a region of at most CS_BSNONE = 64 chunks unless KVBENCH_CS_SAMPLE is set. */
+ * (and u when want_u). The sample: a quarter of the region's chunks up to CS_BSMAXS = 64, CS_BSW = 16 a
+ * cs_bsamp block; none for a region of at most CS_BSNONE = 64 chunks (KVBENCH_CS_SAMPLE=N: a block every N
+ * region chunks, up to a quarter of them, at every length; 0: no sample). */
 kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi, int k, int want_u) {
     const kv_cs_gpu_config &c = g->c;
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n;
     if (n <= 0 || kk <= 0) return KV_OK;
     const int clo = lo >> 10, nreg = ((hi - 1) >> 10) - clo + 1;
-    const int SB = g->bsample && nreg / g->bsample > 1 ? nreg / g->bsample : 1;
-    const int S = !g->bsample || nreg <= g->bsnone ? 0
-                  : nreg / 4 < 1                 ? 1
-                  : nreg / 4 < SB * CS_BSW       ? nreg / 4
-                                                 : SB * CS_BSW;
+    const int q = nreg / 4 < 1 ? 1 : nreg / 4; /* the sample: S chunks over SB blocks a row, none when S = 0 */
+    int S = 0, SB = 1;
+    if (g->bsample < 0 && nreg > CS_BSNONE) { /* the default: a quarter of the region up to CS_BSMAXS chunks */
+        S = q < CS_BSMAXS ? q : CS_BSMAXS;
+        SB = (S + CS_BSW - 1) / CS_BSW;
+    } else if (g->bsample > 0) { /* KVBENCH_CS_SAMPLE=N: a block every N region chunks, every region */
+        SB = nreg / g->bsample > 1 ? nreg / g->bsample : 1;
+        S = q < SB * CS_BSW ? q : SB * CS_BSW;
+    }
     const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
                             c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
                             want_u ? g->u : NULL, c.T, g->bsmx, g->btick};
