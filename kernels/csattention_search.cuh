@@ -194,14 +194,14 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     const int R = pool ? c.Hkv : c.Hq, lo = c.sink, n = hi - lo, kk = k < n ? k : n;
     if (n <= 0 || kk <= 0) return KV_OK;
     const int clo = lo >> 10, nreg = ((hi - 1) >> 10) - clo + 1;
-    const int q = nreg / 4 < 1 ? 1 : nreg / 4; /* the sample: S chunks over SB blocks a row, none when S = 0 */
+    const int quarter = nreg / 4 < 1 ? 1 : nreg / 4; /* the sample: S chunks over SB blocks a row, none if S = 0 */
     int S = 0, SB = 1;
     if (g->bsample < 0 && nreg > CS_BSNONE) { /* the default: a quarter of the region up to CS_BSMAXS chunks */
-        S = q < CS_BSMAXS ? q : CS_BSMAXS;
+        S = quarter < CS_BSMAXS ? quarter : CS_BSMAXS;
         SB = (S + CS_BSW - 1) / CS_BSW;
     } else if (g->bsample > 0) { /* KVBENCH_CS_SAMPLE=N: a block every N region chunks, every region */
         SB = nreg / g->bsample > 1 ? nreg / g->bsample : 1;
-        S = q < SB * CS_BSW ? q : SB * CS_BSW;
+        S = quarter < SB * CS_BSW ? quarter : SB * CS_BSW;
     }
     const cs_bits_args a = {g->bbits, g->bbase, g->bval, g->BW, g->NCH, g->BL, g->jl, g->wb, g->lval, g->lcnt, c.L,
                             c.m, lo, hi, k, clo, nreg, S, g->thr, g->bcnt, g->bcv, g->bck, g->bcap, g->bnu,
