@@ -113,6 +113,7 @@ extern char kv_test_reason[512];
     X(csattention_gpu_bits_long_runs_match_cpu, KV_NEEDS_GPU) \
     X(csattention_gpu_bits_sampled_match_cpu, KV_NEEDS_GPU) \
     X(csattention_gpu_bits_pooled_match_cpu, KV_NEEDS_GPU) \
+    X(csattention_gpu_bits_pooled_default_match_cpu, KV_NEEDS_GPU) \
     X(csattention_gpu_tile_variants_match_cpu, KV_NEEDS_GPU) \
     X(csattention_gpu_kmeans_matches_cpu, KV_NEEDS_GPU)    \
     X(ctkvr_gpu_matches_cpu, KV_NEEDS_GPU)                 \

@@ -181,6 +181,12 @@ int test_csattention_gpu_bits_pooled_match_cpu(void) {
     return cs_gpu_matches_cpu_at(70656, 69632, 256, cs_big, 2, "KVBENCH_CS_SAMPLE=16");
 }
 
+/* The default sample at the same region (since session 36 a quarter of it up to 64 chunks, 16 a block): 17 chunks
+ * in 2 blocks a row, pooled the same way. */
+int test_csattention_gpu_bits_pooled_default_match_cpu(void) {
+    return cs_gpu_matches_cpu_at(70656, 69632, 256, cs_big, 2, NULL);
+}
+
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x
  * 512 with searched ranges, 4096 x 512 with the 512 x 6 ring and no row bound, the single-slot row bound
  * (KVBENCH_CS_SLOTS=1, the previous one), 16 slots at 2048 keys, the ring 1024 x 4 with searched ranges (the
