@@ -531,6 +531,9 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
         cs_bpool(a, r, mx, (unsigned *)cs_bsm);
         return;
     }
+    /* A one-block row (65-67 region chunks by default; more under KVBENCH_CS_SAMPLE) bisects its own maxima, with
+       no exchange. cs_bpool's select for these rows too is untested for speed: session 37 call C's rework measured
+       it only at lengths of 2 or more blocks a row */
     if (__syncthreads_count(mx != 0) < a.k) return; /* uniform */
     unsigned X = 0;
     for (int bit = 31; bit >= 0; bit--)
