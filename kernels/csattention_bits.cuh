@@ -454,7 +454,9 @@ __device__ __forceinline__ void cs_brow(const cs_bits_args &a, int r, bool MIN, 
  * (tick) takes the k-th largest of all SB x 512 of them (a radix select, 8 bits a pass, in the staging
  * buffers sv when they fit) for the bound: one k-th over the whole sample rather than the largest of SB
  * blocks' own. With 4 blocks a row (64 chunks) the 1M search took 72.1 us against 74.9 with 2 blocks a row,
- * each bounding the row with its own maxima (session 35 call C, three interleaved rounds, H200). */
+ * each bounding the row with its own maxima (session 35 call C, three interleaved rounds, H200). A block has at
+ * least 256 threads: one a histogram bin (session 38's 4-warp sample blocks failed three tests without them). */
+static_assert(CS_BSW * 32 >= 256, "csattention: cs_bpool zeroes its 256 bins with one thread each");
 __device__ void cs_bpool(const cs_bits_args &a, int r, unsigned mx, unsigned *sv) {
     __shared__ unsigned hist[256], s_bin;
     __shared__ int s_last, s_above, s_exact, s_nz;
