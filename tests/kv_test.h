@@ -63,6 +63,17 @@ int kv_test_sh(const char *cmd, char *out, size_t out_cap, char *err, size_t err
 uint64_t kv_test_seed(void);
 int kv_test_have_gpu(void);
 
+/* An environment variable set for a stretch of a test: kv_test_env_set saves what was there (a value, or none)
+ * and sets name to value (NULL: unsets it); kv_test_env_restore puts the saved state back. So a run under
+ * device_check.sh's variants (KVBENCH_X=y ./tests/run_tests ...) keeps KVBENCH_X=y for the tests after the one
+ * that changed it. */
+typedef struct {
+    const char *name;
+    char *old; /* the earlier value (malloc'd), NULL when it was unset */
+} kv_test_env;
+void kv_test_env_set(kv_test_env *e, const char *name, const char *value);
+void kv_test_env_restore(kv_test_env *e);
+
 /* A small valid-looking trace (layer L3) with a NaN in v (test_loader.c). */
 void kv_test_write_nan_trace(const char *path);
 

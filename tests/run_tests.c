@@ -16,6 +16,7 @@ extern char kv_test_reason[512];
 
 /* Each test_*.c defines its tests; declare and list them here. */
 #define KV_TESTS(X)                                        \
+    X(env_set_restores, 0)                                 \
     X(common_half_roundtrip, 0)                            \
     X(common_percentile, 0)                                \
     X(topk_ref_matches_sort, 0)                            \

@@ -280,9 +280,10 @@ int test_pqcache_gpu_tuple_topk_matches_ref(void) {
         for (int pass = 0; pass < 4; pass++) {
             int32_t *idx2 = malloc((size_t)Hkv * kk * 4);
             CHECK(idx2, "out of memory");
-            if (pass == 3) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
+            kv_test_env ev;
+            if (pass == 3) kv_test_env_set(&ev, "KVBENCH_CUDA_GRAPHS", "0");
             kv_status gs = kv_pqcache_cuda.search(p, q, scale, lo, hi, k, idx2, kk, cnt, NULL, NULL);
-            if (pass == 3) unsetenv("KVBENCH_CUDA_GRAPHS");
+            if (pass == 3) kv_test_env_restore(&ev);
             CHECK_OK(gs);
             int same = !memcmp(idx2, idx0, (size_t)Hkv * kk * 4);
             free(idx2);

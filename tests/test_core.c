@@ -1,7 +1,8 @@
 /* test_core.c: unit tests of the shared primitives: half floats,
  * percentiles, the top-k reference against a sort, the parameter tables'
  * validation, synth determinism, the exact retriever against a brute
- * force written here, and that the kernels make their streams in one way. */
+ * force written here, that the kernels make their streams in one way, and
+ * that the tests' environment helper gives back what a run had set. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,26 @@
 #include "../kernels/ops/topk.h"
 #include "../retrievers/kv_retriever.h"
 #include "kv_test.h"
+
+/* kv_test_env_set / _restore (tests/util.c): a value set or unset for a stretch of a test gives way to the run's own
+ * afterwards (device_check.sh runs the tests under its variants' variables), and an unset one stays unset. */
+int test_env_set_restores(void) {
+    static const char name[] = "KVBENCH_TEST_ENV_PROBE";
+    CHECK(!getenv(name), "%s set before the test", name);
+    kv_test_env run, e;
+    kv_test_env_set(&run, name, "run"); /* as a run's variant would have it */
+    kv_test_env_set(&e, name, "x");
+    CHECK(getenv(name) && !strcmp(getenv(name), "x"), "set: %s", getenv(name) ? getenv(name) : "(unset)");
+    kv_test_env_restore(&e);
+    CHECK(getenv(name) && !strcmp(getenv(name), "run"), "restored: %s", getenv(name) ? getenv(name) : "(unset)");
+    kv_test_env_set(&e, name, NULL);
+    CHECK(!getenv(name), "unset: %s", getenv(name));
+    kv_test_env_restore(&e);
+    CHECK(getenv(name) && !strcmp(getenv(name), "run"), "restored after unset: %s", getenv(name) ? getenv(name) : "(unset)");
+    kv_test_env_restore(&run);
+    CHECK(!getenv(name), "unset again: %s", getenv(name));
+    return KV_TEST_PASS;
+}
 
 int test_common_half_roundtrip(void) {
     /* every finite half converts to float and back to itself */

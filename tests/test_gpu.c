@@ -208,9 +208,10 @@ int test_gpu_oracle_matches_cpu(void) {
     /* the score kernel with and without the top-k's first histogram (KVBENCH_SCORE_HIST, read at create),
      * whichever the default: both paths must give the CPU's selections */
     for (int h = 0; h < 2; h++) {
-        setenv("KVBENCH_SCORE_HIST", h ? "1" : "0", 1);
+        kv_test_env ev;
+        kv_test_env_set(&ev, "KVBENCH_SCORE_HIST", h ? "1" : "0");
         const int st = oracle_case(&r, seed, 8, 2, 5000, 128, 1, 1, 100);
-        unsetenv("KVBENCH_SCORE_HIST");
+        kv_test_env_restore(&ev);
         if (st != KV_TEST_PASS) return KV_TEST_FAIL;
     }
     return KV_TEST_PASS;

@@ -312,17 +312,18 @@ int test_loader_resource_bombs(void) {
     s = (spec){0};
     build(ok, &s);
     CHECK_OK(kv_trace_open(ok, &in));
-    setenv("KVBENCH_MEM_AVAILABLE", "100", 1); /* the layer needs 512 bytes */
+    kv_test_env ev;
+    kv_test_env_set(&ev, "KVBENCH_MEM_AVAILABLE", "100"); /* the layer needs 512 bytes */
     kv_layer L;
     st = kv_trace_load_layer(&in, 0, &L);
-    unsetenv("KVBENCH_MEM_AVAILABLE");
+    kv_test_env_restore(&ev);
     if (st == KV_OK) kv_layer_free(&L);
     CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "/layers/L1: loading it needs 512 bytes (0.00 GB: q, k, v as "
                                        "float32: 2+2 heads x 8 tokens x 4 dims) but only 0.00 GB"), "%s", kv_last_error());
     /* asked for the float16 form, a float32 trace still loads (and is counted) as float32 */
-    setenv("KVBENCH_MEM_AVAILABLE", "100", 1);
+    kv_test_env_set(&ev, "KVBENCH_MEM_AVAILABLE", "100");
     st = kv_trace_load_layer_as(&in, 0, KV_LAYER_F16, &L);
-    unsetenv("KVBENCH_MEM_AVAILABLE");
+    kv_test_env_restore(&ev);
     if (st == KV_OK) kv_layer_free(&L);
     CHECK(st == KV_ERR_NOMEM && strstr(kv_last_error(), "needs 512 bytes (0.00 GB: q, k, v as float32"), "%s",
           kv_last_error());

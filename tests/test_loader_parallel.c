@@ -17,14 +17,14 @@
 typedef struct { const char *name; int gzip, shuffle, fletcher32, contiguous, chunk, half, want_parallel; } store;
 
 static int load(const char *p, const char *mode, kv_layer *L, char *how, size_t cap) {
-    if (mode) setenv("KVBENCH_LOADER", mode, 1);
-    else unsetenv("KVBENCH_LOADER");
+    kv_test_env ev;
+    kv_test_env_set(&ev, "KVBENCH_LOADER", mode);
     kv_trace_info *in = malloc(sizeof *in);
     kv_status st = in ? kv_trace_open(p, in) : KV_ERR_NOMEM;
     if (st == KV_OK) st = kv_trace_load_layer(in, 0, L);
     snprintf(how, cap, "%s", kv_trace_last_load());
     free(in);
-    unsetenv("KVBENCH_LOADER");
+    kv_test_env_restore(&ev);
     if (st != KV_OK) fprintf(stderr, "    %s: %s\n", p, kv_last_error());
     return st == KV_OK;
 }
@@ -62,15 +62,16 @@ int test_loader_parallel_matches_library(void) {
         if (S[i].gzip && S[i].want_parallel) CHECK(strstr(how, "deflate") || strstr(how, "zlib"), "%s: %s", S[i].name, how);
         if (!S[i].want_parallel) CHECK(strstr(how, "a filter other than"), "%s: fallback reason: %s", S[i].name, how);
         CHECK(same(&ref, &par), "%s: parallel arrays differ from the library's (%s)", S[i].name, how);
-        setenv("KVBENCH_NO_LIBDEFLATE", "1", 1);
+        kv_test_env ev;
+        kv_test_env_set(&ev, "KVBENCH_NO_LIBDEFLATE", "1");
         int okz = load(p, NULL, &zl, how2, sizeof how2);
-        unsetenv("KVBENCH_NO_LIBDEFLATE");
+        kv_test_env_restore(&ev);
         CHECK(okz, "%s: zlib load", S[i].name);
         if (S[i].gzip && S[i].want_parallel) CHECK(strstr(how2, "zlib"), "%s: KVBENCH_NO_LIBDEFLATE=1: %s", S[i].name, how2);
         CHECK(same(&ref, &zl), "%s: zlib-inflated arrays differ from the library's", S[i].name);
-        setenv("KVBENCH_LOADER_IN_PROCESS", "1", 1);
+        kv_test_env_set(&ev, "KVBENCH_LOADER_IN_PROCESS", "1");
         int okd = load(p, NULL, &dir, how2, sizeof how2);
-        unsetenv("KVBENCH_LOADER_IN_PROCESS");
+        kv_test_env_restore(&ev);
         CHECK(okd, "%s: in-process load", S[i].name);
         CHECK(same(&ref, &dir), "%s: in-process arrays differ from the library's", S[i].name);
         kv_layer_free(&ref); kv_layer_free(&par); kv_layer_free(&zl); kv_layer_free(&dir);
@@ -121,9 +122,10 @@ int test_loader_parallel_all_halves(void) {
         CHECK(load(p, NULL, &par, how, sizeof how), "parallel load");
         CHECK(strstr(how, "q: parallel") && strstr(how, "v: parallel"), "%s", how);
         CHECK(!strstr(how, "F16C") == !cpu_has_f16c(), "F16C use (%s) against /proc/cpuinfo (%d)", how, cpu_has_f16c());
-        setenv("KVBENCH_NO_F16C", "1", 1);
+        kv_test_env ev;
+        kv_test_env_set(&ev, "KVBENCH_NO_F16C", "1");
         int ok = load(p, NULL, &tab, how, sizeof how);
-        unsetenv("KVBENCH_NO_F16C");
+        kv_test_env_restore(&ev);
         CHECK(ok, "table load");
         for (size_t i = 0; i < (size_t)H * T * D; i++)
             CHECK(!memcmp(&ref.k[i], &k[i], 4), "library k[%zu] = %a, want %a", i, ref.k[i], k[i]);
@@ -142,14 +144,14 @@ int test_loader_parallel_all_halves(void) {
  * those of the float32 form; a float32 dataset stays float32; a non-finite
  * half is refused in the float16 form as in the float32 one. */
 static int load_as(const char *p, const char *mode, int form, kv_layer *L, char *how, size_t cap) {
-    if (mode) setenv("KVBENCH_LOADER", mode, 1);
-    else unsetenv("KVBENCH_LOADER");
+    kv_test_env ev;
+    kv_test_env_set(&ev, "KVBENCH_LOADER", mode);
     kv_trace_info *in = malloc(sizeof *in);
     kv_status st = in ? kv_trace_open(p, in) : KV_ERR_NOMEM;
     if (st == KV_OK) st = kv_trace_load_layer_as(in, 0, form, L);
     snprintf(how, cap, "%s", kv_trace_last_load());
     free(in);
-    unsetenv("KVBENCH_LOADER");
+    kv_test_env_restore(&ev);
     return st;
 }
 
@@ -174,11 +176,10 @@ int test_loader_float16_form(void) {
         const char *modes[4] = {"library", NULL, "zlib", "inproc"};
         for (int m = 0; m < 4; m++) {
             kv_layer L;
-            if (m == 2) setenv("KVBENCH_NO_LIBDEFLATE", "1", 1);
-            if (m == 3) setenv("KVBENCH_LOADER_IN_PROCESS", "1", 1);
+            kv_test_env ev;
+            if (m >= 2) kv_test_env_set(&ev, m == 2 ? "KVBENCH_NO_LIBDEFLATE" : "KVBENCH_LOADER_IN_PROCESS", "1");
             kv_status st = load_as(p, m == 0 ? "library" : NULL, KV_LAYER_F16, &L, how, sizeof how);
-            unsetenv("KVBENCH_NO_LIBDEFLATE");
-            unsetenv("KVBENCH_LOADER_IN_PROCESS");
+            if (m >= 2) kv_test_env_restore(&ev);
             CHECK(st == KV_OK, "%s: float16-form load (%s): %s", S[i].name, modes[m] ? modes[m] : "parallel", kv_last_error());
             CHECK(kv_layer_is_f16(&L) == S[i].half, "%s: float16 form %d for a %s trace", S[i].name, kv_layer_is_f16(&L),
                   S[i].half ? "float16" : "float32");

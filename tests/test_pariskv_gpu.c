@@ -153,9 +153,10 @@ static int pk_search_case_q(pk_fixture *f, kv_rng *r, uint64_t seed, int lo, int
         CHECK(out2 && cand2, "out of memory");
         static const char *how[3] = {"captured", "replayed", "direct (KVBENCH_CUDA_GRAPHS=0)"};
         for (int pass = 0; pass < 3; pass++) {
-            if (pass == 2) setenv("KVBENCH_CUDA_GRAPHS", "0", 1);
+            kv_test_env ev;
+            if (pass == 2) kv_test_env_set(&ev, "KVBENCH_CUDA_GRAPHS", "0");
             kv_status gs = kv_pariskv_cuda.search(f->gpu, q, &step, out2, cand2, n);
-            if (pass == 2) unsetenv("KVBENCH_CUDA_GRAPHS");
+            if (pass == 2) kv_test_env_restore(&ev);
             CHECK_OK(gs);
             for (int row = 0; row < R; row++) {
                 CHECK(!memcmp(out2 + (size_t)row * k, out + (size_t)row * k, (size_t)kk * 4),

@@ -64,17 +64,22 @@ static int cs_same_lists(const kv_cs_view *a, const kv_cs_view *b, int Hkv, cons
     return KV_TEST_PASS;
 }
 
-/* Set (val != NULL) or unset each NAME=VALUE of the comma-separated list env. */
-static void cs_env(const char *env, int set) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", env ? env : "");
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+/* Each NAME=VALUE of the comma-separated list env set for the GPU's open (an empty VALUE unsets NAME), the
+ * earlier state saved in ev[0 .. returned count) for cs_env_restore. */
+enum { CS_ENVS = 8 };
+static int cs_env(const char *env, char (*buf)[256], kv_test_env *ev) {
+    int n = 0;
+    snprintf(*buf, sizeof *buf, "%s", env ? env : "");
+    for (char *tok = strtok(*buf, ","); tok && n < CS_ENVS; tok = strtok(NULL, ",")) {
         char *eq = strchr(tok, '=');
         if (!eq) continue;
         *eq = 0;
-        if (set) setenv(tok, eq + 1, 1);
-        else unsetenv(tok);
+        kv_test_env_set(&ev[n++], tok, eq[1] ? eq + 1 : NULL);
     }
+    return n;
+}
+static void cs_env_restore(kv_test_env *ev, int n) {
+    while (n > 0) kv_test_env_restore(&ev[--n]); /* the reverse order: a name given twice gets its first state */
 }
 
 /* Both paths from the same layer and centroids (kmeans=host), lists and selections compared at every
@@ -90,9 +95,11 @@ static int cs_gpu_matches_cpu_at(int T, int P, int stride, const char *(*sets)[7
     for (int s = 0; s < nsets; s++) {
         kv_test_driver c, g;
         CHECK_OK(kv_test_driver_open(&c, "csattention", sets[s], 7, &L, P, sink, local, k));
-        cs_env(env, 1);
+        char buf[256]; /* kv_test_env keeps pointers to the names in it */
+        kv_test_env ev[CS_ENVS];
+        const int ne = cs_env(env, &buf, ev);
         kv_status st = kv_test_driver_open_gpu(&g, "csattention", sets[s], 7, &L, P, sink, local, k);
-        cs_env(env, 0);
+        cs_env_restore(ev, ne);
         CHECK(st == KV_OK, "gpu open: %s", kv_last_error());
         kv_cs_view vc, vg;
         kv_csattention_view(c.st, &vc);
@@ -182,9 +189,9 @@ int test_csattention_gpu_bits_pooled_match_cpu(void) {
 }
 
 /* The default sample at the same region (since session 36 a quarter of it up to 64 chunks, 16 a block): 17 chunks
- * in 2 blocks a row, pooled the same way. */
+ * in 2 blocks a row, pooled the same way. KVBENCH_CS_SAMPLE is unset for the open, whatever the run's environment. */
 int test_csattention_gpu_bits_pooled_default_match_cpu(void) {
-    return cs_gpu_matches_cpu_at(70656, 69632, 256, cs_big, 2, NULL);
+    return cs_gpu_matches_cpu_at(70656, 69632, 256, cs_big, 2, "KVBENCH_CS_SAMPLE=");
 }
 
 /* The other tilings: the staged kernel; the pipelined one at 2048 keys x 256 threads (ring 1024 x 4), 8192 x

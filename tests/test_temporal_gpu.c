@@ -6,7 +6,6 @@
  * the device vote equals kv_racc_vote to float rounding with some tokens
  * evicted; the retriever's selections (resident sets from the device votes,
  * retrieval through the shared score + top-k) equal the CPU's. */
-#define _POSIX_C_SOURCE 200809L /* setenv: both vote kernels */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,20 +156,17 @@ static int racc_vote_case(int Hq, int Hkv, int T, int D, int W, int lo, int hi, 
 int test_racc_gpu_vote_matches_cpu(void) {
     if (!need_gpu()) return KV_TEST_SKIP;
     CHECK(&kv_racc_cuda, "built without CUDA");
-    const char *saved = getenv("KVBENCH_RACC_VOTE");
-    char keep[32] = "";
-    if (saved) snprintf(keep, sizeof keep, "%s", saved);
     int rc = KV_TEST_PASS;
     for (int pass = 0; pass < 2 && rc == KV_TEST_PASS; pass++) {
-        setenv("KVBENCH_RACC_VOTE", pass ? "fused" : "tiled", 1);
+        kv_test_env ev;
+        kv_test_env_set(&ev, "KVBENCH_RACC_VOTE", pass ? "fused" : "tiled");
         rc = racc_vote_case(8, 2, 3000, 64, 16, 4, 2900, 17);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(6, 3, 2100, 128, 5, 0, 2077, 18);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(16, 4, 2500, 128, 20, 7, 2431, 21);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1300, 256, 9, 2, 1299, 22);
         if (rc == KV_TEST_PASS) rc = racc_vote_case(2, 1, 40000, 64, 4, 5, 39998, 23); /* row sums in 3 chunks */
+        kv_test_env_restore(&ev);
     }
-    if (saved) setenv("KVBENCH_RACC_VOTE", keep, 1);
-    else unsetenv("KVBENCH_RACC_VOTE");
     if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 1, 9000, 40, 33, 3, 8999, 19);
     if (rc == KV_TEST_PASS) rc = racc_vote_case(4, 2, 1500, 36, 8, 1, 1400, 20);
     return rc;

@@ -93,3 +93,18 @@ int kv_test_have_gpu(void) {
     if (!gi.available) kv_test_skip_reason("no GPU: %s", gi.reason);
     return gi.available;
 }
+
+void kv_test_env_set(kv_test_env *e, const char *name, const char *value) {
+    const char *o = getenv(name);
+    e->name = name;
+    e->old = o ? strdup(o) : NULL;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+void kv_test_env_restore(kv_test_env *e) {
+    if (e->old) setenv(e->name, e->old, 1);
+    else unsetenv(e->name);
+    free(e->old);
+    e->old = NULL;
+}
