@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(CS_NEAR_TH) cs_nearest(const float *q, int poo
     __shared__ int wi[CS_NEAR_TH / 32];
     const int tid = threadIdx.x, lane = tid & 31, t = blockIdx.x, r = t / m, b = t % m, g = pool ? r : r / G;
     const int gt = blockIdx.x * CS_NEAR_TH + tid;
-    kv_dep_launch(); /* the bit view's cs_bsamp may be scheduled (it waits for this grid) */
+    kv_dep_launch(); /* the bit view's cs_bsamp, or without the sample cs_bits, may be scheduled (it waits) */
     const size_t cb = ((size_t)g * m + b) * C;
     const bool pre = ds == CS_NEAR_DS && C <= CS_NEAR_TH; /* the thread's centroid loaded beside the query */
     float cv[CS_NEAR_DS];
@@ -401,15 +401,25 @@ kv_status cs_pipe_attr(void (*f)(cs_tile_args), int ring) {
     return KV_OK;
 }
 
-/* The bit-view kernels' shared memory: cs_bsamp's 16 warps need 134 KB; cs_bits's blocks share an SM
- * (cs_bsel's 97 KB is set beside the calls). */
-template <bool MIN, bool W1> kv_status cs_bits_attr() {
+/* The bit-view kernels' shared memory: cs_bsamp's 16 warps need 134 KB; cs_bits's blocks share an SM, and
+ * its NS instances (no sample) ask for up to `optin` bytes less CS_BSTAT for their static shared memory, to
+ * spread over the SMs (cs_bits_launch; cs_bsel's 97 KB is set beside the calls). */
+template <bool MIN, bool W1> kv_status cs_bits_attr(int optin) {
     KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsamp<MIN, W1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)cs_bits_smem(CS_BSW)));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1, false>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared));
-    KV_CUDA_TRY(cudaFuncSetAttribute(cs_bits<MIN, W1, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared));
+    void (*const ks[4])(cs_bits_args) = {cs_bits<MIN, W1, false, false>, cs_bits<MIN, W1, true, false>,
+                                         cs_bits<MIN, W1, false, true>, cs_bits<MIN, W1, true, true>};
+    for (int i = 0; i < 4; i++) {
+        KV_CUDA_TRY(cudaFuncSetAttribute(ks[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         (int)cudaSharedmemCarveoutMaxShared));
+        if (i < 2) continue;
+        cudaFuncAttributes fa;
+        KV_CUDA_TRY(cudaFuncGetAttributes(&fa, ks[i]));
+        if (fa.sharedSizeBytes > (size_t)CS_BSTAT)
+            return kv_fail(KV_ERR_INTERNAL, "csattention GPU: cs_bits's static shared memory %zu above %d bytes",
+                           fa.sharedSizeBytes, CS_BSTAT);
+        KV_CUDA_TRY(cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize, optin - CS_BSTAT));
+    }
     return KV_OK;
 }
 
@@ -490,7 +500,7 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         g->NCH = ((long long)T + 1023) / 1024;
         g->BW = g->NCH * 32;
         g->BL = cs_bview_ld(c.L);
-        g->bcap = g->NCH * g->kcap; /* at most k from each chunk's warp */
+        g->bcap = g->NCH * (g->kcap + CS_BTKS); /* at most k + CS_BTKS from each chunk's warp */
         const char *esam = getenv("KVBENCH_CS_SAMPLE");
         char *eend = NULL;
         const long bs = esam ? strtol(esam, &eend, 10) : -1;
@@ -519,10 +529,10 @@ kv_status cs_create_go(kv_cs_gpu *g, int all_views) {
         KV_CUDA_TRY(cudaMemset(g->bcnt, 0, Hq * sizeof(int)));
         KV_CUDA_TRY(cudaMemset(g->bnu, 0, Hq * sizeof(int)));
         KV_CUDA_TRY(cudaMemset(g->btick, 0, Hq * sizeof(int)));
-        KV_TRY((cs_bits_attr<false, false>()));
-        KV_TRY((cs_bits_attr<false, true>()));
-        KV_TRY((cs_bits_attr<true, false>()));
-        KV_TRY((cs_bits_attr<true, true>()));
+        KV_TRY((cs_bits_attr<false, false>(g->dev.smem_optin)));
+        KV_TRY((cs_bits_attr<false, true>(g->dev.smem_optin)));
+        KV_TRY((cs_bits_attr<true, false>(g->dev.smem_optin)));
+        KV_TRY((cs_bits_attr<true, true>(g->dev.smem_optin)));
         KV_CUDA_TRY(cudaFuncSetAttribute(cs_bsel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)(CS_BSELC * sizeof(unsigned long long))));
     }

@@ -84,6 +84,8 @@ constexpr int CS_BNB = 3;          /* staging buffers a warp (4: 130.1 against 1
 constexpr int CS_BNA = CS_BNB - 1; /* lists whose copies are in flight while list b is added */
 constexpr int CS_BBUF = 512 + 8;   /* a staging buffer (floats): up to 512 scores + the 16-B rounding */
 constexpr int CS_BG = 8;           /* lists whose words are loaded at once */
+constexpr int CS_BTKS = 32;        /* keys beyond k a warp's top k may emit (cs_btopk); the candidate rows hold them */
+constexpr int CS_BSTAT = 1024;     /* bytes kept for cs_bits's static shared memory (its dynamic limit) */
 constexpr int CS_BSEL = 1024;      /* threads of cs_bsel */
 constexpr int CS_BSELC = 16384;    /* candidates cs_bsel keeps in shared memory (more are read from L2; 8192 sent
                                       the 1M search's rows to the radix path, session 14 call B) */
@@ -357,11 +359,45 @@ __device__ __forceinline__ void cs_bunion(const cs_bits_args &a, int r, unsigned
         for (unsigned x = g; x; x &= x - 1) a.u[(size_t)r * a.uld + at++] = key0 + __ffs(x) - 1;
 }
 
-/* The warp's exact top k (u: kv_f2key of the sums, 0 = not gathered): the bisection of the k-th key X, the
- * keys above it and the first ties in key order (lanes and j run in key order); X raises the row's bound. */
-__device__ void cs_btopk(const cs_bits_args &a, int r, const unsigned (&u)[32], int key0) {
+/* The warp's top k (u: kv_f2key of the sums, 0 = not gathered): the bisection of the k-th key X, then the
+ * keys above it and the first ties in key order (lanes and j run in key order); X raises the row's bound.
+ * NS (a region without the sample, where every warp ends here): the bisection runs over the high 16 bits
+ * first; the X found has at least k keys at or above it and is at most the k-th, so when at most k + CS_BTKS
+ * keys are at or above it they are all emitted (a superset of the warp's top k, its ties included; cs_bsel
+ * takes the row's exact top k) and X raises the bound; otherwise the bisection goes on to the exact k-th.
+ * Session 40 (H200, three interleaved rounds): searches of 25.8 / 27.2 / 30.6 us at 16K / 32K / 64K with the
+ * 32 steps, 23.1 / 24.6 / 27.5 with 16 first (call C). The same code in the sampled regions' kernel cost 128K
+ * and 1M 0.5 and 1.5 us, where this path hardly runs, so the sampled kernel keeps the 32 steps. */
+template <bool NS> __device__ void cs_btopk(const cs_bits_args &a, int r, const unsigned (&u)[32], int key0) {
     unsigned X = 0; /* the largest X with k keys at or above it */
-    for (int bit = 31; bit >= 0; bit--)
+    int bit = 31;
+    if (NS) {
+        for (; bit >= 16; bit--)
+            if (cs_wsum(cs_bge(u, X | (1u << bit))) >= a.k) X |= 1u << bit;
+        const unsigned Xe = X ? X : 1u; /* 0: the gathered keys alone */
+        int c = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) c += u[j] >= Xe;
+        int tot;
+        const int ex = cs_wscan(c, &tot);
+        if (tot <= a.k + CS_BTKS) { /* warp-uniform */
+            int at = 0;
+            if ((threadIdx.x & 31) == 0) at = atomicAdd(a.bcnt + r, tot);
+            at = __shfl_sync(0xffffffffu, at, 0) + ex;
+            unsigned *ov = a.bcv + (size_t)r * a.bcap;
+            int32_t *ok = a.bck + (size_t)r * a.bcap;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                if (u[j] < Xe) continue;
+                ov[at] = u[j];
+                ok[at] = key0 + j;
+                at++;
+            }
+            if ((threadIdx.x & 31) == 0 && X) atomicMax(a.thr + (size_t)r * CS_SMAX, X);
+            return;
+        }
+    }
+    for (; bit >= 0; bit--)
         if (cs_wsum(cs_bge(u, X | (1u << bit))) >= a.k) X |= 1u << bit;
     const int need = a.k - (X == 0xffffffffu ? 0 : cs_wsum(cs_bge(u, X + 1)));
     int te = 0, gt = 0;
@@ -407,6 +443,7 @@ __device__ __forceinline__ void cs_bkeys(const float (&s)[32], unsigned g, unsig
  * 16K, 37.8 -> 34.7 at 128K. */
 constexpr int CS_BER = 36;
 static_assert(32 * CS_BER <= CS_BWS, "csattention: the emit rows fit a warp's shared memory");
+template <bool NS>
 __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const float (&s)[32], unsigned g, int key0,
                                          unsigned T, float *ws) {
     const float tf = T ? kv_key2f(T) : -INFINITY;
@@ -418,7 +455,7 @@ __device__ __forceinline__ void cs_bemit(const cs_bits_args &a, int r, const flo
     if (tot > a.k) {
         unsigned u[32];
         cs_bkeys(s, g, u);
-        cs_btopk(a, r, u, key0);
+        cs_btopk<NS>(a, r, u, key0);
         return;
     }
     if (!tot) return;
@@ -544,12 +581,16 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
 }
 
 /* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; 6 blocks an SM (80 registers), as many as the
- * blocks' shared memory allows. M8: m = CS_BG, known at compile time (cs_bits_launch picks it; cs_bchunk). */
-template <bool MIN, bool W1, bool M8> __global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
+ * blocks' shared memory allows. M8: m = CS_BG, known at compile time (cs_bits_launch picks it; cs_bchunk).
+ * NS: the region has no sample; the kernel is then cs_nearest's programmatic dependent (it waits for the lists
+ * first) and its warps' top k bisect 16 bits first (cs_btopk). */
+template <bool MIN, bool W1, bool M8, bool NS>
+__global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];
     const int r = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (NS) kv_dep_wait(); /* cs_nearest's lists */
     cs_brow(a, r, MIN, sli, sws, smn);
     __syncthreads();
     const int cr = blockIdx.y * CS_BW + w;
@@ -557,10 +598,10 @@ template <bool MIN, bool W1, bool M8> __global__ void __launch_bounds__(CS_BW * 
     const int c = a.clo + cr;
     float s[32];
     const unsigned g = cs_bchunk<MIN, W1, M8>(a, sli, sws, smn, c, cs_bsm + (size_t)w * CS_BWS, s);
-    kv_dep_wait(); /* cs_bsamp's bound */
+    kv_dep_wait(); /* cs_bsamp's bound (NS: returns at once) */
     const unsigned T = *(volatile unsigned *)(a.thr + (size_t)r * CS_SMAX);
     cs_bunion(a, r, g, c * 1024 + lane * 32); /* while the bound is read */
-    cs_bemit(a, r, s, g, c * 1024 + lane * 32, T, cs_bsm + (size_t)w * CS_BWS);
+    cs_bemit<NS>(a, r, s, g, c * 1024 + lane * 32, T, cs_bsm + (size_t)w * CS_BWS);
     kv_dep_launch(); /* cs_bsel may be scheduled once every block is here */
 }
 

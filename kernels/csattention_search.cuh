@@ -177,10 +177,12 @@ kv_status cs_tile_launch(kv_cs_gpu *g, int variant, int pool, int missing, int w
 }
 
 /* The bit-view kernels for missing=min (MIN) or zero and weight=none (W1) or not: cs_bsamp, and cs_bits's M8
- * instance when m = CS_BG. */
-template <bool MIN, bool W1> void cs_bits_kernels(int m, void (**samp)(cs_bits_args), void (**main_k)(cs_bits_args)) {
+ * instance when m = CS_BG, its NS one for a region without the sample. */
+template <bool MIN, bool W1>
+void cs_bits_kernels(int m, bool ns, void (**samp)(cs_bits_args), void (**main_k)(cs_bits_args)) {
     *samp = cs_bsamp<MIN, W1>;
-    *main_k = m == CS_BG ? cs_bits<MIN, W1, true> : cs_bits<MIN, W1, false>;
+    *main_k = m == CS_BG ? (ns ? cs_bits<MIN, W1, true, true> : cs_bits<MIN, W1, true, false>)
+                         : (ns ? cs_bits<MIN, W1, false, true> : cs_bits<MIN, W1, false, false>);
 }
 
 /* The bit-view search (csattention_bits.cuh) on g->st, q on the device: cs_nearest, then cs_bsamp, cs_bits
@@ -209,12 +211,24 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     KV_TRY(cs_nearest_launch(g, pool, weight, R, NULL, NULL));
     void (*samp)(cs_bits_args), (*main_k)(cs_bits_args);
     (missing == 1 ? (weight ? cs_bits_kernels<true, false> : cs_bits_kernels<true, true>)
-                  : (weight ? cs_bits_kernels<false, false> : cs_bits_kernels<false, true>))(c.m, &samp, &main_k);
+                  : (weight ? cs_bits_kernels<false, false> : cs_bits_kernels<false, true>))(c.m, S == 0, &samp,
+                                                                                               &main_k);
     if (S > 0) KV_TRY(kv_launch(&g->bpdl, "csattention GPU", samp, dim3(R, SB), dim3(CS_BSW * 32), cs_bits_smem(CS_BSW),
                                 g->st, a));
-    int plain = 0; /* without cs_bsamp, cs_bits reads cs_nearest's lists at once: after it */
-    KV_TRY(kv_launch(S > 0 ? &g->bpdl : &plain, "csattention GPU", main_k, dim3(R, (nreg + CS_BW - 1) / CS_BW),
-                     dim3(CS_BW * 32), cs_bits_smem(CS_BW), g->st, a));
+    /* Without cs_bsamp, cs_bits is cs_nearest's programmatic dependent too, and its shared memory lets at most
+       ceil(blocks / SMs) of its blocks share an SM. Dependent blocks scheduled beside cs_nearest's went several to
+       an SM and took 13-16 us longer than a plain launch after it (session 39 call E); spread out, the dependent
+       launch saves the plain one's gap: 23.1 / 24.6 / 27.5 -> 21.6 / 23.5 / 26.1 us at 16K / 32K / 64K (session
+       40 call C, three interleaved rounds, H200). */
+    const int by = (nreg + CS_BW - 1) / CS_BW, per = (R * by + g->dev.sm_count - 1) / g->dev.sm_count;
+    size_t smem = cs_bits_smem(CS_BW);
+    if (S == 0 && per < 6) { /* 6: cs_bits's blocks an SM at most (launch bounds) */
+        const size_t cap = (size_t)g->dev.smem_optin - CS_BSTAT; /* cs_bits_attr's limit */
+        const size_t spread = ((size_t)g->dev.smem_per_sm / per - 1024 - CS_BSTAT) & ~(size_t)15; /* per fit, 1 KB
+                                                                                                     reserved each */
+        smem = spread > smem ? (spread < cap ? spread : cap) : smem;
+    }
+    KV_TRY(kv_launch(&g->bpdl, "csattention GPU", main_k, dim3(R, by), dim3(CS_BW * 32), smem, g->st, a));
     KV_TRY(kv_launch(&g->bpdl, "csattention GPU", cs_bsel, dim3(R), dim3(CS_BSEL), CS_BSELC * sizeof(unsigned long long),
                      g->st, (const unsigned *)g->bcv, (const int32_t *)g->bck, g->bcap, g->bcnt, kk, g->bnu, g->nu,
                      g->thr, g->oidx));
