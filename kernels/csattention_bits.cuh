@@ -42,7 +42,9 @@
  * the warp counts its gathered keys (nu, and lists them when asked: u),
  * then emits those at or above the bound, or, when more than k are, its own
  * exact top k (warp bisection of kv_f2key, ties to the smaller key), whose
- * k-th raises the bound. cs_bsel (a block per row): the top k of the row's
+ * k-th raises the bound (in a region without the sample, cs_bits's NS
+ * instance: 16 bits bisected first and the few keys at or above emitted,
+ * cs_btopk). cs_bsel (a block per row): the top k of the row's
  * candidates by the pair (kv_f2key(sum), ~key): kv_topk_ref's order (larger
  * first, ties to the smaller key) whatever order the atomics emitted them
  * in; it publishes nu and clears the row's counters for the next search.
@@ -52,7 +54,9 @@
  * more than its bytes at long contexts. In a region of at most CS_BSNONE
  * chunks its latency would be the search's critical path, so there it is
  * left out, and KVBENCH_CS_SAMPLE=0 drops it everywhere (every warp then
- * bounds itself: the exact top-k path).
+ * bounds itself: the top-k path); cs_bits is then cs_nearest's
+ * programmatic dependent, its blocks spread over the SMs by their shared
+ * memory (cs_bits_launch).
  * Staging: per group of 8 lists a warp loads every word and base at once,
  * then copies each list's scores for its chunk (16 B cp.async from the 16-B
  * boundary below the base) into one of CS_BNB buffers, CS_BNA lists ahead of
