@@ -216,10 +216,10 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     if (S > 0) KV_TRY(kv_launch(&g->bpdl, "csattention GPU", samp, dim3(R, SB), dim3(CS_BSW * 32), cs_bits_smem(CS_BSW),
                                 g->st, a));
     /* Without cs_bsamp, cs_bits is cs_nearest's programmatic dependent too, and its shared memory lets at most
-       ceil(blocks / SMs) of its blocks share an SM. Dependent blocks scheduled beside cs_nearest's went several to
-       an SM and took 13-16 us longer than a plain launch after it (session 39 call E); spread out, the dependent
-       launch saves the plain one's gap: 23.1 / 24.6 / 27.5 -> 21.6 / 23.5 / 26.1 us at 16K / 32K / 64K (session
-       40 call C, three interleaved rounds, H200). */
+       ceil(blocks / SMs) of its blocks share an SM. Without that, dependent blocks scheduled beside cs_nearest's
+       took 13-16 us longer than a plain launch after it (session 39 call E; likely, not measured: several went to
+       one SM); spread out, the dependent launch saves the plain one's gap: 23.1 / 24.6 / 27.5 -> 21.6 / 23.5 /
+       26.1 us at 16K / 32K / 64K (session 40 call C, three interleaved rounds, H200). */
     const int by = (nreg + CS_BW - 1) / CS_BW, per = (R * by + g->dev.sm_count - 1) / g->dev.sm_count;
     size_t smem = cs_bits_smem(CS_BW);
     if (S == 0 && per < 6) { /* 6: cs_bits's blocks an SM at most (launch bounds) */
