@@ -72,6 +72,7 @@
  * row (L + L/8 + 64 slots) is compacted in place by the same warp. */
 
 constexpr int CS_BW = 4;           /* warps (chunks of 1024 keys) a block of cs_bits */
+constexpr int CS_BMINB = 6;        /* cs_bits's blocks an SM (its launch bounds: 80 registers) */
 constexpr int CS_BSW = 16;         /* warps (sample chunks) a block of cs_bsamp */
 constexpr int CS_BSNONE = 64;      /* a region of at most this many chunks is searched without the sample (unless
                                       KVBENCH_CS_SAMPLE is set): there the sample's latency is on the search's critical
@@ -584,12 +585,12 @@ template <bool MIN, bool W1> __global__ void __launch_bounds__(CS_BSW * 32) cs_b
     if (threadIdx.x == 0) atomicMax(a.thr + (size_t)r * CS_SMAX, X);
 }
 
-/* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; 6 blocks an SM (80 registers), as many as the
+/* Grid (R, ceil(nreg / CS_BW)), a warp per region chunk; CS_BMINB blocks an SM (80 registers), as many as the
  * blocks' shared memory allows. M8: m = CS_BG, known at compile time (cs_bits_launch picks it; cs_bchunk).
  * NS: the region has no sample; the kernel is then cs_nearest's programmatic dependent (it waits for the lists
  * first) and its warps' top k bisect 16 bits first (cs_btopk). */
 template <bool MIN, bool W1, bool M8, bool NS>
-__global__ void __launch_bounds__(CS_BW * 32, 6) cs_bits(cs_bits_args a) {
+__global__ void __launch_bounds__(CS_BW * 32, CS_BMINB) cs_bits(cs_bits_args a) {
     extern __shared__ __align__(16) float cs_bsm[];
     __shared__ int sli[CS_MMAX];
     __shared__ float sws[CS_MMAX], smn[CS_MMAX];

@@ -222,7 +222,7 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
        26.1 us at 16K / 32K / 64K (session 40 call C, three interleaved rounds, H200). */
     const int by = (nreg + CS_BW - 1) / CS_BW, per = (R * by + g->dev.sm_count - 1) / g->dev.sm_count;
     size_t smem = cs_bits_smem(CS_BW);
-    if (S == 0 && per < 6) { /* 6: cs_bits's blocks an SM at most (launch bounds) */
+    if (S == 0 && per < CS_BMINB) {
         const size_t cap = (size_t)g->dev.smem_optin - CS_BSTAT; /* cs_bits_attr's limit */
         const size_t spread = ((size_t)g->dev.smem_per_sm / per - 1024 - CS_BSTAT) & ~(size_t)15; /* per fit, 1 KB
                                                                                                      reserved each */
