@@ -224,8 +224,8 @@ kv_status cs_bits_launch(kv_cs_gpu *g, int pool, int missing, int weight, int hi
     size_t smem = cs_bits_smem(CS_BW);
     if (S == 0 && per < CS_BMINB) {
         const size_t cap = (size_t)g->dev.smem_optin - CS_BSTAT; /* cs_bits_attr's limit */
-        const size_t spread = ((size_t)g->dev.smem_per_sm / per - 1024 - CS_BSTAT) & ~(size_t)15; /* per fit, 1 KB
-                                                                                                     reserved each */
+        /* per blocks fit an SM, each with the 1 KB the SM reserves a block */
+        const size_t spread = ((size_t)g->dev.smem_per_sm / per - 1024 - CS_BSTAT) & ~(size_t)15;
         smem = spread > smem ? (spread < cap ? spread : cap) : smem;
     }
     KV_TRY(kv_launch(&g->bpdl, "csattention GPU", main_k, dim3(R, by), dim3(CS_BW * 32), smem, g->st, a));
