@@ -375,10 +375,14 @@ def gpu_list():
 
 
 def run_local(out, jobs, kvbench, workers, gpus, progress):
-    """Runs jobs on `workers` processes at a time; with gpus, worker w sees GPU gpus[w % len(gpus)]."""
+    """Runs jobs on `workers` processes at a time; with gpus, worker w sees GPU gpus[w % len(gpus)]. Each run's
+    log starts with its worker and GPU and ends with its exit status and seconds; with several workers, each
+    worker's processes and busy seconds are printed at the end (the balance between GPUs)."""
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     pending, running, failed = list(jobs), {}, []
     free_slots = list(range(workers))
+    busy, count = [0.0] * workers, [0] * workers
+    where = lambda slot: f"worker {slot}" + (f" on GPU {gpus[slot % len(gpus)]}" if gpus else "")
     while pending or running:
         while pending and free_slots:
             job = pending.pop(0)
@@ -389,22 +393,29 @@ def run_local(out, jobs, kvbench, workers, gpus, progress):
             rdir = run_dir(out, job)
             cmd = [kvbench] + job["argv"] + ["--out", rdir]
             log = open(os.path.join(out, "logs", job["key"] + ".log"), "w")
-            log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+            log.write(f"# {where(slot)}\n" + " ".join(shlex.quote(c) for c in cmd) + "\n")
             log.flush()
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[p.pid] = (p, job, slot, log)
+            running[p.pid] = (p, job, slot, log, time.time())
         pid, status = os.wait()
         if pid not in running:
             continue
-        p, job, slot, log = running.pop(pid)
+        p, job, slot, log, t0 = running.pop(pid)
+        rc = os.waitstatus_to_exitcode(status)
+        dt = time.time() - t0
+        busy[slot] += dt
+        count[slot] += 1
+        log.write(f"# {where(slot)}: exit {rc} after {dt:.1f} s\n")
         log.close()
         free_slots.append(slot)
-        rc = os.waitstatus_to_exitcode(status)
         label = f"{os.path.basename(job['trace'])} {','.join(m for m, _ in job['methods'])}"
         if rc != 0:
             failed.append((job, rc))
             label += f": FAILED (exit {rc}, log {os.path.join(out, 'logs', job['key'] + '.log')})"
         progress.update(job["units"], label)
+    if workers > 1:
+        for w in range(workers):
+            print(f"sweep.py: {where(w)}: {count[w]} processes, {busy[w]:.1f} s busy", file=sys.stderr)
     return failed
 
 

@@ -11,8 +11,10 @@
    back to the CPU) gives the same numbers as one worker.
 Standard library only. Exit 0 pass, 1 fail."""
 import csv
+import glob
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -253,6 +255,22 @@ with tempfile.TemporaryDirectory() as tmp:
         rows3 = list(csv.DictReader(open(os.path.join(out3, "results.csv"))))
         check(sorted((key(x), x["recall"], x["mass"]) for x in rows3) == sorted((key(x), x["recall"], x["mass"]) for x in rows),
               "--gpus 2 (shared GPU) differs from one worker")
+        # each run's log names its worker and GPU and ends with its exit and seconds; the workers' shares add up to
+        # the processes run, and each worker's busy seconds are the sum of its runs' (to the printed 0.1 s)
+        logs = sorted(glob.glob(os.path.join(out3, "logs", "*.log")))
+        per = {}
+        for f in logs:
+            lines = open(f).read().splitlines()
+            m0 = re.fullmatch(r"# worker (\d) on GPU 0", lines[0]) if lines else None
+            m1 = re.fullmatch(r"# worker (\d) on GPU 0: exit 0 after ([0-9.]+) s", lines[-1]) if lines else None
+            check(m0 and m1 and m0.group(1) == m1.group(1), f"{f}: first/last line {lines[:1]} {lines[-1:]}")
+            if m0 and m1:
+                per.setdefault(int(m0.group(1)), []).append(float(m1.group(2)))
+        shares = {int(w): (int(n), float(s)) for w, n, s in
+                  re.findall(r"sweep\.py: worker (\d) on GPU 0: (\d+) processes, ([0-9.]+) s busy", r.stderr)}
+        check(sorted(shares) == [0, 1] and sum(n for n, _ in shares.values()) == len(logs) and
+              all(shares[w][0] == len(per.get(w, [])) and abs(shares[w][1] - sum(per.get(w, []))) <= 0.05 * (1 + len(per.get(w, [])))
+                  for w in shares), f"--gpus 2: worker shares {shares} against the logs {per}: {r.stderr}")
 
 if PART in ("pareto", "all"):
     # 6. the Pareto front of a hand-made point set, and the leaderboard's interpolation
