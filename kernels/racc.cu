@@ -54,6 +54,8 @@ struct kv_racc_gpu {
     double *z;          /* [R] */
     float *vote;        /* [Hkv][T] */
     int32_t *idx;       /* [Hkv][KV_GPU_TOPK_MAX] */
+    int32_t *hidx;      /* pinned [Hkv][KV_GPU_TOPK_MAX]: a queued retrieval's result (retrieve_launch) */
+    int rk;             /* the queued retrieval's k (0: none queued) */
     kv_topk_ws tk;
     int fused;          /* the fused two-sweep vote (racc_vote.cu) */
     int tiled;          /* the tiled vote (racc_scores.cu; default where it fits) */
@@ -162,6 +164,7 @@ kv_status racc_create_go(kv_racc_gpu *g, int own_keys) {
     KV_CUDA_ALLOC(g->z, R * sizeof(double), 0, "racc row sums");
     KV_CUDA_ALLOC(g->vote, Hkv * T * sizeof(float), 0, "racc votes");
     KV_CUDA_ALLOC(g->idx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 0, "racc retrieved");
+    if (own_keys) KV_CUDA_ALLOC(g->hidx, Hkv * KV_GPU_TOPK_MAX * sizeof(int32_t), 1, "racc retrieved (host)");
     KV_TRY(kv_topk_ws_create(&g->tk, g->Hkv, g->T, &g->dev));
     if (g->fused) {
         racc_vote_scratch *w = &g->fw;
@@ -237,7 +240,7 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->keys);
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
-    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
+    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFreeHost(g->hidx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
     cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt); cudaFree(g->fw.S); cudaFree(g->fw.mrow);
     cudaFree(g->fw.zp);
     kv_topk_ws_destroy(&g->tk);
@@ -283,9 +286,10 @@ static kv_status kv_racc_gpu_vote(kv_racc_gpu *g, const float *qw, float scale, 
     return KV_OK;
 }
 
-static kv_status kv_racc_gpu_retrieve(kv_racc_gpu *g, const float *qm, float scale, int lo, int hi, const int *r,
-                                      int32_t *idx, int ld) {
+static kv_status kv_racc_gpu_retrieve_launch(kv_racc_gpu *g, const float *qm, float scale, int lo, int hi, const int *r,
+                                             kv_gpu_mark *mark) {
     int k = 0;
+    g->rk = 0;
     for (int h = 0; h < g->Hkv; h++) k = r[h] > k ? r[h] : k;
     if (k <= 0 || hi <= lo) return KV_OK;
     if (k > KV_GPU_TOPK_MAX)
@@ -293,10 +297,21 @@ static kv_status kv_racc_gpu_retrieve(kv_racc_gpu *g, const float *qm, float sca
                        "--device cpu)", k, KV_GPU_TOPK_MAX);
     if (k > hi - lo) k = hi - lo;
     KV_CUDA_TRY(cudaMemcpyAsync(g->qm, qm, (size_t)g->Hkv * g->D * sizeof(float), cudaMemcpyHostToDevice, g->st));
+    KV_TRY(kv_gpu_mark_start(mark, g->st));
     KV_TRY(racc_retrieve_launch(g, &g->keys->a, scale, lo, hi, k));
-    KV_CUDA_TRY(cudaMemcpy2DAsync(idx, (size_t)ld * sizeof(int32_t), g->idx, (size_t)k * sizeof(int32_t),
-                                  (size_t)k * sizeof(int32_t), (size_t)g->Hkv, cudaMemcpyDeviceToHost, g->st));
+    KV_TRY(kv_gpu_mark_end(mark, g->st));
+    KV_CUDA_TRY(cudaMemcpyAsync(g->hidx, g->idx, (size_t)g->Hkv * k * sizeof(int32_t), cudaMemcpyDeviceToHost, g->st));
+    g->rk = k;
+    return KV_OK;
+}
+
+static kv_status kv_racc_gpu_retrieve_fetch(kv_racc_gpu *g, int32_t *idx, int ld) {
+    if (g->rk <= 0) return KV_OK;
+    if (ld < g->rk) return kv_fail(KV_ERR_INTERNAL, "racc GPU: retrieval list stride %d < k %d", ld, g->rk);
     KV_CUDA_TRY(cudaStreamSynchronize(g->st));
+    for (int h = 0; h < g->Hkv; h++)
+        memcpy(idx + (size_t)h * ld, g->hidx + (size_t)h * g->rk, (size_t)g->rk * sizeof(int32_t));
+    g->rk = 0;
     return KV_OK;
 }
 
@@ -379,7 +394,8 @@ extern "C" const kv_racc_cuda_ops kv_racc_cuda = {
     .write_keys = kv_racc_gpu_write_keys,
     .set_evicted = kv_racc_gpu_set_evicted,
     .vote = kv_racc_gpu_vote,
-    .retrieve = kv_racc_gpu_retrieve,
+    .retrieve_launch = kv_racc_gpu_retrieve_launch,
+    .retrieve_fetch = kv_racc_gpu_retrieve_fetch,
     .destroy = kv_racc_gpu_destroy,
     .bench = kv_racc_gpu_bench,
 };

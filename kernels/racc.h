@@ -29,12 +29,16 @@ typedef struct {
      * in double over the G*window queries in order, to host vote [Hkv][hi-lo]
      * as float (evicted positions: -inf). */
     kv_status (*vote)(kv_racc_gpu *g, const float *qw, float scale, int lo, int hi, float *vote);
-    /* Lag-1 retrieval: for kv head g, the top r[g] (<= KV_GPU_TOPK_MAX, and
-     * <= its evicted tokens in [lo, hi)) of scale * <qm_g, k_i> over the evicted
-     * positions i of [lo, hi), in kv_topk_ref order, to host idx[g*ld + j];
-     * qm host [Hkv][D]. Scores bitwise kv_scores_ref's. */
-    kv_status (*retrieve)(kv_racc_gpu *g, const float *qm, float scale, int lo, int hi, const int *r, int32_t *idx,
-        int ld);
+    /* Lag-1 retrieval, queued: for kv head g, the top r[g] (<= KV_GPU_TOPK_MAX,
+     * and <= its evicted tokens in [lo, hi)) of scale * <qm_g, k_i> over the
+     * evicted positions i of [lo, hi), in kv_topk_ref order; qm host [Hkv][D]
+     * (read before it returns); its kernels between kv_gpu_mark_start and
+     * kv_gpu_mark_end of mark (NULL: none). Scores bitwise kv_scores_ref's.
+     * retrieve_fetch waits for it and writes head g's list to host
+     * idx[g*ld + j] (nothing when nothing was queued). */
+    kv_status (*retrieve_launch)(kv_racc_gpu *g, const float *qm, float scale, int lo, int hi, const int *r,
+        kv_gpu_mark *mark);
+    kv_status (*retrieve_fetch)(kv_racc_gpu *g, int32_t *idx, int ld);
     void (*destroy)(kv_racc_gpu *g);
     /* kvbench bench --method racc: on the float16 keys K [Hkv][>= n][D], one
      * compression vote over n tokens (half evicted beforehand: alternate

@@ -66,7 +66,8 @@
  *   retrieval runs on the host (the paper's index lives in CPU memory:
  *   evicted keys are "offloaded to the CPU"); index=exact retrieves on the
  *   device.
- * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device;
+ * - GPU path (shape->use_gpu, kernels/racc.cu): the keys live on the device
+ *   (with index=exact only there: the host keeps no float32 copy);
  *   the vote (kernels/racc_scores.cu: one tiled sweep of scores bitwise
  *   kv_dot_ref's, kept on the device, then the row sums of exp and the
  *   votes; masked softmax, sum over the window and group) runs there and
@@ -76,8 +77,14 @@
  *   set can differ only between near-equal votes; the retrieval (scores of
  *   the mean previous query masked to the evicted keys, the shared top-k,
  *   at most KV_GPU_TOPK_MAX keys) is bitwise the CPU's for the same
- *   eviction flags. The resident part of the list and the flags stay on
- *   the host. */
+ *   eviction flags, and is queued (search_launch; the run waits for it
+ *   once, after the resident part is copied). The resident part of the
+ *   list and the flags stay on the host.
+ * - The resident part: each kv head's resident positions are kept in an
+ *   ascending array (racc_resident: rebuilt after each compression,
+ *   extended by append), and a search copies its prefix below the region's
+ *   end, rather than testing every region position's eviction flag at
+ *   every step (issue 12: that loop was most of the GPU path's search). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,12 +101,15 @@ typedef struct {
     int Ln, window;
     int n;              /* positions seen */
     int compressions;
-    float *K;           /* [Hkv][T][D] all keys (resident or evicted: the index is exact) */
+    float *K;           /* [Hkv][T][D] all keys (resident or evicted: the index is exact); NULL on the GPU path
+                         * with index=exact, which reads its keys on the device only */
     float *Qw;          /* [Hq][window][D] ring of the last `window` queries (slot = position % window) */
     int nq;             /* consecutive positions with a query handed over */
     float *q_prev;      /* [Hq][D] the query of position n-2 (n-1 is in the ring) */
     uint8_t *evicted;   /* [Hkv][T] */
     int *n_evicted;     /* [Hkv] */
+    int32_t *res;       /* [Hkv][T] the resident positions of [sink, n), ascending (racc_resident) */
+    int *n_res;         /* [Hkv] */
     /* scratch */
     int32_t *cand;      /* [T] */
     double *vote;       /* [T] */
@@ -113,6 +123,7 @@ typedef struct {
     float *qwall;       /* GPU path: [Hq][window][D] the window queries in position order */
     int *rr;            /* GPU path: [Hkv] keys to retrieve */
     kv_racc_gpu *gpu;
+    int queued;         /* GPU path: a retrieval is queued (racc_launch) for racc_finish */
     kv_racc_index *ix;  /* index=faiss-*: the evicted keys' Faiss indexes, else NULL */
     int32_t *newev;     /* [T] positions one compression evicts (for the index) */
 } racc_state;
@@ -152,7 +163,7 @@ void kv_racc_vote(const float *qw, int G, int nw, const float *K, int D, const i
 
 static void racc_free(racc_state *s) {
     if (!s) return;
-    free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted);
+    free(s->K); free(s->Qw); free(s->q_prev); free(s->evicted); free(s->n_evicted); free(s->res); free(s->n_res);
     free(s->cand); free(s->vote); free(s->fs); free(s->qw); free(s->top); free(s->qm); free(s->kept); free(s->fv);
     free(s->vall); free(s->qwall); free(s->rr); free(s->newev);
     if (s->gpu) kv_racc_cuda.destroy(s->gpu);
@@ -170,11 +181,14 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     s->window = kv_param_int(ps, "window");
     size_t T = (size_t)sh->max_tokens, D = (size_t)sh->head_dim, Hkv = (size_t)sh->num_kv_heads,
            Hq = (size_t)sh->num_q_heads, W = (size_t)s->window, G = (size_t)sh->group;
-    s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
+    int idxk = kv_param_int(ps, "index");
+    if (!sh->use_gpu || idxk != KV_RACC_EXACT) s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
     s->Qw = kv_calloc(Hq * W * D, sizeof(float), "racc window queries");
     s->q_prev = kv_malloc(Hq * D * sizeof(float), "racc previous query");
     s->evicted = kv_calloc(Hkv * T, 1, "racc eviction flags");
     s->n_evicted = kv_calloc(Hkv, sizeof(int), "racc eviction counts");
+    s->res = kv_malloc(Hkv * T * sizeof(int32_t), "racc resident positions");
+    s->n_res = kv_calloc(Hkv, sizeof(int), "racc resident counts");
     s->cand = kv_malloc(T * sizeof(int32_t), "racc candidates");
     s->vote = kv_malloc(T * sizeof(double), "racc votes");
     s->fs = kv_malloc(T * sizeof(float), "racc scores");
@@ -183,12 +197,12 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     s->qm = kv_malloc(Hkv * D * sizeof(float), "racc mean query");
     s->kept = kv_malloc(T, "racc kept flags");
     s->fv = kv_malloc(T * sizeof(float), "racc float votes");
-    if (!s->K || !s->Qw || !s->q_prev || !s->evicted || !s->n_evicted || !s->cand || !s->vote || !s->fs || !s->qw ||
-        !s->top || !s->qm || !s->kept || !s->fv) {
+    if ((!s->K && (!sh->use_gpu || idxk != KV_RACC_EXACT)) || !s->Qw || !s->q_prev || !s->evicted ||
+        !s->n_evicted || !s->res || !s->n_res || !s->cand || !s->vote || !s->fs || !s->qw || !s->top || !s->qm ||
+        !s->kept || !s->fv) {
         racc_free(s);
         return KV_ERR_NOMEM;
     }
-    int idxk = kv_param_int(ps, "index");
     if (idxk != KV_RACC_EXACT) {
         kv_status st = kv_racc_index_create(idxk, sh->num_kv_heads, sh->head_dim, sh->max_tokens,
                                             kv_param_int(ps, "nlist"), kv_param_int(ps, "nprobe"),
@@ -210,11 +224,28 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     return KV_OK;
 }
 
+/* Each kv head's resident positions of [sink, n), ascending, from the
+ * eviction flags: rebuilt after a compression (every Ln tokens) and extended
+ * by append, so a search copies its resident part instead of testing every
+ * region position's flag (issue 12: that loop was most of RACC's in-run
+ * search on the GPU). */
+static void racc_resident(racc_state *s) {
+    const size_t T = (size_t)s->sh.max_tokens;
+    for (int g = 0; g < s->sh.num_kv_heads; g++) {
+        const uint8_t *ev = s->evicted + (size_t)g * T;
+        int32_t *r = s->res + (size_t)g * T;
+        int c = 0;
+        for (int i = s->sh.sink; i < s->n; i++)
+            if (!ev[i]) r[c++] = i;
+        s->n_res[g] = c;
+    }
+}
+
 /* One compression over positions [0, n): per kv head, vote on the resident
  * tokens of [sink, n - window) and evict all but floor(alpha * |V|): the
  * votes, as float, ranked by kv_topk_ref (larger first, earlier position
  * among equals: the order the shared GPU top-k reproduces too). */
-static kv_status racc_compress(racc_state *s) {
+static kv_status racc_evict(racc_state *s) {
     const kv_shape *sh = &s->sh;
     int n = s->n, W = s->window, D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = n - W;
     s->compressions++;
@@ -259,6 +290,12 @@ static kv_status racc_compress(racc_state *s) {
     return s->gpu ? kv_racc_cuda.set_evicted(s->gpu, n, s->evicted) : KV_OK;
 }
 
+static kv_status racc_compress(racc_state *s) {
+    kv_status st = racc_evict(s);
+    racc_resident(s);
+    return st;
+}
+
 static void racc_push_query(racc_state *s, int t, const float *q, size_t head_stride) {
     size_t D = (size_t)s->sh.head_dim, W = (size_t)s->window;
     for (int h = 0; h < s->sh.num_q_heads; h++) {
@@ -270,7 +307,7 @@ static void racc_push_query(racc_state *s, int t, const float *q, size_t head_st
 static kv_status racc_build(void *st, const kv_prefill *pre) {
     racc_state *s = st;
     size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
-    for (int g = 0; g < s->sh.num_kv_heads; g++)
+    for (int g = 0; s->K && g < s->sh.num_kv_heads; g++)
         memcpy(s->K + (size_t)g * T * D, pre->k + (size_t)g * pre->n * D, (size_t)pre->n * D * sizeof(float));
     int W = s->window, t0 = pre->n - W > 0 ? pre->n - W : 0;
     if (pre->q) {
@@ -288,7 +325,8 @@ static kv_status racc_append(void *st, int t, const float *k, const float *v, co
     size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "racc: append of position %d, expected %d", t, s->n);
-    for (int g = 0; g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
+    for (int g = 0; s->K && g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
+    for (int g = 0; t >= s->sh.sink && g < s->sh.num_kv_heads; g++) s->res[(size_t)g * T + s->n_res[g]++] = t;
     if (q) { racc_push_query(s, t, q, D); s->nq++; }
     else s->nq = 0;
     if (s->gpu) KV_TRY(kv_racc_cuda.write_keys(s->gpu, t, 1, k));
@@ -297,29 +335,50 @@ static kv_status racc_append(void *st, int t, const float *k, const float *v, co
     return gen > 0 && gen % s->Ln == 0 ? racc_compress(s) : KV_OK;
 }
 
-static kv_status racc_search(void *st, int t, const float *q, int k, kv_selection *sel) {
-    racc_state *s = st;
+/* The resident positions of kv head g below hi (res is ascending). */
+static int racc_resident_below(const racc_state *s, int g, int hi) {
+    const int32_t *rg = s->res + (size_t)g * s->sh.max_tokens;
+    int c = 0, e = s->n_res[g];
+    while (c < e) {
+        int mid = c + (e - c) / 2;
+        if (rg[mid] < hi) c = mid + 1;
+        else e = mid;
+    }
+    return c;
+}
+
+/* Each list's resident part of the region [sink, hi) and the method metric. */
+static void racc_resident_part(racc_state *s, int hi, kv_selection *sel) {
     const kv_shape *sh = &s->sh;
-    (void)q; (void)k;
-    int D = sh->head_dim, G = sh->group, T = sh->max_tokens, lo = sh->sink, hi = t + 1 - sh->local;
-    if (hi <= lo) return KV_OK;
-    int r = (int)ceil(s->beta * (double)(t + 1)), have_prev = s->nq >= 2;
     double res = 0;
-    for (int g = 0; g < sh->num_kv_heads; g++) { /* the resident part of the region; the group's mean q_{t-1} */
-        const uint8_t *ev = s->evicted + (size_t)g * T;
-        int32_t *out = sel->idx + (size_t)g * sel->cap;
-        int c = 0;
-        for (int i = lo; i < hi; i++)
-            if (!ev[i]) out[c++] = i;
+    for (int g = 0; g < sh->num_kv_heads; g++) {
+        int c = racc_resident_below(s, g, hi);
+        memcpy(sel->idx + (size_t)g * sel->cap, s->res + (size_t)g * sh->max_tokens, (size_t)c * sizeof(int32_t));
         sel->count[g] = c;
-        res += (double)c / (hi - lo);
+        res += (double)c / (hi - sh->sink);
+    }
+    sel->metric = (float)(res / sh->num_kv_heads);
+}
+
+/* The retrieval query of each kv head: the mean of its group's queries of position t-1. */
+static void racc_mean_queries(racc_state *s) {
+    int D = s->sh.head_dim, G = s->sh.group;
+    for (int g = 0; g < s->sh.num_kv_heads; g++)
         for (int j = 0; j < D; j++) {
             float a = 0;
             for (int h = g * G; h < (g + 1) * G; h++) a += s->q_prev[(size_t)h * D + j];
             s->qm[(size_t)g * D + j] = a / G;
         }
-    }
-    sel->metric = (float)(res / sh->num_kv_heads);
+}
+
+/* The CPU path and index=faiss-*: the resident part, then the retrieval on the host. */
+static kv_status racc_search_host(racc_state *s, int t, kv_selection *sel) {
+    const kv_shape *sh = &s->sh;
+    int D = sh->head_dim, T = sh->max_tokens, lo = sh->sink, hi = t + 1 - sh->local;
+    if (hi <= lo) return KV_OK;
+    int r = (int)ceil(s->beta * (double)(t + 1)), have_prev = s->nq >= 2;
+    racc_resident_part(s, hi, sel);
+    racc_mean_queries(s);
     if (r <= 0 || !have_prev) return KV_OK;
     if (s->ix) { /* Faiss over the evicted keys; evicted keys at or past hi (local window) over-fetched, dropped */
         for (int g = 0; g < sh->num_kv_heads; g++) {
@@ -331,23 +390,6 @@ static kv_status racc_search(void *st, int t, const float *q, int k, kv_selectio
             int32_t *out = sel->idx + (size_t)g * sel->cap;
             for (int j = 0, c = 0; j < got && c < r; j++)
                 if (s->top[j] >= lo && s->top[j] < hi) { out[sel->count[g]++] = s->top[j]; c++; }
-        }
-        return KV_OK;
-    }
-    if (s->gpu) { /* scores over the region masked to the evicted keys, the shared top-k */
-        int any = 0;
-        for (int g = 0; g < sh->num_kv_heads; g++) {
-            int ne = (hi - lo) - sel->count[g];
-            s->rr[g] = r < ne ? r : ne;
-            any |= s->rr[g] > 0;
-        }
-        if (!any) return KV_OK;
-        int ld = 0;
-        for (int g = 0; g < sh->num_kv_heads; g++) ld = s->rr[g] > ld ? s->rr[g] : ld;
-        KV_TRY(kv_racc_cuda.retrieve(s->gpu, s->qm, sh->softmax_scale, lo, hi, s->rr, s->top, ld));
-        for (int g = 0; g < sh->num_kv_heads; g++) {
-            int32_t *out = sel->idx + (size_t)g * sel->cap;
-            for (int j = 0; j < s->rr[g]; j++) out[sel->count[g]++] = s->top[(size_t)g * ld + j];
         }
         return KV_OK;
     }
@@ -366,6 +408,55 @@ static kv_status racc_search(void *st, int t, const float *q, int k, kv_selectio
         for (int j = 0; j < nr; j++) out[sel->count[g]++] = s->cand[s->top[j]];
     }
     return KV_OK;
+}
+
+/* The GPU path with index=exact in halves (kv_method.search_launch): the launch queues the retrieval (scores
+ * over the region masked to the evicted keys, the shared top-k), the finish copies the resident part while it
+ * runs, then waits and appends the retrieved keys. With index=faiss-* the finish does the whole search. */
+static kv_status racc_launch(void *st, int t, const float *q, int k, kv_selection *sel, kv_gpu_mark *mark) {
+    racc_state *s = st;
+    const kv_shape *sh = &s->sh;
+    (void)q; (void)k; (void)sel;
+    int lo = sh->sink, hi = t + 1 - sh->local, any = 0;
+    s->queued = 0;
+    int r = (int)ceil(s->beta * (double)(t + 1));
+    if (s->ix || hi <= lo || r <= 0 || s->nq < 2) return KV_OK;
+    for (int g = 0; g < sh->num_kv_heads; g++) {
+        int ne = (hi - lo) - racc_resident_below(s, g, hi);
+        s->rr[g] = r < ne ? r : ne;
+        any |= s->rr[g] > 0;
+    }
+    if (!any) return KV_OK;
+    racc_mean_queries(s);
+    KV_TRY(kv_racc_cuda.retrieve_launch(s->gpu, s->qm, sh->softmax_scale, lo, hi, s->rr, mark));
+    s->queued = 1;
+    return KV_OK;
+}
+
+static kv_status racc_finish(void *st, int t, int k, kv_selection *sel) {
+    racc_state *s = st;
+    (void)k;
+    int hi = t + 1 - s->sh.local;
+    if (s->ix) return racc_search_host(s, t, sel);
+    if (hi <= s->sh.sink) return KV_OK;
+    racc_resident_part(s, hi, sel);
+    if (!s->queued) return KV_OK;
+    s->queued = 0;
+    int ld = 0;
+    for (int g = 0; g < s->sh.num_kv_heads; g++) ld = s->rr[g] > ld ? s->rr[g] : ld;
+    KV_TRY(kv_racc_cuda.retrieve_fetch(s->gpu, s->top, ld));
+    for (int g = 0; g < s->sh.num_kv_heads; g++) {
+        int32_t *out = sel->idx + (size_t)g * sel->cap;
+        for (int j = 0; j < s->rr[g]; j++) out[sel->count[g]++] = s->top[(size_t)g * ld + j];
+    }
+    return KV_OK;
+}
+
+static kv_status racc_search(void *st, int t, const float *q, int k, kv_selection *sel) {
+    racc_state *s = st;
+    if (!s->gpu) return racc_search_host(s, t, sel);
+    KV_TRY(racc_launch(s, t, q, k, sel, NULL));
+    return racc_finish(s, t, k, sel);
 }
 
 /* kvbench bench on a GPU: one compression vote and one lag-1 retrieval. */
@@ -409,6 +500,8 @@ const kv_method kv_method_racc = {
     .prefill_reads = KV_PREFILL_K | KV_PREFILL_Q, /* build() reads pre->k and pre->q only */
     .append = racc_append,
     .search = racc_search,
+    .search_launch = racc_launch,
+    .search_finish = racc_finish,
     .memory_bytes = racc_memory,
     .destroy = racc_destroy,
     .bench_gpu = racc_bench_gpu,
