@@ -114,19 +114,21 @@ static inline void add(kv_protocol *p, int h, int i, uint8_t f, float lw) {
     *slot = c + 1;
 }
 
-/* 1 when the list is strictly ascending inside [lo, hi) (MagicPIG's compaction, page expansions): then
- * its entries can be neither duplicates nor sink or local positions (disjoint from the region), and
+/* The length of the list's longest prefix that is strictly ascending inside [lo, hi) (MagicPIG's
+ * compaction, page expansions: the whole list; RACC: its resident positions, then the few it retrieved).
+ * Those entries can be neither duplicates nor sink or local positions (disjoint from the region), and
  * build_lists appends them as they are, without the stamp table's random access per entry (issue 12:
- * MagicPIG's host diagnostics, ~2000 entries a head at 128K, fell from 327 to 144 us a step); the lists
- * are the same. */
-static int ascending_in(const int32_t *si, int n, int lo, int hi) {
-    if (n && (si[0] < lo || si[n - 1] >= hi)) return 0;
-    for (int j = 1; j < n; j++)
-        if (si[j] <= si[j - 1]) return 0;
-    return 1;
+ * MagicPIG's host diagnostics, ~2000 entries a head at 128K, fell from 327 to 144 us a step; RACC's
+ * resident set is most of the region); the rest of the list is checked entry by entry against that
+ * prefix (a binary search) and itself (the stamps). The lists are the same. */
+static int ascending_prefix(const int32_t *si, int n, int lo, int hi) {
+    if (!n || si[0] < lo || si[0] >= hi) return 0;
+    int j = 1;
+    while (j < n && si[j] > si[j - 1] && si[j] < hi) j++;
+    return j;
 }
 
-/* The slot of position i in an ascending list (ascending_in), or -1. */
+/* The slot of position i in an ascending list (ascending_prefix), or -1. */
 static int find_sorted(const int32_t *si, int n, int i) {
     int a = 0, b = n;
     while (a < b) {
@@ -137,7 +139,9 @@ static int find_sorted(const int32_t *si, int n, int i) {
     return a < n && si[a] == i ? a : -1;
 }
 
-static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv_selection *sel, int k) {
+/* Each query head's attended list; with share > 1 (the device path of a per-kv-head method, whose G heads
+ * of a group attend one list) only the group's first head's, the others' counts copied from it. */
+static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv_selection *sel, int k, int share) {
     const kv_layer *L = p->L;
     int lo = p->sink, hi = t + 1 - p->local, max_extra = 0, max_sel = 0;
     for (int g = 0; g < L->Hkv; g++) max_extra = sel->n_extra[g] > max_extra ? sel->n_extra[g] : max_extra;
@@ -148,22 +152,27 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
     KV_TRY(grow(p, p->sink + p->local + max_sel + max_extra + 1));
     for (int h = 0; h < L->Hq; h++) {
         int list = m->per_kv_head ? h / p->G : h, g = h / p->G;
+        if (share > 1 && h % share) {
+            p->count[h] = p->count[h - 1];
+            p->c0[h] = p->c0[h - 1];
+            continue;
+        }
         p->count[h] = 0;
         for (int i = 0; i < p->sink && i <= t; i++) add(p, h, i, i >= lo && i < hi ? F_REGION : 0, 0.f);
         for (int i = hi > 0 ? hi : 0; i <= t; i++) add(p, h, i, 0, 0.f);
         p->c0[h] = p->count[h];
         const int32_t *si = sel->idx + (size_t)list * sel->cap;
         const float *sw = sel->logw + (size_t)list * sel->cap;
-        const int ns = sel->count[list], fast = lo < hi && ascending_in(si, ns, lo, hi);
-        if (fast) {
+        const int ns = sel->count[list], na = lo < hi ? ascending_prefix(si, ns, lo, hi) : 0;
+        if (na) {
             size_t base = (size_t)h * p->cap + p->count[h];
-            memcpy(p->att + base, si, (size_t)ns * sizeof(int32_t));
-            memset(p->flag + base, F_REGION | F_SEL, (size_t)ns);
-            if (m->uses_logw) memcpy(p->logw + base, sw, (size_t)ns * sizeof(float));
-            else memset(p->logw + base, 0, (size_t)ns * sizeof(float));
-            p->count[h] += ns;
+            memcpy(p->att + base, si, (size_t)na * sizeof(int32_t));
+            memset(p->flag + base, F_REGION | F_SEL, (size_t)na);
+            if (m->uses_logw) memcpy(p->logw + base, sw, (size_t)na * sizeof(float));
+            else memset(p->logw + base, 0, (size_t)na * sizeof(float));
+            p->count[h] += na;
         }
-        for (int j = 0; !fast && j < ns; j++) {
+        for (int j = na; j < ns; j++) {
             int i = si[j];
             if (i < lo || i >= hi) {
                 kv_status st = kv_fail(KV_ERR_INTERNAL,
@@ -172,7 +181,8 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return st;
             }
-            if (p->stamp[i] && (p->flag[(size_t)h * p->cap + p->stamp[i] - 1] & F_SEL)) {
+            if (find_sorted(si, na, i) >= 0 ||
+                (p->stamp[i] && (p->flag[(size_t)h * p->cap + p->stamp[i] - 1] & F_SEL))) {
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return kv_fail(KV_ERR_INTERNAL, "method %s selected index %d twice at step %d (list %d)", m->name, i,
                                t, list);
@@ -181,7 +191,7 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         }
         const int32_t *ei = sel->extra + (size_t)g * sel->extra_cap;
         for (int j = 0; j < sel->n_extra[g]; j++) {
-            int i = ei[j], f = fast && i >= lo && i < hi ? find_sorted(si, ns, i) : -1;
+            int i = ei[j], f = na && i >= lo && i < hi ? find_sorted(si, na, i) : -1;
             if (i < 0 || i > t) {
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return kv_fail(KV_ERR_INTERNAL, "method %s reported extra index %d at step %d, outside [0, %d]",
@@ -190,8 +200,8 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
             if (f >= 0) p->flag[(size_t)h * p->cap + p->c0[h] + f] |= F_EXTRA; /* a selected entry (no stamp) */
             else add(p, h, i, (i >= lo && i < hi ? F_REGION : 0) | F_EXTRA, 0.f);
         }
-        for (int c = 0; c < p->count[h]; c++) /* the stamps set (a fast list's entries have none) */
-            if (!fast || c < p->c0[h] || c >= p->c0[h] + ns) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+        for (int c = 0; c < p->count[h]; c++) /* the stamps set (the ascending prefix's entries have none) */
+            if (c < p->c0[h] || c >= p->c0[h] + na) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
     }
     return KV_OK;
 }
@@ -249,7 +259,7 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
                             const kv_selection *sel, int k, kv_step_metric *rows) {
     const kv_layer *L = p->L;
     int D = L->D, T = L->T, nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR;
-    KV_TRY(build_lists(p, t, m, sel, k));
+    KV_TRY(build_lists(p, t, m, sel, k, 1));
     KV_TRY(kv_oracle_gather(o, p->att, p->count, p->cap, p->score));
     long work = 0;
     for (int h = 0; h < L->Hq; h++) work += p->count[h];
@@ -346,13 +356,14 @@ kv_status kv_protocol_score(kv_protocol *p, kv_oracle *o, const kv_oracle_out *o
 kv_status kv_protocol_submit(kv_protocol *p, kv_oracle *o, int b, int t, const kv_method *m, const kv_selection *sel,
                              int k, int slot, const kv_dev_cands *dc) {
     int nR = t + 1 - p->local - p->sink, kk = k < nR ? k : nR, need = 0, any = 0;
-    KV_TRY(build_lists(p, t, m, sel, k));
+    KV_TRY(build_lists(p, t, m, sel, k, m->per_kv_head ? p->G : 1));
     for (int l = 0; l < sel->n_lists; l++) {
         if (sel->n_cand[l] >= 0) any = 1;
         need = sel->n_cand[l] > need ? sel->n_cand[l] : need;
     }
     kv_gpu_diag_in in = {.b = b, .kk = kk, .split = p->split, .t = t, .metric = m->metric_name ? sel->metric : NAN,
                          .cap = p->cap, .count = p->count, .att = p->att, .flag = p->flag, .logw = p->logw,
+                         .has_logw = m->uses_logw, .share = m->per_kv_head ? p->G : 1,
                          .has_cand = any && kk > 0};
     if (dc && dc->idx) {
         in.has_cand = kk > 0;

@@ -120,14 +120,15 @@ int test_protocol_hand_case(void) {
     CHECK(rows[0].n_extra == 1 && rows[0].n_sel == 1, "extra %d sel %d", rows[0].n_extra, rows[0].n_sel);
     CHECK_CLOSE(rows[0].mass, (Z0 - exp(1)) / Z0, 1e-6, 1e-6);
 
-    /* extras that repeat a selected index (3), a sink index (0) and each other (2, 2), with the selection
-     * ascending (build_lists appends it without stamps) and then descending (the stamp path): the same
-     * counts, and every position attended once (mass 1) */
-    for (int order = 0; order < 2; order++) {
+    /* extras that repeat a selected index (3, or 1 in order 2), a sink index (0) and each other (2, 2),
+     * with the selection ascending (build_lists appends it without stamps) and then descending (an
+     * ascending prefix of one entry, then the stamp path; in order 2 the repeated extra is that tail's
+     * entry): the same counts, and every position attended once (mass 1) */
+    for (int order = 0; order < 3; order++) {
         script_n = 2; script_idx[0] = order ? 3 : 1; script_idx[1] = order ? 1 : 3;
         kv_selection_reset(&sel);
         CHECK_OK(fake.search(NULL, 5, q, 2, &sel));
-        sel.n_extra[0] = 4; sel.extra[0] = 3; sel.extra[1] = 0; sel.extra[2] = 2; sel.extra[3] = 2;
+        sel.n_extra[0] = 4; sel.extra[0] = order == 2 ? 1 : 3; sel.extra[1] = 0; sel.extra[2] = 2; sel.extra[3] = 2;
         CHECK_OK(kv_protocol_score(p, o, &res, 5, &fake, &sel, 2, rows));
         CHECK(rows[0].n_sel == 2 && rows[0].n_extra == 1, "order %d: sel %d extra %d (want 2, 1)", order,
               rows[0].n_sel, rows[0].n_extra);
@@ -162,6 +163,8 @@ int test_protocol_rejects_contract_breaks(void) {
         {1, {4}, "outside the retrievable region [1, 4)"}, /* local window */
         {1, {0}, "outside the retrievable region"},       /* sink */
         {2, {2, 2}, "twice"},
+        {2, {3, 3}, "twice"},                             /* the ascending prefix's entry again */
+        {2, {2, 0}, "outside the retrievable region"},    /* after the ascending prefix */
         {3, {1, 2, 3}, "above the budget k=2"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -8,7 +8,8 @@
  * candidates_dev does, with a row stride above their length, one length
  * for every list or a length a list), several
  * budgets and the one-budget oracle, with and without values, lists longer
- * than the kernel's shared-memory tile; and a device candidate outside
+ * than the kernel's shared-memory tile, a float16 layer (the value rows
+ * staged in shared memory); and a device candidate outside
  * [0, t] is the method's error. */
 #include <math.h>
 #include <stdlib.h>
@@ -63,8 +64,9 @@ static void random_sel(kv_rng *r, kv_selection *sel, int t, int sink, int local,
     sel->metric = (float)(kv_rng_u64(r) % 100) / 100.f;
 }
 
-static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int nk, int per_kv, int logw, int big) {
-    kv_layer L = {.Hq = Hq, .Hkv = Hkv, .T = T, .D = D, .half = 0};
+static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int nk, int per_kv, int logw, int big,
+                     int f16) {
+    kv_layer L = {.Hq = Hq, .Hkv = Hkv, .T = T, .D = D, .half = f16};
     L.k = malloc(sizeof(float) * Hkv * T * D);
     L.v = with_v ? malloc(sizeof(float) * Hkv * T * D) : NULL;
     L.q = malloc(sizeof(float) * Hq * T * D);
@@ -72,6 +74,16 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     for (long i = 0; i < (long)Hkv * T * D; i++) {
         L.k[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 500.f;
         if (with_v) L.v[i] = (float)((long)(kv_rng_u64(r) % 2001) - 1000) / 1000.f;
+    }
+    if (f16) { /* the layer's float16 form (the device's values in half: its staged tiles, ev_vstage) */
+        L.k16 = malloc(sizeof(uint16_t) * Hkv * T * D);
+        L.v16 = with_v ? malloc(sizeof(uint16_t) * Hkv * T * D) : NULL;
+        for (long i = 0; i < (long)Hkv * T * D; i++) {
+            L.k16[i] = kv_float_to_half(L.k[i]);
+            if (with_v) L.v16[i] = kv_float_to_half(L.v[i]);
+        }
+        free(L.k); free(L.v);
+        L.k = L.v = NULL;
     }
     int ks[2] = {big ? 200 : 24, big ? 700 : 90}, sink = 4, local = 32, split = T / 2, kmax = ks[nk - 1], last_t = 0;
     kv_method m = {.abi = KV_RETRIEVER_ABI, .name = "fake", .summary = "", .paper = "", .per_kv_head = per_kv,
@@ -173,7 +185,7 @@ static int diag_case(kv_rng *r, int Hq, int Hkv, int T, int D, int with_v, int n
     kv_protocol_destroy(ph);
     kv_protocol_destroy(pg);
     kv_oracle_destroy(o);
-    free(L.k); free(L.v); free(L.q); free(q);
+    free(L.k); free(L.v); free(L.k16); free(L.v16); free(L.q); free(q);
     return KV_TEST_PASS;
 }
 
@@ -185,11 +197,17 @@ int test_gpu_protocol_diag_matches_host(void) {
     for (int per_kv = 0; per_kv < 2; per_kv++)
         for (int logw = 0; logw < 2; logw++)
             for (int nk = 1; nk <= 2; nk++)
-                if (diag_case(&r, 8, 2, 3000, 128, 1, nk, per_kv, logw, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
-    if (diag_case(&r, 6, 3, 2000, 64, 0, 2, 0, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
-    if (diag_case(&r, 4, 4, 1500, 48, 1, 1, 1, 1, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+                if (diag_case(&r, 8, 2, 3000, 128, 1, nk, per_kv, logw, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 6, 3, 2000, 64, 0, 2, 0, 0, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 4, 4, 1500, 48, 1, 1, 1, 1, 0, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
     /* lists of several shared-memory tiles (the kernel's sums run tile by tile), D above the block's 128 threads */
-    if (diag_case(&r, 8, 2, 3000, 128, 1, 2, 0, 1, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
-    if (diag_case(&r, 4, 2, 2500, 192, 1, 2, 1, 0, 1) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 8, 2, 3000, 128, 1, 2, 0, 1, 1, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    if (diag_case(&r, 4, 2, 2500, 192, 1, 2, 1, 0, 1, 0) != KV_TEST_PASS) return KV_TEST_FAIL;
+    /* the float16 layer: value rows staged in shared memory two tiles at a time (per kv head: one list packed
+     * for the group's heads), and D = 64 */
+    for (int per_kv = 0; per_kv < 2; per_kv++)
+        if (diag_case(&r, 8, 2, 3000, 128, 1, 2, per_kv, !per_kv, 1, 1) != KV_TEST_PASS ||
+            diag_case(&r, 4, 2, 2500, 64, 1, 1, per_kv, per_kv, 1, 1) != KV_TEST_PASS)
+            return KV_TEST_FAIL;
     return KV_TEST_PASS;
 }

@@ -28,7 +28,11 @@
  * attended list (cli/protocol.c: sink, local, selected, extra, deduplicated,
  * the method's contract) and packs it with the candidate lists into one
  * upload (a method's device candidates, kv_method.candidates_dev, are read
- * where they are instead); the candidate hits are counted by blocks striding
+ * where they are instead): the positions, the flags as bytes, the
+ * log-weights only for a method that has them, and one list for the G heads
+ * of a group where a per-kv-head method gives them one (issue 12: RACC's
+ * lists, most of the region, made packing and uploading them a step's
+ * largest host cost); the candidate hits are counted by blocks striding
  * each list (ev_cand_kernel), then one block per query head computes the
  * protocol's row with the host's double operations in the host's order (per
  * element d the output sum over the list in list order, beside it the mass
@@ -47,6 +51,7 @@
 #include <string.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cuda_pipeline.h>
 
 #include "attn_state.cuh"
 
@@ -59,6 +64,11 @@ constexpr int EV_TILE = 256; /* the diagnostics: list entries per shared-memory 
 constexpr int EV_CT = 256;  /* the candidate hits: threads per block */
 constexpr int EV_NP = 5;    /* KV_NPROFILE */
 constexpr double EV_U = 1.1102230246251565e-16; /* 2^-53 */
+
+/* ev_diag_kernel's dynamic shared memory: [2][D] doubles, then with vstage two tiles of value rows. */
+inline size_t ev_diag_smem(int D, int vstage) {
+    return 2 * (size_t)D * sizeof(double) + (vstage ? 2 * (size_t)EV_TILE * D * sizeof(__half) : 0);
+}
 
 /* descending floats as ascending keys (cli/oracle.c radix_sort_desc) and back */
 __device__ __forceinline__ unsigned ev_desc(float f) {
@@ -241,7 +251,9 @@ __global__ void ev_count_kernel(const float *S, long long ld, const float *thr, 
 }
 
 struct ev_diag_params {
-    const uint32_t *in; /* [Hq+1] list offsets, [Hq+1] candidate offsets, att[N], flag[N], logw[N], cand[NC] */
+    const uint32_t *in; /* kv_gpu_attn_diag's words: [Hq] list starts, [Hq] lengths, [Hq+1] candidate offsets,
+                         * then att[N], logw[N] (when lw_off), the flags (bytes), cand[NC] at these offsets */
+    size_t att_off, lw_off, flg_off, cand_off; /* in words; lw_off 0: every log-weight 0 */
     int Hq, G, N, kk, split, has_cand, t;
     const int32_t *dc;  /* device candidates (NULL: cand[] of in): list r at dc + r*dld, dcount each (-1: head
                          * h's length packed as a candidate offset); head h reads list h / dmap (dmap = Hq / lists) */
@@ -252,6 +264,7 @@ struct ev_diag_params {
     long long ld;
     const void *V; /* NULL: no values */
     int Vhalf;
+    int vstage;    /* 1: each tile's value rows staged in shared memory (ev_vstage) */
     long long VT;
     int D;
     const float *m, *Z, *of, *thr;
@@ -261,13 +274,13 @@ struct ev_diag_params {
 
 /* Head h's candidate list and its length. */
 __device__ __forceinline__ const int32_t *ev_cands(const ev_diag_params &p, int h, int *n) {
-    const uint32_t *coff = p.in + p.Hq + 1;
+    const uint32_t *coff = p.in + 2 * p.Hq;
     if (p.dc) {
         *n = p.dcount >= 0 ? p.dcount : (int)(coff[h + 1] - coff[h]);
         return p.dc + (long long)(h / p.dmap) * p.dld;
     }
     *n = (int)(coff[h + 1] - coff[h]);
-    return (const int32_t *)(p.in + 2 * p.Hq + 2 + 3 * (size_t)p.N) + coff[h];
+    return (const int32_t *)(p.in + p.cand_off) + coff[h];
 }
 
 /* Candidate hits, head blockIdx.y of method-step blockIdx.z, blocks
@@ -299,21 +312,104 @@ __global__ void __launch_bounds__(EV_CT) ev_cand_kernel(const ev_diag_params *ps
     }
 }
 
+/* Whether the diagnostics stage each tile's float16 value rows in shared memory (two tiles: EV_TILE x D
+ * halves each, after the [2][D] doubles): one block pass over d (D <= EV_DT), whole 16-B pieces a row. */
+inline bool ev_vstage(int Vhalf, int D, int smem_optin) {
+    return Vhalf && D <= EV_DT && D % 8 == 0 && ev_diag_smem(D, 1) <= (size_t)smem_optin;
+}
+
+/* ev_diag_kernel's sums with vstage (float16 values, D <= EV_DT: thread d owns element d): the same operands
+ * in the same order as the unstaged loop, but every global read of a tile is a cp.async issued one tile
+ * ahead (list entries two tiles ahead, their scores, log-weights and value rows one tile ahead, the scores
+ * gathered through the entries already in shared memory), so neither the exp terms nor the sums wait on a
+ * global load; and without log-weights, when lmax == m, a weight is its mass term (the host's reuse: the same
+ * double). Into sacc[d] and, for thread 0, *mass and *wsum. */
+__device__ void ev_sums_staged(const ev_diag_params &p, int h, int g, int c0, int c1, const float *row, double m,
+                               double lmax, double *sacc, double *mass, double *wsum) {
+    __shared__ int32_t s_att[3][EV_TILE];
+    __shared__ float s_sc[2][EV_TILE], s_lw[2][EV_TILE];
+    __shared__ double s_e[EV_TILE], s_w[EV_TILE];
+    const int tid = threadIdx.x, D = p.D, pr = D / 8, nti = (c1 - c0 + EV_TILE - 1) / EV_TILE;
+    const int32_t *att = (const int32_t *)(p.in + p.att_off);
+    const float *lw = p.lw_off ? (const float *)(p.in + p.lw_off) : NULL;
+    const __half *V = (const __half *)p.V;
+    __half *sv = (__half *)(sacc + 2 * D); /* [2][EV_TILE][D] */
+    const bool same_w = !lw && lmax == m;
+    /* tile u's entries into s_att[u % 3] (a group of their own: committed by the caller) */
+    auto copy_att = [&](int u) {
+        const int t0 = c0 + u * EV_TILE, nt = min(EV_TILE, c1 - t0);
+        for (int j = tid; j < nt; j += EV_DT) __pipeline_memcpy_async(&s_att[u % 3][j], att + t0 + j, 4);
+    };
+    /* tile u's scores, log-weights and value rows (its entries already in shared memory) */
+    auto copy_rest = [&](int u) {
+        const int t0 = c0 + u * EV_TILE, nt = min(EV_TILE, c1 - t0), b = u & 1;
+        for (int j = tid; j < nt; j += EV_DT) {
+            __pipeline_memcpy_async(&s_sc[b][j], row + s_att[u % 3][j], 4);
+            if (lw) __pipeline_memcpy_async(&s_lw[b][j], lw + t0 + j, 4);
+        }
+        __half *dst = sv + (size_t)b * EV_TILE * D;
+        for (int x = tid; x < nt * pr; x += EV_DT) {
+            const int j = x / pr, q = x - j * pr;
+            __pipeline_memcpy_async((uint4 *)(dst + (size_t)j * D) + q,
+                                    (const uint4 *)(V + ((size_t)g * p.VT + s_att[u % 3][j]) * D) + q, 16);
+        }
+    };
+    double acc = 0, ms = 0, ws = 0;
+    if (nti > 0) {
+        copy_att(0);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncthreads();
+        copy_rest(0);
+        if (nti > 1) copy_att(1);
+        __pipeline_commit();
+    }
+    for (int u = 0; u < nti; u++) {
+        const int nt = min(EV_TILE, c1 - c0 - u * EV_TILE), b = u & 1;
+        __pipeline_wait_prior(0); /* tile u's scores and rows, tile u + 1's entries */
+        __syncthreads();          /* ... visible to all; tile u - 1's sums done with its buffers */
+        if (u + 1 < nti) {
+            copy_rest(u + 1);
+            if (u + 2 < nti) copy_att(u + 2);
+            __pipeline_commit();
+        }
+        for (int j = tid; j < nt; j += EV_DT) {
+            const double sx = (double)s_sc[b][j];
+            s_e[j] = exp(sx - m);
+            s_w[j] = same_w ? s_e[j] : exp((sx + (double)(lw ? s_lw[b][j] : 0.f)) - lmax);
+        }
+        __syncthreads();
+        const __half *sb = sv + (size_t)b * EV_TILE * D + tid;
+        if (tid < D) {
+#pragma unroll 8
+            for (int j = 0; j < nt; j++) {
+                acc = __dadd_rn(acc, __dmul_rn(s_w[j], (double)__half2float(sb[(size_t)j * D])));
+                if (tid == 0) { ms = __dadd_rn(ms, s_e[j]); ws = __dadd_rn(ws, s_w[j]); }
+            }
+        }
+    }
+    if (tid < D) sacc[tid] = acc;
+    *mass = ms;
+    *wsum = ws;
+}
+
 /* Head blockIdx.x of method-step blockIdx.y (its parameters ps[blockIdx.y]): cli/protocol.c kv_protocol_score's row.
  * The list's counts and log-weight maximum in parallel; then tiles of EV_TILE entries in shared memory (their
  * exp terms computed as they are loaded), over which thread d runs element d's output sum in list order while
- * thread 0 runs the mass and weight sums beside it, so the sequential sums cost one pass, not three. */
+ * thread 0 runs the mass and weight sums beside it, so the sequential sums cost one pass, not three. With
+ * vstage (a float16 V) the tiles come through ev_sums_staged instead, whose global reads are all issued a tile
+ * ahead (issue 12: RACC's lists, most of the region, made this kernel's dependent loads its time). The sums'
+ * operands and order are the same either way. */
 __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps) {
     const ev_diag_params &p = ps[blockIdx.y];
     extern __shared__ double sacc[]; /* [2][D]: the output sums, then each d's squared error and reference */
     __shared__ double s_lmax[EV_DT / 32], s_e[EV_TILE], s_w[EV_TILE];
     __shared__ int s_a[EV_TILE], s_cnt[5];
     const int h = blockIdx.x, tid = threadIdx.x, g = h / p.G, lane = tid & 31, warp = tid >> 5, D = p.D;
-    const uint32_t *off = p.in;
-    const int32_t *att = (const int32_t *)(p.in + 2 * p.Hq + 2);
-    const uint32_t *flg = p.in + 2 * p.Hq + 2 + p.N;
-    const float *lw = (const float *)(p.in + 2 * p.Hq + 2 + 2 * (size_t)p.N);
-    const int c0 = (int)off[h], c1 = (int)off[h + 1];
+    const int32_t *att = (const int32_t *)(p.in + p.att_off);
+    const uint8_t *flg = (const uint8_t *)(p.in + p.flg_off);
+    const float *lw = p.lw_off ? (const float *)(p.in + p.lw_off) : NULL;
+    const int c0 = (int)p.in[h], c1 = c0 + (int)p.in[p.Hq + h];
     const float *row = p.S + (size_t)h * p.ld;
     const double m = (double)p.m[h];
     const float th = p.thr[h];
@@ -330,7 +426,7 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
         hits_sel += good && (f & 2u);
         n_sel += (f & 2u) != 0;
         n_extra += (f & 4u) && !(f & 2u) && (f & 1u);
-        const double l = (double)s + (double)lw[c];
+        const double l = (double)s + (double)(lw ? lw[c] : 0.f);
         lmax = l > lmax ? l : lmax;
     }
     for (int o = 16; o; o >>= 1) lmax = fmax(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
@@ -348,35 +444,39 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
     const int Vhalf = p.Vhalf;
     const long long VT = p.VT;
     double mass = 0, wsum = 0;
-    for (int d0 = 0; d0 < (V ? D : 1); d0 += EV_DT) {
-        const int d = d0 + tid;
-        const bool lead = tid == 0 && d0 == 0, vd = V && d < D;
-        double acc = 0;
-        for (int t0 = c0; t0 < c1; t0 += EV_TILE) {
-            const int nt = min(EV_TILE, c1 - t0);
-            __syncthreads(); /* the previous tile is consumed */
-            for (int j = tid; j < nt; j += EV_DT) {
-                const int i = att[t0 + j];
-                const double s = (double)row[i];
-                s_a[j] = i;
-                s_e[j] = exp(s - m);
-                s_w[j] = exp((s + (double)lw[t0 + j]) - lmax);
-            }
-            __syncthreads();
-            if (vd) {
-#pragma unroll 8 /* the loads of 8 rows in flight ahead of the (ordered) sums */
-                for (int j = 0; j < nt; j++) {
-                    const size_t e = ((size_t)g * VT + s_a[j]) * D + d;
-                    const double vv =
-                        Vhalf ? (double)__half2float(((const __half *)V)[e]) : (double)((const float *)V)[e];
-                    acc = __dadd_rn(acc, __dmul_rn(s_w[j], vv));
-                    if (lead) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+    if (p.vstage && V) {
+        ev_sums_staged(p, h, g, c0, c1, row, m, lmax, sacc, &mass, &wsum);
+    } else {
+        for (int d0 = 0; d0 < (V ? D : 1); d0 += EV_DT) {
+            const int d = d0 + tid;
+            const bool lead = tid == 0 && d0 == 0, vd = V && d < D;
+            double acc = 0;
+            for (int t0 = c0; t0 < c1; t0 += EV_TILE) {
+                const int nt = min(EV_TILE, c1 - t0);
+                __syncthreads(); /* the previous tile is consumed */
+                for (int j = tid; j < nt; j += EV_DT) {
+                    const int i = att[t0 + j];
+                    const double s = (double)row[i];
+                    s_a[j] = i;
+                    s_e[j] = exp(s - m);
+                    s_w[j] = exp((s + (double)(lw ? lw[t0 + j] : 0.f)) - lmax);
                 }
-            } else if (lead) {
-                for (int j = 0; j < nt; j++) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+                __syncthreads();
+                if (vd) {
+#pragma unroll 8 /* the loads of 8 rows in flight ahead of the (ordered) sums */
+                    for (int j = 0; j < nt; j++) {
+                        const size_t e = ((size_t)g * VT + s_a[j]) * D + d;
+                        const double vv =
+                            Vhalf ? (double)__half2float(((const __half *)V)[e]) : (double)((const float *)V)[e];
+                        acc = __dadd_rn(acc, __dmul_rn(s_w[j], vv));
+                        if (lead) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+                    }
+                } else if (lead) {
+                    for (int j = 0; j < nt; j++) { mass = __dadd_rn(mass, s_e[j]); wsum = __dadd_rn(wsum, s_w[j]); }
+                }
             }
+            if (vd) sacc[d] = acc;
         }
-        if (vd) sacc[d] = acc;
     }
     __shared__ double s_wsum;
     if (tid == 0) s_wsum = wsum;
@@ -533,6 +633,10 @@ extern "C" kv_status kv_gpu_attn_diag_slots(kv_gpu_attn *a, int n_slots) {
                   "diagnostics parameters staging");
     KV_CUDA_ALLOC(a->dchits, (size_t)(n_slots > 0 ? n_slots : 1) * (a->Hq + 1) * sizeof(unsigned), 0,
                   "diagnostics candidate hits");
+    a->ev_vstage = a->V && ev_vstage(a->V->a.half, a->D, a->dev.smem_optin) && kv_env_on("KVBENCH_EV_VSTAGE");
+    if (a->ev_vstage)
+        KV_CUDA_TRY(cudaFuncSetAttribute(ev_diag_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)ev_diag_smem(a->D, 1)));
     for (int i = 0; i < n_slots; i++) {
         a->slots[i].drow = a->drows + (size_t)i * a->Hq;
         a->slots[i].hrow = a->hrows + (size_t)i * a->Hq;
@@ -548,12 +652,13 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
     if (in->b < 0 || in->b >= (a->ev_nk ? a->ev_nk : 1))
         return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics of budget %d", in->b);
     const int devc = in->has_cand && in->dcidx; /* device candidates: nothing of them packed */
+    const int share = in->share > 1 ? in->share : 1; /* heads h with h % share > 0 read head h - 1's list */
     size_t N = 0, NC = 0;
     for (int h = 0; h < Hq; h++) {
-        N += (size_t)in->count[h];
+        if (h % share == 0) N += (size_t)in->count[h];
         if (in->has_cand && !devc) NC += (size_t)in->ccount[h];
     }
-    const size_t words = 2 * (size_t)Hq + 2 + 3 * N + NC;
+    const size_t words = 3 * (size_t)Hq + 1 + (in->has_logw ? 2 : 1) * N + (N + 3) / 4 + NC;
     if (words > 0xffffffffu) return kv_fail(KV_ERR_INPUT, "GPU oracle: %zu diagnostics entries in one step", words);
     kv_attn_slot *s = &a->slots[slot];
     if (s->pending) return kv_fail(KV_ERR_INTERNAL, "GPU oracle: diagnostics slot %d packed twice", slot);
@@ -598,18 +703,33 @@ extern "C" kv_status kv_gpu_attn_diag(kv_gpu_attn *a, int slot, const kv_gpu_dia
             s->dc = s->dcopy; s->dld = cmax;
         }
     }
-    uint32_t *w = s->hin, *off = w, *coff = w + Hq + 1, *att = w + 2 * Hq + 2, *flg = att + N, *lw = flg + N,
-             *cand = lw + N;
-    off[0] = coff[0] = 0;
+    /* the words: list starts and lengths, candidate offsets, att, logw (only when the method has log-weights),
+     * the flags as bytes, the candidates; a group's lists packed once when they are one list (share) */
+    s->att_off = 3 * (size_t)Hq + 1;
+    s->lw_off = in->has_logw ? s->att_off + N : 0;
+    s->flg_off = s->att_off + (in->has_logw ? 2 : 1) * N;
+    s->cand_off = s->flg_off + (N + 3) / 4;
+    uint32_t *w = s->hin, *st = w, *len = w + Hq, *coff = w + 2 * Hq, *att = w + s->att_off,
+             *lw = in->has_logw ? w + s->lw_off : NULL, *cand = w + s->cand_off;
+    uint8_t *flg = (uint8_t *)(w + s->flg_off);
+    uint32_t pos = 0;
+    coff[0] = 0;
     for (int h = 0; h < Hq; h++) {
         const int c = in->count[h], cc = in->has_cand && !devc ? in->ccount[h] : 0,
                   dn = devc && in->dcounts ? in->dcounts[h / (Hq / in->drows)] : 0; /* a length, no words */
         const size_t r = (size_t)h * in->cap;
-        memcpy(att + off[h], in->att + r, (size_t)c * sizeof(uint32_t));
-        memcpy(lw + off[h], in->logw + r, (size_t)c * sizeof(float));
-        for (int j = 0; j < c; j++) flg[off[h] + j] = in->flag[r + j];
+        if (h % share) {
+            st[h] = st[h - 1];
+            len[h] = len[h - 1];
+        } else {
+            memcpy(att + pos, in->att + r, (size_t)c * sizeof(uint32_t));
+            if (lw) memcpy(lw + pos, in->logw + r, (size_t)c * sizeof(float));
+            memcpy(flg + pos, in->flag + r, (size_t)c);
+            st[h] = pos;
+            len[h] = (uint32_t)c;
+            pos += (uint32_t)c;
+        }
         if (cc && !devc) memcpy(cand + coff[h], in->cidx + (size_t)h * in->ccap, (size_t)cc * sizeof(uint32_t));
-        off[h + 1] = off[h] + (uint32_t)c;
         coff[h + 1] = coff[h] + (uint32_t)(devc ? dn : cc);
     }
     s->pending = 1;
@@ -649,15 +769,16 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
         ev_diag_params &p = par[np++];
         p = ev_diag_params{};
         p.in = s->din; p.Hq = Hq; p.G = Hq / a->Hkv; p.N = s->N; p.kk = s->kk; p.split = s->split;
+        p.att_off = s->att_off; p.lw_off = s->lw_off; p.flg_off = s->flg_off; p.cand_off = s->cand_off;
         p.has_cand = s->has_cand; p.t = a->n_last - 1;
         p.dc = s->dc; p.dld = s->dld; p.dmap = s->dmap; p.dcount = s->dcount; p.chits = s->chits;
         anyc |= s->has_cand;
-        const uint32_t *coff = s->hin + Hq + 1; /* the longest candidate list, for the hit count's grid */
+        const uint32_t *coff = s->hin + 2 * Hq; /* the longest candidate list, for the hit count's grid */
         if (s->has_cand && s->dc) cmax = s->dcmax > cmax ? s->dcmax : cmax;
         for (int h = 0; s->has_cand && !s->dc && h < Hq; h++)
             cmax = (int)(coff[h + 1] - coff[h]) > cmax ? (int)(coff[h + 1] - coff[h]) : cmax;
         p.S = a->S; p.ld = a->T;
-        if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; }
+        if (a->V) { p.V = a->V->a.p; p.Vhalf = a->V->a.half; p.VT = a->V->a.T; p.vstage = a->ev_vstage; }
         p.D = a->D;
         p.m = a->res; p.Z = a->res + Hq; p.of = a->res + 3 * Hq;
         if (a->ev_nk) {
@@ -678,7 +799,7 @@ extern "C" kv_status kv_gpu_attn_diag_flush(kv_gpu_attn *a) {
             (const ev_diag_params *)a->dpar);
         KV_LAUNCH_CHECK();
     }
-    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, 2 * (size_t)a->D * sizeof(double), a->st>>>(
+    ev_diag_kernel<<<dim3((unsigned)Hq, (unsigned)np), EV_DT, ev_diag_smem(a->D, a->ev_vstage), a->st>>>(
         (const ev_diag_params *)a->dpar);
     KV_LAUNCH_CHECK();
     KV_CUDA_TRY(cudaMemcpyAsync(a->hrows, a->drows, (size_t)a->n_slots * Hq * sizeof(kv_gpu_diag_row),

@@ -18,6 +18,7 @@ typedef struct {
     int N, kk, split, has_cand, b, t;
     float metric;
     size_t words;
+    size_t att_off, lw_off, flg_off, cand_off; /* where each part of hin starts (words; lw_off 0: no log-weights) */
     const int32_t *dc;     /* device candidates (kv_gpu_diag_in.dcidx), or NULL: packed in hin */
     long long dld;
     int dmap, dcount;      /* dcount -1: list lengths from the packed candidate offsets (dcounts) */
@@ -53,6 +54,8 @@ struct kv_gpu_attn {
     kv_gpu_diag_row *drows, *hrows; /* [n_slots][Hq] device / pinned: every slot's rows, one download */
     void *hpar, *dpar;               /* [n_slots] launch parameters (attn_eval.cu), pinned / device */
     unsigned *dchits;                /* device [n_slots][Hq + 1]: the slots' chits */
+    int ev_vstage;                   /* the diagnostics stage value rows in shared memory (attn_eval.cu ev_vstage;
+                                        KVBENCH_EV_VSTAGE=0: off) */
     /* device time (CUDA events on the stream): [0, 1] a step, [2, 3] its evaluation, [4, 5] a flush of the
      * diagnostics (read at the next wait); seconds summed (kv_gpu_attn_times) */
     cudaEvent_t ev[6];

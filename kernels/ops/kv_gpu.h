@@ -121,6 +121,9 @@ typedef struct {
     const int32_t *att;
     const uint8_t *flag; /* 1: in the region, 2: selected, 4: extra */
     const float *logw;
+    int has_logw;    /* 0: every log-weight is 0 (logw is not read) */
+    int share;       /* > 1: the heads of each run of `share` have one list, head h - h % share's (its count[],
+                      * att, flag and logw; the others' are not read) */
     int has_cand;    /* 0: cand_recall NAN */
     int ccap;
     const int *ccount;
