@@ -13,7 +13,8 @@
 # RUNLOOP=1 adds, right after the build, issue 12's run-loop measurement: the
 # 7-method 4096-step `kvbench run --device gpu` on a 131072-token synth trace
 # with its phase breakdown (--verbose), each method's in-run search time
-# against `kvbench bench` at 131072, the round trip of a synchronous search
+# against `kvbench bench` at 131072, the four seed methods outside that set
+# (csattention, ctkvr, freekv, racc) each alone on the same trace, the round trip of a synchronous search
 # beyond its kernels (scripts/roundtrip.cu), the device evaluation against the host
 # one (KVBENCH_HOST_EVAL=1), host RSS in both layer forms, and the bit-for-bit GPU golden check
 # (tests/golden/run-gpu, written first from BASE_BIN when that is given: a
@@ -86,6 +87,31 @@ for path in sys.argv[2:]:
               f"{m.get('diagnostics_seconds_total', float('nan')):>7.2f} {r:>10.1f} "
               f"{m.get('search_seconds_total', float('nan')):>11.2f} {(b or float('nan')):>9.1f} {ratio}")
 EOF
+        # the seed methods outside goal 1's set, each alone on the same trace: wall, device diagnostics, in-run
+        # search against the bench stage it times (CTKVR's with its centroid update, RACC's retrieval)
+        for m in csattention ctkvr freekv racc; do
+            /usr/bin/time -f "run $m alone: %e s wall, %M KB max RSS" timeout 200 ./kvbench run --trace $TR128 \
+                --method $m --device gpu --out /tmp/kvb-runloop-$m --force --quiet --verbose 2>&1 |
+                grep -E "wall|oracle:" | sed "s/^oracle:/$m oracle:/"
+            timeout 120 ./kvbench bench --method $m --tokens 131072 --csv /tmp/kvb-rl-$m.csv --force >/dev/null 2>&1
+        done
+        python3 - <<'EOF2'
+import csv, json
+stage = {"csattention": "search", "ctkvr": "search_dcu", "freekv": None, "racc": "retrieve"}
+print(f"{'method':<12} {'wall_s':>6} {'timer':<6} {'run_us_med':>10} {'search_s':>8} {'diag_s':>6} {'bench stage':<11} "
+      f"{'bench_us':>8} {'run/bench':>9}")
+for m, sg in stage.items():
+    try:
+        s = json.load(open(f"/tmp/kvb-runloop-{m}/summary.json"))
+        b = {r["stage"]: float(r["median_us"]) for r in csv.DictReader(open(f"/tmp/kvb-rl-{m}.csv"))}
+    except OSError:
+        print(m, "missing"); continue
+    r = s["methods"][0]
+    bu = b.get(sg) if sg else None
+    print(f"{m:<12} {s['wall_seconds']:>6.2f} {r.get('search_timer', '?'):<6} {r['search_us_median']:>10.1f} "
+          f"{r['search_seconds_total']:>8.2f} {r['diagnostics_seconds_total']:>6.2f} {sg or '-':<11} "
+          f"{bu or float('nan'):>8.1f} {(r['search_us_median'] / bu if bu else float('nan')):>8.2f}x")
+EOF2
         # what a host-synchronous search costs beyond its kernels on this machine (the floor under goal 1's ratios)
         nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/kvb-roundtrip scripts/roundtrip.cu && /tmp/kvb-roundtrip
         if [ -n "${BASE_BIN:-}" ]; then
