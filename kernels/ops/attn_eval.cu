@@ -324,7 +324,7 @@ inline bool ev_vstage(int Vhalf, int D, int smem_optin) {
  * gathered through the entries already in shared memory), so neither the exp terms nor the sums wait on a
  * global load; and without log-weights, when lmax == m, a weight is its mass term (the host's reuse: the same
  * double). Into sacc[d] and, for thread 0, *mass and *wsum. */
-__device__ void ev_sums_staged(const ev_diag_params &p, int h, int g, int c0, int c1, const float *row, double m,
+__device__ void ev_sums_staged(const ev_diag_params &p, int g, int c0, int c1, const float *row, double m,
                                double lmax, double *sacc, double *mass, double *wsum) {
     __shared__ int32_t s_att[3][EV_TILE];
     __shared__ float s_sc[2][EV_TILE], s_lw[2][EV_TILE];
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(EV_DT) ev_diag_kernel(const ev_diag_params *ps
     const long long VT = p.VT;
     double mass = 0, wsum = 0;
     if (p.vstage && V) {
-        ev_sums_staged(p, h, g, c0, c1, row, m, lmax, sacc, &mass, &wsum);
+        ev_sums_staged(p, g, c0, c1, row, m, lmax, sacc, &mass, &wsum);
     } else {
         for (int d0 = 0; d0 < (V ? D : 1); d0 += EV_DT) {
             const int d = d0 + tid;
