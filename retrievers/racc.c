@@ -225,10 +225,7 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
 }
 
 /* Each kv head's resident positions of [sink, n), ascending, from the
- * eviction flags: rebuilt after a compression (every Ln tokens) and extended
- * by append, so a search copies its resident part instead of testing every
- * region position's flag (issue 12: that loop was most of RACC's in-run
- * search on the GPU). */
+ * eviction flags (the header's "resident part"): after each compression. */
 static void racc_resident(racc_state *s) {
     const size_t T = (size_t)s->sh.max_tokens;
     for (int g = 0; g < s->sh.num_kv_heads; g++) {
