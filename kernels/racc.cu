@@ -240,7 +240,8 @@ static void kv_racc_gpu_destroy(kv_racc_gpu *g) {
     if (g->st) cudaStreamSynchronize(g->st);
     kv_gpu_keys_destroy(g->keys);
     cudaFree(g->ev); cudaFree(g->qw); cudaFree(g->qm); cudaFree(g->S); cudaFree(g->mkey); cudaFree(g->zpart);
-    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFreeHost(g->hidx); cudaFree(g->fw.part_m); cudaFree(g->fw.part_z);
+    cudaFree(g->z); cudaFree(g->vote); cudaFree(g->idx); cudaFreeHost(g->hidx); cudaFree(g->fw.part_m);
+    cudaFree(g->fw.part_z);
     cudaFree(g->fw.rpos); cudaFree(g->fw.ccnt); cudaFree(g->fw.rcnt); cudaFree(g->fw.S); cudaFree(g->fw.mrow);
     cudaFree(g->fw.zp);
     kv_topk_ws_destroy(&g->tk);

@@ -322,7 +322,8 @@ static kv_status racc_append(void *st, int t, const float *k, const float *v, co
     size_t D = (size_t)s->sh.head_dim, T = (size_t)s->sh.max_tokens;
     if (t != s->n || t >= s->sh.max_tokens)
         return kv_fail(KV_ERR_INTERNAL, "racc: append of position %d, expected %d", t, s->n);
-    for (int g = 0; s->K && g < s->sh.num_kv_heads; g++) memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
+    for (int g = 0; s->K && g < s->sh.num_kv_heads; g++)
+        memcpy(s->K + ((size_t)g * T + t) * D, k + g * D, D * sizeof(float));
     for (int g = 0; t >= s->sh.sink && g < s->sh.num_kv_heads; g++) s->res[(size_t)g * T + s->n_res[g]++] = t;
     if (q) { racc_push_query(s, t, q, D); s->nq++; }
     else s->nq = 0;
