@@ -31,6 +31,7 @@ struct kv_protocol {
     float *score;      /* [Hq][cap] */
     int *count;        /* [Hq] */
     int *stamp;        /* [T]: position -> slot+1 in the current head's list, or 0 */
+    uint64_t *pbits;   /* [T/64]: the positions of a long ascending prefix (prefix_bits), else all 0 */
     int ccap;          /* candidate gather capacity */
     float *cscore;     /* [Hq][ccap] */
     int32_t *cidx;     /* [Hq][ccap] */
@@ -72,6 +73,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->count = kv_calloc((size_t)L->Hq, sizeof(int), "attended counts");
     p->ccount = kv_calloc((size_t)L->Hq, sizeof(int), "candidate counts");
     p->stamp = kv_calloc((size_t)L->T, sizeof(int), "attended stamps");
+    p->pbits = kv_calloc(((size_t)L->T + 63) / 64, sizeof(uint64_t), "attended prefix bits");
     p->acc = kv_malloc((size_t)L->Hq * L->D * sizeof(double), "attended outputs");
     p->cache_t = -1;
     p->c0 = kv_calloc((size_t)L->Hq, sizeof(int), "protocol step cache");
@@ -82,7 +84,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->cacc = kv_malloc((size_t)L->Hq * (L->D + 1) * sizeof(double), "protocol step cache");
     p->vrow = kv_layer_is_f16(L) ? kv_malloc((size_t)L->Hq * L->D * sizeof(float), "protocol value rows") : NULL;
     /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
-    if (!p->count || !p->ccount || !p->stamp || !p->acc || !p->c0 || !p->cmass_ok || !p->cew || !p->cmass ||
+    if (!p->count || !p->ccount || !p->stamp || !p->pbits || !p->acc || !p->c0 || !p->cmass_ok || !p->cew || !p->cmass ||
         !p->cacc || (kv_layer_is_f16(L) && !p->vrow) || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
         return KV_ERR_NOMEM;
@@ -93,7 +95,7 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
 
 void kv_protocol_destroy(kv_protocol *p) {
     if (!p) return;
-    free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp);
+    free(p->att); free(p->flag); free(p->logw); free(p->score); free(p->count); free(p->stamp); free(p->pbits);
     free(p->cscore); free(p->cidx); free(p->ccount); free(p->acc); free(p->ew);
     free(p->c0); free(p->cmass_ok); free(p->cew); free(p->cmass); free(p->cacc); free(p->vrow);
     free(p);
@@ -128,6 +130,20 @@ static int ascending_prefix(const int32_t *si, int n, int lo, int hi) {
     return j;
 }
 
+/* A prefix at least this long is looked up through the bit table (prefix_bits) rather than by binary search:
+ * setting its bits is one sequential pass, where each binary search into it misses the cache about log2(n)
+ * times (issue 12: RACC's ~1300 retrieved keys a list searched its tens of thousands of resident ones). */
+enum { PREFIX_BITS_MIN = 1024 };
+
+/* Sets (on = 1) or clears the bits of the ascending prefix si[0..n) in p->pbits. */
+static void prefix_bits(kv_protocol *p, const int32_t *si, int n, int on) {
+    if (!on) {
+        memset(p->pbits + (si[0] >> 6), 0, (size_t)((si[n - 1] >> 6) - (si[0] >> 6) + 1) * sizeof(uint64_t));
+        return;
+    }
+    for (int j = 0; j < n; j++) p->pbits[si[j] >> 6] |= 1ull << (si[j] & 63);
+}
+
 /* The slot of position i in an ascending list (ascending_prefix), or -1. */
 static int find_sorted(const int32_t *si, int n, int i) {
     int a = 0, b = n;
@@ -137,6 +153,14 @@ static int find_sorted(const int32_t *si, int n, int i) {
         else b = c;
     }
     return a < n && si[a] == i ? a : -1;
+}
+
+/* Position i's bit (i in [0, T)): 1 when it is in the prefix whose bits are set. */
+static int prefix_has(const kv_protocol *p, int i) { return (int)((p->pbits[i >> 6] >> (i & 63)) & 1); }
+
+/* Whether position i is in the prefix si[0..n): its bit when the bits are set (bits), else by binary search. */
+static int in_prefix(const kv_protocol *p, const int32_t *si, int n, int bits, int i) {
+    return bits ? prefix_has(p, i) : find_sorted(si, n, i) >= 0;
 }
 
 /* Each query head's attended list; with share > 1 (the device path of a per-kv-head method, whose G heads
@@ -172,17 +196,22 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
             else memset(p->logw + base, 0, (size_t)na * sizeof(float));
             p->count[h] += na;
         }
+        /* the prefix's bits, when the rest of the list (or an extra in the region) will look it up */
+        const int bits = na >= PREFIX_BITS_MIN && (ns > na || sel->n_extra[g] > 0);
+        if (bits) prefix_bits(p, si, na, 1);
         for (int j = na; j < ns; j++) {
             int i = si[j];
             if (i < lo || i >= hi) {
+                if (bits) prefix_bits(p, si, na, 0);
                 kv_status st = kv_fail(KV_ERR_INTERNAL,
                     "method %s selected index %d at step %d, outside the retrievable region [%d, %d)", m->name, i, t,
                     lo, hi);
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return st;
             }
-            if (find_sorted(si, na, i) >= 0 ||
+            if (in_prefix(p, si, na, bits, i) ||
                 (p->stamp[i] && (p->flag[(size_t)h * p->cap + p->stamp[i] - 1] & F_SEL))) {
+                if (bits) prefix_bits(p, si, na, 0);
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return kv_fail(KV_ERR_INTERNAL, "method %s selected index %d twice at step %d (list %d)", m->name, i,
                                t, list);
@@ -191,8 +220,9 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         }
         const int32_t *ei = sel->extra + (size_t)g * sel->extra_cap;
         for (int j = 0; j < sel->n_extra[g]; j++) {
-            int i = ei[j], f = na && i >= lo && i < hi ? find_sorted(si, na, i) : -1;
+            int i = ei[j], f = na && i >= lo && i < hi && (!bits || prefix_has(p, i)) ? find_sorted(si, na, i) : -1;
             if (i < 0 || i > t) {
+                if (bits) prefix_bits(p, si, na, 0);
                 for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
                 return kv_fail(KV_ERR_INTERNAL, "method %s reported extra index %d at step %d, outside [0, %d]",
                                m->name, i, t, t);
@@ -202,6 +232,7 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         }
         for (int c = 0; c < p->count[h]; c++) /* the stamps set (the ascending prefix's entries have none) */
             if (c < p->c0[h] || c >= p->c0[h] + na) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+        if (bits) prefix_bits(p, si, na, 0);
     }
     return KV_OK;
 }

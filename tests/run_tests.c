@@ -43,6 +43,7 @@ extern char kv_test_reason[512];
     X(exact_matches_brute_force, 0)                        \
     X(protocol_hand_case, 0)                               \
     X(protocol_rejects_contract_breaks, 0)                 \
+    X(protocol_long_prefix_and_tail, 0)                    \
     X(conformance_all_methods, 0)                          \
     X(sampled_full_is_exact, 0)                            \
     X(sampled_topk_of_its_sample, 0)                       \

@@ -189,6 +189,82 @@ int test_protocol_rejects_contract_breaks(void) {
     return KV_TEST_PASS;
 }
 
+/* A long list (issue 12: RACC's resident part, then its retrieved keys): an ascending prefix of 1500 even
+ * positions, past the length whose lookups go through the bit table, then 300 odd positions in descending
+ * order; and the same 1800 positions sorted (one ascending prefix). Both give the same counts and hits, the
+ * same mass and output error up to the order of their sums, with extras that repeat a prefix entry, a tail
+ * entry and nothing; a tail entry that repeats a prefix entry is refused, and afterwards a list whose tail
+ * lies in the refused one's prefix is not (no bit left set). */
+static int32_t long_list[1800];
+static int long_n;
+static kv_status long_search(void *s, int t, const float *q, int k, kv_selection *sel) {
+    (void)s; (void)t; (void)q; (void)k;
+    memcpy(sel->idx, long_list, (size_t)long_n * sizeof(int32_t));
+    sel->count[0] = long_n;
+    return KV_OK;
+}
+
+int test_protocol_long_prefix_and_tail(void) {
+    kv_layer L;
+    const int T = 4096, t = 4000, sink = 4, local = 16;
+    CHECK_OK(kv_test_synth_layer(T, 2048, 2, 1, 8, 5, &L));
+    kv_method m = fake;
+    m.search = long_search;
+    m.variable_budget = 1;
+    kv_oracle *o;
+    kv_protocol *p;
+    kv_selection sel;
+    kv_oracle_out res;
+    kv_step_metric rows[3][2];
+    CHECK_OK(kv_oracle_create(&L, 0.35f, sink, local, 100, 2048, 0, &o));
+    CHECK_OK(kv_protocol_create(&L, sink, local, 100, 2048, &p));
+    CHECK_OK(kv_selection_alloc(&sel, 1, 1, 1800, 8, 8));
+    float q[2 * 8];
+    for (int h = 0; h < 2; h++) memcpy(q + h * 8, L.q + ((size_t)h * T + t) * 8, 8 * sizeof(float));
+    CHECK_OK(kv_oracle_step(o, t, q, &res));
+    for (int form = 0; form < 3; form++) { /* 0: prefix + tail, 1: sorted, 2: a tail entry repeats the prefix */
+        long_n = 1800;
+        for (int j = 0; j < 1500; j++) long_list[j] = 10 + 2 * j;        /* 10 .. 3008, even */
+        for (int j = 0; j < 300; j++) long_list[1500 + j] = 3009 - 2 * j; /* 3009 .. 2411, odd, descending */
+        if (form == 1) /* the same 1800 positions in ascending order */
+            for (int i = 10, j = 0; i <= 3009; i++)
+                if (i % 2 == 0 || i >= 2411) long_list[j++] = i;
+        if (form == 2) long_list[1700] = 1000;
+        kv_selection_reset(&sel);
+        CHECK_OK(m.search(NULL, t, q, 100, &sel));
+        sel.n_extra[0] = 3; sel.extra[0] = 2000; sel.extra[1] = 2411; sel.extra[2] = 3500;
+        kv_status st = kv_protocol_score(p, o, &res, t, &m, &sel, 100, rows[form]);
+        if (form == 2) {
+            CHECK(st == KV_ERR_INTERNAL && strstr(kv_last_error(), "selected index 1000 twice"), "form 2: status %d, "
+                  "'%s'", st, kv_last_error());
+            continue;
+        }
+        CHECK_OK(st);
+    }
+    for (int h = 0; h < 2; h++) {
+        const kv_step_metric *x = &rows[0][h], *y = &rows[1][h];
+        CHECK(x->n_sel == 1800 && y->n_sel == 1800 && x->n_extra == 1 && y->n_extra == 1,
+              "head %d: selected %d / %d, extra %d / %d (want 1800, 1)", h, x->n_sel, y->n_sel, x->n_extra, y->n_extra);
+        CHECK(x->recall == y->recall && x->recall_sel == y->recall_sel && x->recall_gen == y->recall_gen,
+              "head %d: recall %g / %g", h, x->recall, y->recall);
+        CHECK_CLOSE(x->mass, y->mass, 1e-6, 1e-6);
+        CHECK_CLOSE(x->outerr, y->outerr, 1e-6, 1e-5);
+    }
+    /* after the refusal: a list whose tail lies in the refused list's prefix (odd prefix, even tail) */
+    for (int j = 0; j < 1500; j++) long_list[j] = 11 + 2 * j;
+    for (int j = 0; j < 300; j++) long_list[1500 + j] = 3008 - 2 * j;
+    kv_selection_reset(&sel);
+    CHECK_OK(m.search(NULL, t, q, 100, &sel));
+    CHECK_OK(kv_protocol_score(p, o, &res, t, &m, &sel, 100, rows[2]));
+    CHECK(rows[2][0].n_sel == 1800 && rows[2][1].n_sel == 1800, "after the refusal: %d, %d selected (want 1800)",
+          rows[2][0].n_sel, rows[2][1].n_sel);
+    kv_selection_free(&sel);
+    kv_protocol_destroy(p);
+    kv_oracle_destroy(o);
+    kv_layer_free(&L);
+    return KV_TEST_PASS;
+}
+
 /* ---- conformance: every registered method ---- */
 typedef struct { int n_steps, lists, cap; int32_t *idx; int *count; } sel_log;
 
