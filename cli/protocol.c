@@ -84,8 +84,8 @@ kv_status kv_protocol_create(const kv_layer *L, int sink, int local, int k, int 
     p->cacc = kv_malloc((size_t)L->Hq * (L->D + 1) * sizeof(double), "protocol step cache");
     p->vrow = kv_layer_is_f16(L) ? kv_malloc((size_t)L->Hq * L->D * sizeof(float), "protocol value rows") : NULL;
     /* sink, local and k are each at most T here (cli/run.c), so the sum fits */
-    if (!p->count || !p->ccount || !p->stamp || !p->pbits || !p->acc || !p->c0 || !p->cmass_ok || !p->cew || !p->cmass ||
-        !p->cacc || (kv_layer_is_f16(L) && !p->vrow) || grow(p, sink + local + k + 64) != KV_OK) {
+    if (!p->count || !p->ccount || !p->stamp || !p->pbits || !p->acc || !p->c0 || !p->cmass_ok || !p->cew ||
+        !p->cmass || !p->cacc || (kv_layer_is_f16(L) && !p->vrow) || grow(p, sink + local + k + 64) != KV_OK) {
         kv_protocol_destroy(p);
         return KV_ERR_NOMEM;
     }
