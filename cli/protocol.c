@@ -163,6 +163,15 @@ static int in_prefix(const kv_protocol *p, const int32_t *si, int n, int bits, i
     return bits ? prefix_has(p, i) : find_sorted(si, n, i) >= 0;
 }
 
+/* Clears what head h's list marked: the stamps of its entries outside the ascending prefix [c0, c0 + na) (the
+ * prefix's have none) and, when they were set, the prefix's bits. Every exit from a head of build_lists, the
+ * refusals included, leaves both tables clear for the next. */
+static void unmark(kv_protocol *p, int h, const int32_t *si, int na, int bits) {
+    for (int c = 0; c < p->count[h]; c++)
+        if (c < p->c0[h] || c >= p->c0[h] + na) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+    if (bits) prefix_bits(p, si, na, 0);
+}
+
 /* Each query head's attended list; with share > 1 (the device path of a per-kv-head method, whose G heads
  * of a group attend one list) only the group's first head's, the others' counts copied from it. */
 static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv_selection *sel, int k, int share) {
@@ -202,17 +211,14 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         for (int j = na; j < ns; j++) {
             int i = si[j];
             if (i < lo || i >= hi) {
-                if (bits) prefix_bits(p, si, na, 0);
-                kv_status st = kv_fail(KV_ERR_INTERNAL,
+                unmark(p, h, si, na, bits);
+                return kv_fail(KV_ERR_INTERNAL,
                     "method %s selected index %d at step %d, outside the retrievable region [%d, %d)", m->name, i, t,
                     lo, hi);
-                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
-                return st;
             }
             if (in_prefix(p, si, na, bits, i) ||
                 (p->stamp[i] && (p->flag[(size_t)h * p->cap + p->stamp[i] - 1] & F_SEL))) {
-                if (bits) prefix_bits(p, si, na, 0);
-                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+                unmark(p, h, si, na, bits);
                 return kv_fail(KV_ERR_INTERNAL, "method %s selected index %d twice at step %d (list %d)", m->name, i,
                                t, list);
             }
@@ -222,17 +228,14 @@ static kv_status build_lists(kv_protocol *p, int t, const kv_method *m, const kv
         for (int j = 0; j < sel->n_extra[g]; j++) {
             int i = ei[j], f = na && i >= lo && i < hi && (!bits || prefix_has(p, i)) ? find_sorted(si, na, i) : -1;
             if (i < 0 || i > t) {
-                if (bits) prefix_bits(p, si, na, 0);
-                for (int c = 0; c < p->count[h]; c++) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
+                unmark(p, h, si, na, bits);
                 return kv_fail(KV_ERR_INTERNAL, "method %s reported extra index %d at step %d, outside [0, %d]",
                                m->name, i, t, t);
             }
             if (f >= 0) p->flag[(size_t)h * p->cap + p->c0[h] + f] |= F_EXTRA; /* a selected entry (no stamp) */
             else add(p, h, i, (i >= lo && i < hi ? F_REGION : 0) | F_EXTRA, 0.f);
         }
-        for (int c = 0; c < p->count[h]; c++) /* the stamps set (the ascending prefix's entries have none) */
-            if (c < p->c0[h] || c >= p->c0[h] + na) p->stamp[p->att[(size_t)h * p->cap + c]] = 0;
-        if (bits) prefix_bits(p, si, na, 0);
+        unmark(p, h, si, na, bits);
     }
     return KV_OK;
 }

@@ -181,8 +181,8 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     s->window = kv_param_int(ps, "window");
     size_t T = (size_t)sh->max_tokens, D = (size_t)sh->head_dim, Hkv = (size_t)sh->num_kv_heads,
            Hq = (size_t)sh->num_q_heads, W = (size_t)s->window, G = (size_t)sh->group;
-    int idxk = kv_param_int(ps, "index");
-    if (!sh->use_gpu || idxk != KV_RACC_EXACT) s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
+    const int idxk = kv_param_int(ps, "index"), host_keys = !sh->use_gpu || idxk != KV_RACC_EXACT;
+    if (host_keys) s->K = kv_malloc(Hkv * T * D * sizeof(float), "racc keys");
     s->Qw = kv_calloc(Hq * W * D, sizeof(float), "racc window queries");
     s->q_prev = kv_malloc(Hq * D * sizeof(float), "racc previous query");
     s->evicted = kv_calloc(Hkv * T, 1, "racc eviction flags");
@@ -197,7 +197,7 @@ static kv_status racc_create(const kv_shape *sh, const kv_param_set *ps, void **
     s->qm = kv_malloc(Hkv * D * sizeof(float), "racc mean query");
     s->kept = kv_malloc(T, "racc kept flags");
     s->fv = kv_malloc(T * sizeof(float), "racc float votes");
-    if ((!s->K && (!sh->use_gpu || idxk != KV_RACC_EXACT)) || !s->Qw || !s->q_prev || !s->evicted ||
+    if ((host_keys && !s->K) || !s->Qw || !s->q_prev || !s->evicted ||
         !s->n_evicted || !s->res || !s->n_res || !s->cand || !s->vote || !s->fs || !s->qw || !s->top || !s->qm ||
         !s->kept || !s->fv) {
         racc_free(s);
